@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+# vgpu build: gcc alone, no CUDA toolkit.
+#   make          build/libvgpu.so, build/simgpu/libcuda.so.1, build/simgpu/libnvidia-ml.so.1, C test programs
+#   make demo     install what is needed and run the demo (simgpu when there is no GPU)
+#   make test     install what is needed and run the whole test suite
+#   make bench    run the benchmarks
+
+CC      ?= gcc
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=gnu11 -Wall -Wextra -fPIC -fvisibility=hidden -pthread -D_GNU_SOURCE
+LDLIBS  := -ldl -pthread
+B       := build
+
+COMMON_SRC := $(wildcard libvgpu/common/*.c)
+VGPU_SRC   := $(wildcard libvgpu/src/*.c) $(COMMON_SRC)
+CUDA_SRC   := $(wildcard libvgpu/simgpu/cuda_*.c) libvgpu/simgpu/state.c $(COMMON_SRC)
+NVML_SRC   := $(wildcard libvgpu/simgpu/nvml_*.c) libvgpu/simgpu/state.c $(COMMON_SRC)
+HEADERS    := $(wildcard libvgpu/include/*.h libvgpu/common/*.h libvgpu/src/*.h libvgpu/simgpu/*.h)
+TEST_SRC   := $(wildcard libvgpu/tests/*.c)
+TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))
+
+LIBS := $(B)/libvgpu.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
+
+.PHONY: all clean demo test bench deps
+all: $(LIBS) $(B)/simgpu/libcuda.so $(B)/simgpu/libnvidia-ml.so $(TEST_BIN)
+
+$(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libvgpu.so -o $@ $(VGPU_SRC) $(LDLIBS)
+
+$(B)/simgpu/libcuda.so.1: $(CUDA_SRC) $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $(CUDA_SRC) $(LDLIBS)
+
+$(B)/simgpu/libnvidia-ml.so.1: $(NVML_SRC) $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $(NVML_SRC) $(LDLIBS)
+
+# Unversioned names for clients that dlopen("libcuda.so") / link with -lcuda.
+$(B)/simgpu/%.so: $(B)/simgpu/%.so.1
+	ln -sf $(<F) $@
+
+# C test programs link the simulated driver directly (the "direct symbol" path);
+# at run time LD_LIBRARY_PATH picks simgpu or a real driver.
+$(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fvisibility=default -Ilibvgpu/include -o $@ $< -L$(B)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 $(LDLIBS)
+
+clean:
+	rm -rf $(B)
+
+deps:
+	./scripts/install-deps.sh
+
+demo: deps all
+	./scripts/demo.sh
+
+test: deps all
+	python3 -m pytest -q tests
+
+bench: all
+	python3 bench/run.py

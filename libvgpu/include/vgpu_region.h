@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vgpu_region.h - the slice region file: one file per vGPU of a slice.
+ *
+ * The arbiter creates one file per vGPU under /run/vgpu/slices/<id>/vgpu<i>
+ * (the hook mounts it as /dev/vgpu<i> in the container); standalone, libvgpu
+ * creates <VGPU_REGION_DIR>/vgpu<i> itself from the environment. The arbiter
+ * writes the limits (and may change them in place: running processes read them
+ * on every check), libvgpu writes usage into per-process slots.
+ *
+ * This layout is a contract: arbiter/region.py mirrors it with ctypes and
+ * tests/test_region_layout.py proves that sizes and offsets agree. Any change
+ * bumps VGPU_REGION_VERSION.
+ */
+#ifndef VGPU_REGION_H
+#define VGPU_REGION_H
+
+#include <stdint.h>
+
+#include "../common/vg_slots.h"
+
+#define VGPU_REGION_MAGIC 0x55504756u /* "VGPU" little-endian */
+#define VGPU_REGION_VERSION 1u
+#define VGPU_REGION_SLOTS 1024u
+#define VGPU_REGION_UUID_LEN 96u
+
+enum vgpu_priority { VGPU_PRIORITY_LOW = 0, VGPU_PRIORITY_NORMAL = 1, VGPU_PRIORITY_HIGH = 2 };
+enum vgpu_policy { VGPU_POLICY_FIXED = 0, VGPU_POLICY_BURST = 1 };
+
+/* flags */
+#define VGPU_REGION_FLAG_ARBITER 0x1u /* made by vgpud: env vars never override it */
+
+struct vgpu_region {
+    uint32_t magic;       /* VGPU_REGION_MAGIC, written last when the file is made */
+    uint32_t version;     /* VGPU_REGION_VERSION */
+    uint32_t size;        /* sizeof(struct vgpu_region) */
+    uint32_t flags;       /* VGPU_REGION_FLAG_* */
+    char uuid[VGPU_REGION_UUID_LEN]; /* physical GPU UUID ("GPU-..."), "" = by ordinal */
+    uint32_t device_index;           /* physical GPU index (informational) */
+    uint32_t slot_capacity;          /* VGPU_REGION_SLOTS */
+    _Atomic uint64_t memory_limit;   /* bytes the slice may hold on this GPU */
+    _Atomic uint64_t context_reserve;/* bytes charged per CUDA context a process creates */
+    _Atomic uint32_t compute_share;  /* percent, 2..100 */
+    _Atomic uint32_t priority;       /* enum vgpu_priority */
+    _Atomic uint32_t policy;         /* enum vgpu_policy */
+    _Atomic uint32_t priority_floor; /* percent a lower priority keeps while preempted */
+    _Atomic uint64_t generation;     /* bumped by the arbiter on every limit change */
+    _Atomic uint32_t slot_high_water;/* slots [0, high_water) have been used */
+    uint32_t reserved32;
+    uint64_t reserved[24];           /* room for later fields without a version bump */
+    struct vg_slot slots[VGPU_REGION_SLOTS];
+};
+
+#endif

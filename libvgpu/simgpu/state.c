@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* state.c - simgpu's shared state file: creation, memory accounting, engine timeline. */
+#include "simgpu_state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../common/vg_quantity.h"
+
+/* The process's mapping, made once (g_once) and kept for its life. */
+static struct simgpu_state *g_state;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+/* Slot index of this process per device, -1 = none yet; g_slot_pid detects fork. */
+static int g_slot[SIMGPU_MAX_DEVICES];
+static pid_t g_slot_pid;
+static pthread_mutex_t g_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+
+uint64_t simgpu_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void simgpu_wait_until(uint64_t t_ns)
+{
+    struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull), .tv_nsec = (long)(t_ns % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+static const char *state_path(char *buf, size_t len)
+{
+    const char *p = getenv("SIMGPU_STATE");
+    if (p && *p)
+        return p;
+    snprintf(buf, len, "/dev/shm/simgpu-%u.state", (unsigned)getuid());
+    return buf;
+}
+
+static int init_devices(struct simgpu_state *st)
+{
+    const char *spec = getenv("SIMGPU_DEVICES");
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", spec && *spec ? spec : "16Gi");
+    unsigned n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        uint64_t bytes;
+        if (n >= SIMGPU_MAX_DEVICES) {
+            fprintf(stderr, "simgpu: SIMGPU_DEVICES=\"%s\": more than %u devices\n", spec, SIMGPU_MAX_DEVICES);
+            return -1;
+        }
+        if (vg_parse_quantity(tok, &bytes) != 0) {
+            fprintf(stderr, "simgpu: SIMGPU_DEVICES=\"%s\": \"%s\" is not %s\n", spec, tok, VG_QUANTITY_FORMS);
+            return -1;
+        }
+        struct simgpu_device *d = &st->dev[n];
+        d->total_bytes = bytes;
+        if (getrandom(d->uuid_bytes, sizeof(d->uuid_bytes), 0) != (ssize_t)sizeof(d->uuid_bytes)) {
+            for (unsigned i = 0; i < sizeof(d->uuid_bytes); i++)
+                d->uuid_bytes[i] = (uint8_t)(rand() ^ (int)(i * 31 + n));
+        }
+        const uint8_t *u = d->uuid_bytes;
+        snprintf(d->uuid, sizeof(d->uuid),
+                 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1], u[2],
+                 u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+        snprintf(d->name, sizeof(d->name), "NVIDIA SimGPU %lluGiB", (unsigned long long)(bytes >> 30));
+        d->pci_bus = 0x10 + n;
+        d->minor = n;
+        n++;
+    }
+    if (n == 0) {
+        fprintf(stderr, "simgpu: SIMGPU_DEVICES=\"%s\": no devices listed\n", spec ? spec : "");
+        return -1;
+    }
+    st->ndev = n;
+    return 0;
+}
+
+static struct simgpu_state *map_fd(int fd, const char *path)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < sizeof(struct simgpu_state)) {
+        fprintf(stderr, "simgpu: SIMGPU_STATE=%s: not a simgpu state file (size %lld)\n", path,
+                (long long)sb.st_size);
+        return NULL;
+    }
+    void *m = mmap(NULL, sizeof(struct simgpu_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        fprintf(stderr, "simgpu: SIMGPU_STATE=%s: mmap: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    return m;
+}
+
+static int wait_ready(struct simgpu_state *st, const char *path)
+{
+    /* A creator links the file only after writing magic, but be tolerant. */
+    for (int i = 0; i < 1000 && atomic_load((_Atomic uint32_t *)&st->magic) != SIMGPU_MAGIC; i++)
+        usleep(1000);
+    if (st->magic != SIMGPU_MAGIC || st->version != SIMGPU_VERSION || st->size != sizeof(*st)) {
+        fprintf(stderr, "simgpu: SIMGPU_STATE=%s: wrong magic/version/size (made by another simgpu build?)\n",
+                path);
+        return -1;
+    }
+    return 0;
+}
+
+static struct simgpu_state *open_or_create(void)
+{
+    char buf[256];
+    const char *path = state_path(buf, sizeof(buf));
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            struct simgpu_state *st = map_fd(fd, path);
+            close(fd);
+            if (st && wait_ready(st, path) != 0) {
+                munmap(st, sizeof(*st));
+                return NULL;
+            }
+            return st;
+        }
+        if (errno != ENOENT) {
+            fprintf(stderr, "simgpu: SIMGPU_STATE=%s: %s\n", path, strerror(errno));
+            return NULL;
+        }
+        char tmp[300];
+        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+        fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            fprintf(stderr, "simgpu: SIMGPU_STATE=%s: cannot create: %s\n", path, strerror(errno));
+            return NULL;
+        }
+        fchmod(fd, 0666); /* shared by every user of the simulated GPU, like /dev/nvidia* */
+        if (ftruncate(fd, sizeof(struct simgpu_state)) != 0) {
+            fprintf(stderr, "simgpu: SIMGPU_STATE=%s: %s\n", path, strerror(errno));
+            close(fd);
+            unlink(tmp);
+            return NULL;
+        }
+        struct simgpu_state *st = map_fd(fd, tmp);
+        close(fd);
+        if (!st || init_devices(st) != 0) {
+            if (st)
+                munmap(st, sizeof(*st));
+            unlink(tmp);
+            return NULL;
+        }
+        st->version = SIMGPU_VERSION;
+        st->size = sizeof(*st);
+        st->created_ns = simgpu_now_ns();
+        atomic_store((_Atomic uint32_t *)&st->magic, SIMGPU_MAGIC);
+        int rc = link(tmp, path);
+        int err = errno;
+        unlink(tmp);
+        if (rc == 0)
+            return st;
+        munmap(st, sizeof(*st));
+        if (err != EEXIST) {
+            fprintf(stderr, "simgpu: SIMGPU_STATE=%s: %s\n", path, strerror(err));
+            return NULL;
+        }
+        /* Lost the race to another creator: use theirs. */
+    }
+    return NULL;
+}
+
+static void reset_slots(void)
+{
+    for (unsigned i = 0; i < SIMGPU_MAX_DEVICES; i++)
+        g_slot[i] = -1;
+    g_slot_pid = getpid();
+}
+
+static void init_once(void)
+{
+    reset_slots();
+    g_state = open_or_create();
+}
+
+struct simgpu_state *simgpu_state(void)
+{
+    pthread_once(&g_once, init_once);
+    return g_state;
+}
+
+/* This process's slot on dev, claimed on first use (and again after fork). */
+static int my_slot(unsigned dev)
+{
+    struct simgpu_state *st = simgpu_state();
+    if (!st || dev >= st->ndev)
+        return -1;
+    pthread_mutex_lock(&g_slot_lock);
+    if (g_slot_pid != getpid())
+        reset_slots();
+    if (g_slot[dev] < 0) {
+        struct simgpu_device *d = &st->dev[dev];
+        g_slot[dev] = vg_slots_claim(d->slots, SIMGPU_SLOTS, &d->slot_high_water);
+    }
+    int idx = g_slot[dev];
+    pthread_mutex_unlock(&g_slot_lock);
+    return idx;
+}
+
+int simgpu_mem_charge(unsigned dev, uint64_t bytes)
+{
+    int idx = my_slot(dev);
+    if (idx < 0)
+        return -1;
+    struct simgpu_device *d = &g_state->dev[dev];
+    return vg_slots_charge(d->slots, &d->slot_high_water, idx, bytes, d->total_bytes);
+}
+
+void simgpu_mem_uncharge(unsigned dev, uint64_t bytes)
+{
+    int idx = my_slot(dev);
+    if (idx < 0)
+        return;
+    vg_slots_uncharge(g_state->dev[dev].slots, idx, bytes);
+}
+
+uint64_t simgpu_mem_used(unsigned dev)
+{
+    struct simgpu_state *st = simgpu_state();
+    if (!st || dev >= st->ndev)
+        return 0;
+    struct simgpu_device *d = &st->dev[dev];
+    return vg_slots_used_live(d->slots, &d->slot_high_water);
+}
+
+uint64_t simgpu_engine_submit(unsigned dev, uint64_t dur_ns)
+{
+    struct simgpu_device *d = &simgpu_state()->dev[dev];
+    uint64_t now = simgpu_now_ns();
+    uint64_t tail = atomic_load(&d->tail_ns);
+    uint64_t start, end;
+    do {
+        start = tail > now ? tail : now;
+        end = start + dur_ns;
+    } while (!atomic_compare_exchange_weak(&d->tail_ns, &tail, end));
+    atomic_fetch_add(&d->busy_total_ns, dur_ns);
+    struct simgpu_interval *iv = &d->ring[atomic_fetch_add(&d->ring_head, 1) % SIMGPU_RING];
+    atomic_store(&iv->start_ns, start);
+    atomic_store(&iv->end_ns, end);
+    atomic_store(&iv->pid, (uint32_t)getpid());
+    int idx = my_slot(dev);
+    if (idx >= 0) {
+        atomic_fetch_add(&d->slots[idx].busy_ns, dur_ns);
+        atomic_store(&d->slots[idx].last_active_ns, end);
+    }
+    return end;
+}

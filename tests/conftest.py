@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared fixtures: the built artefacts and a private simulated GPU per test."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+SIMGPU_DIR = BUILD / "simgpu"
+LIBVGPU = BUILD / "libvgpu.so"
+TEST_BIN = BUILD / "tests"
+
+# Variables that would change what libvgpu or simgpu do; a test starts clean.
+_CONFIG_PREFIXES = ("VGPU_", "SIMGPU_")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def built() -> None:
+    """Build once per session so `pytest` alone works after a checkout."""
+    subprocess.run(["make", "-s", "-C", str(ROOT), "all"], check=True)
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CONFIG_PREFIXES)}
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+@pytest.fixture
+def simgpu_env(tmp_path: Path) -> dict[str, str]:
+    """Environment for a process that sees a private simulated GPU (16 GiB, one device).
+
+    Tests adjust SIMGPU_DEVICES before the first process starts, since the
+    first process to touch SIMGPU_STATE creates the devices.
+    """
+    env = clean_env()
+    env["SIMGPU_STATE"] = str(tmp_path / "simgpu.state")
+    env["SIMGPU_DEVICES"] = "16Gi"
+    env["LD_LIBRARY_PATH"] = str(SIMGPU_DIR) + (
+        ":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else ""
+    )
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 60, check: bool = True,
+        **kw) -> subprocess.CompletedProcess[str]:
+    """Run a command, capture text output; on failure show both streams."""
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(
+            f"{cmd} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
