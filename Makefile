@@ -30,12 +30,14 @@ $(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
 
 $(B)/simgpu/libcuda.so.1: $(CUDA_SRC) $(HEADERS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -o $@ $(CUDA_SRC) $(LDLIBS)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic-functions -o $@ $(CUDA_SRC) $(LDLIBS)
 
 $(B)/simgpu/libnvidia-ml.so.1: $(NVML_SRC) $(HEADERS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ $(NVML_SRC) $(LDLIBS)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libnvidia-ml.so.1 -Wl,-Bsymbolic-functions -o $@ $(NVML_SRC) $(LDLIBS)
 
+# -Bsymbolic-functions: like the real driver, simgpu calls and hands out its
+# own functions even when a preloaded library defines the same names.
 # Unversioned names for clients that dlopen("libcuda.so") / link with -lcuda.
 $(B)/simgpu/%.so: $(B)/simgpu/%.so.1
 	ln -sf $(<F) $@
@@ -53,7 +55,7 @@ deps:
 	./scripts/install-deps.sh
 
 demo: deps all
-	./scripts/demo.sh
+	python3 scripts/demo.py
 
 test: deps all
 	python3 -m pytest -q tests

@@ -1,0 +1,466 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Slice region files: a ctypes mirror of struct vgpu_region (libvgpu/include/vgpu_region.h).
+
+The C header is the one definition of the layout; tests/test_region_layout.py
+proves that this mirror agrees with it field by field.
+
+Live fields are read and written with single aligned native loads and stores
+through the mmap (struct's native formats copy 4 or 8 bytes at once; the
+"=" / "<" formats would copy byte by byte and tear), so a running libvgpu
+never sees half a value. The arbiter is the only writer of the limits.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import errno
+import mmap
+import os
+import struct
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+from arbiter.errors import RegionError
+from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
+
+__all__ = [
+    "FLAG_ARBITER",
+    "REGION_MAGIC",
+    "REGION_SLOTS",
+    "REGION_UUID_LEN",
+    "REGION_VERSION",
+    "SLOT_REAPING",
+    "Policy",
+    "Priority",
+    "ProcessUsage",
+    "Region",
+    "VgSlot",
+    "VgpuRegion",
+    "create_region",
+    "open_region",
+    "pid_alive",
+    "proc_start_time",
+]
+
+REGION_MAGIC = 0x55504756  # "VGPU" little-endian
+REGION_VERSION = 1
+REGION_SLOTS = 1024
+REGION_UUID_LEN = 96
+FLAG_ARBITER = 0x1  # made by vgpud: env vars never override it
+SLOT_REAPING = 0x80000000  # slot pid field while a reaper clears the slot
+
+_U32_MAX = (1 << 32) - 1
+_U64_MAX = (1 << 64) - 1
+
+
+class Priority(enum.IntEnum):
+    """enum vgpu_priority."""
+
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+
+
+class Policy(enum.IntEnum):
+    """enum vgpu_policy."""
+
+    FIXED = 0
+    BURST = 1
+
+
+class VgSlot(ctypes.Structure):
+    """struct vg_slot (libvgpu/common/vg_slots.h): one process's usage, 64 bytes."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("start_time", ctypes.c_uint64),
+        ("used", ctypes.c_uint64),
+        ("busy_ns", ctypes.c_uint64),
+        ("last_active_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 3),
+    ]
+
+
+class VgpuRegion(ctypes.Structure):
+    """struct vgpu_region (libvgpu/include/vgpu_region.h): one vGPU of a slice."""
+
+    _fields_ = [
+        ("magic", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("uuid", ctypes.c_char * REGION_UUID_LEN),
+        ("device_index", ctypes.c_uint32),
+        ("slot_capacity", ctypes.c_uint32),
+        ("memory_limit", ctypes.c_uint64),
+        ("context_reserve", ctypes.c_uint64),
+        ("compute_share", ctypes.c_uint32),
+        ("priority", ctypes.c_uint32),
+        ("policy", ctypes.c_uint32),
+        ("priority_floor", ctypes.c_uint32),
+        ("generation", ctypes.c_uint64),
+        ("slot_high_water", ctypes.c_uint32),
+        ("reserved32", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 24),
+        ("slots", VgSlot * REGION_SLOTS),
+    ]
+
+
+REGION_SIZE = ctypes.sizeof(VgpuRegion)
+SLOT_SIZE = ctypes.sizeof(VgSlot)
+_SLOTS_OFFSET: int = VgpuRegion.slots.offset
+
+
+def _field(cls: type[ctypes.Structure], name: str) -> tuple[int, str]:
+    """Offset and native struct format of a scalar field of a mirror class."""
+    descr = getattr(cls, name)
+    fmt = {4: "I", 8: "Q"}[descr.size]
+    return descr.offset, fmt
+
+
+class ProcessUsage(NamedTuple):
+    """A live process of the slice and the device memory charged to it."""
+
+    pid: int
+    used: int
+
+
+def proc_start_time(pid: int, proc: Path = Path("/proc")) -> int:
+    """Start time of pid (field 22 of /proc/<pid>/stat, clock ticks), 0 when unknown."""
+    try:
+        data = (proc / str(pid) / "stat").read_bytes()
+    except OSError:
+        return 0
+    # comm may hold spaces and parentheses: fields restart after the last ')'.
+    _, sep, rest = data.rpartition(b")")
+    fields = rest.split()
+    if not sep or len(fields) < 20:
+        return 0
+    try:
+        return int(fields[19])  # rest starts at field 3 (state)
+    except ValueError:
+        return 0
+
+
+def pid_alive(pid: int, start_time: int, proc: Path = Path("/proc")) -> bool:
+    """True when pid runs and, unless start_time is 0, started at start_time (vg_pid_alive)."""
+    if pid == 0 or pid & SLOT_REAPING:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # alive, someone else's
+    except OSError:
+        return False
+    if start_time == 0:
+        return True
+    now = proc_start_time(pid, proc)
+    # /proc may be unreadable (hidepid); then trust kill().
+    return now == 0 or now == start_time
+
+
+def _check_limits(
+    memory_limit: int | None = None,
+    compute_share: int | None = None,
+    priority: int | None = None,
+    policy: int | None = None,
+    priority_floor: int | None = None,
+    context_reserve: int | None = None,
+) -> None:
+    """Raise ValueError naming the first limit that the region cannot hold."""
+    if memory_limit is not None and not 0 < memory_limit <= _U64_MAX:
+        raise ValueError(f"memory_limit {memory_limit} is not a positive 64-bit byte count")
+    if compute_share is not None and not COMPUTE_MIN <= compute_share <= COMPUTE_MAX:
+        raise ValueError(f"compute_share {compute_share} is outside {COMPUTE_MIN}..{COMPUTE_MAX}")
+    if priority is not None and priority not in Priority.__members__.values():
+        raise ValueError(f"priority {priority} is not one of {[int(p) for p in Priority]}")
+    if policy is not None and policy not in Policy.__members__.values():
+        raise ValueError(f"policy {policy} is not one of {[int(p) for p in Policy]}")
+    if priority_floor is not None and not 0 <= priority_floor <= 100:
+        raise ValueError(f"priority_floor {priority_floor} is outside 0..100")
+    if context_reserve is not None and not 0 <= context_reserve <= _U64_MAX:
+        raise ValueError(f"context_reserve {context_reserve} is not a 64-bit byte count")
+
+
+def create_region(
+    path: str | Path,
+    *,
+    uuid: str,
+    device_index: int,
+    memory_limit: int,
+    compute_share: int = 100,
+    priority: Priority = Priority.NORMAL,
+    policy: Policy = Policy.FIXED,
+    priority_floor: int = 0,
+    context_reserve: int = 0,
+    arbiter: bool = True,
+    mode: int = 0o644,
+    replace: bool = False,
+) -> Path:
+    """Make a region file atomically: nobody ever sees it half made.
+
+    The file is written under a temporary name in the same directory, magic
+    last, then linked into place; an existing file is an error unless replace.
+    """
+    path = Path(path)
+    _check_limits(memory_limit, compute_share, priority, policy, priority_floor, context_reserve)
+    uuid_bytes = uuid.encode()
+    if len(uuid_bytes) >= REGION_UUID_LEN or b"\0" in uuid_bytes:
+        raise ValueError(f"uuid {uuid!r} is not a string of under {REGION_UUID_LEN} bytes")
+    if not 0 <= device_index <= _U32_MAX:
+        raise ValueError(f"device_index {device_index} is outside 0..{_U32_MAX}")
+
+    header = VgpuRegion()
+    header.magic = 0  # written last, below
+    header.version = REGION_VERSION
+    header.size = REGION_SIZE
+    header.flags = FLAG_ARBITER if arbiter else 0
+    header.uuid = uuid_bytes
+    header.device_index = device_index
+    header.slot_capacity = REGION_SLOTS
+    header.memory_limit = memory_limit
+    header.context_reserve = context_reserve
+    header.compute_share = compute_share
+    header.priority = int(priority)
+    header.policy = int(policy)
+    header.priority_floor = priority_floor
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise RegionError(path, "create", e.strerror or str(e)) from e
+    try:
+        try:
+            os.fchmod(fd, mode)  # not subject to the umask, unlike open()
+            data = bytes(header)
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], written)
+            os.pwrite(fd, struct.pack("I", REGION_MAGIC), VgpuRegion.magic.offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            os.unlink(tmp)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        reason = "it already exists" if e.errno == errno.EEXIST else (e.strerror or str(e))
+        raise RegionError(path, "create", reason) from e
+    return path
+
+
+class Region:
+    """An open region file; properties read the live values on every access."""
+
+    def __init__(self, path: Path, mm: mmap.mmap, writable: bool, proc: Path) -> None:
+        self.path = path
+        self.writable = writable
+        self._mm = mm
+        self._proc = proc
+
+    # -- raw access ------------------------------------------------------------
+
+    def _load(self, name: str) -> int:
+        off, fmt = _field(VgpuRegion, name)
+        value: int = struct.unpack_from(fmt, self._mm, off)[0]
+        return value
+
+    def _store(self, name: str, value: int) -> None:
+        off, fmt = _field(VgpuRegion, name)
+        struct.pack_into(fmt, self._mm, off, value)
+
+    def _slot(self, index: int) -> tuple[int, int, int]:
+        """(pid, start_time, used) of slot index."""
+        base = _SLOTS_OFFSET + index * SLOT_SIZE
+        pid = struct.unpack_from("I", self._mm, base + VgSlot.pid.offset)[0]
+        start = struct.unpack_from("Q", self._mm, base + VgSlot.start_time.offset)[0]
+        used = struct.unpack_from("Q", self._mm, base + VgSlot.used.offset)[0]
+        return pid, start, used
+
+    # -- header ----------------------------------------------------------------
+
+    @property
+    def flags(self) -> int:
+        """VGPU_REGION_FLAG_* bits."""
+        return self._load("flags")
+
+    @property
+    def arbiter(self) -> bool:
+        """True when vgpud made the region (env vars never override it)."""
+        return bool(self.flags & FLAG_ARBITER)
+
+    @property
+    def uuid(self) -> str:
+        """Physical GPU UUID, "" when the GPU is named by ordinal."""
+        off = VgpuRegion.uuid.offset
+        raw = self._mm[off : off + REGION_UUID_LEN]
+        return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+    @property
+    def device_index(self) -> int:
+        """Physical GPU index (informational)."""
+        return self._load("device_index")
+
+    @property
+    def memory_limit(self) -> int:
+        """Bytes the slice may hold on this GPU."""
+        return self._load("memory_limit")
+
+    @property
+    def context_reserve(self) -> int:
+        """Bytes charged per CUDA context a process creates."""
+        return self._load("context_reserve")
+
+    @property
+    def compute_share(self) -> int:
+        """Guaranteed compute share, percent."""
+        return self._load("compute_share")
+
+    @property
+    def priority(self) -> int:
+        """Priority class (a Priority value)."""
+        return self._load("priority")
+
+    @property
+    def policy(self) -> int:
+        """Compute policy (a Policy value)."""
+        return self._load("policy")
+
+    @property
+    def priority_floor(self) -> int:
+        """Percent a lower priority keeps while preempted."""
+        return self._load("priority_floor")
+
+    @property
+    def generation(self) -> int:
+        """Bumped on every limit change."""
+        return self._load("generation")
+
+    @property
+    def slot_high_water(self) -> int:
+        """Slots [0, high water) have been used."""
+        return self._load("slot_high_water")
+
+    def set_limits(
+        self,
+        *,
+        memory_limit: int | None = None,
+        compute_share: int | None = None,
+        priority: Priority | None = None,
+        policy: Policy | None = None,
+        priority_floor: int | None = None,
+        context_reserve: int | None = None,
+    ) -> int:
+        """Change the given limits in place for running processes; return the new generation."""
+        if not self.writable:
+            raise RegionError(self.path, "update", "it was opened read-only")
+        _check_limits(memory_limit, compute_share, priority, policy, priority_floor,
+                      context_reserve)
+        changes = {
+            "memory_limit": memory_limit,
+            "compute_share": compute_share,
+            "priority": priority,
+            "policy": policy,
+            "priority_floor": priority_floor,
+            "context_reserve": context_reserve,
+        }
+        for name, value in changes.items():
+            if value is not None:
+                self._store(name, int(value))
+        # Single writer (the arbiter): a plain read-increment-store is enough.
+        generation = (self.generation + 1) & _U64_MAX
+        self._store("generation", generation)
+        return generation
+
+    # -- usage -----------------------------------------------------------------
+
+    def _slot_indices(self) -> range:
+        return range(min(self.slot_high_water, REGION_SLOTS))
+
+    def used_bytes(self, live_only: bool = True) -> int:
+        """Device memory charged to the slice; live_only skips slots of dead processes."""
+        total = 0
+        for i in self._slot_indices():
+            pid, start, used = self._slot(i)
+            if not live_only or pid_alive(pid, start, self._proc):
+                total += used
+        return total
+
+    def processes(self) -> list[ProcessUsage]:
+        """The live processes that hold a slot, with their charged memory."""
+        out = []
+        for i in self._slot_indices():
+            pid, start, used = self._slot(i)
+            if pid_alive(pid, start, self._proc):
+                out.append(ProcessUsage(pid, used))
+        return out
+
+    # -- lifetime --------------------------------------------------------------
+
+    def close(self) -> None:
+        """Unmap the region."""
+        self._mm.close()
+
+    def __enter__(self) -> Region:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Region({str(self.path)!r})"
+
+
+def open_region(path: str | Path, *, writable: bool = True, proc: str | Path = "/proc") -> Region:
+    """Map a region file after checking that it is a whole, current vgpu region."""
+    path = Path(path)
+    try:
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+    except OSError as e:
+        raise RegionError(path, "open", e.strerror or str(e)) from e
+    try:
+        size = os.fstat(fd).st_size
+        if size < REGION_SIZE:
+            raise RegionError(path, "open", f"truncated: {size} bytes, expected {REGION_SIZE}")
+        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
+        mm = mmap.mmap(fd, REGION_SIZE, mmap.MAP_SHARED, access=access)
+    except OSError as e:
+        raise RegionError(path, "open", e.strerror or str(e)) from e
+    finally:
+        os.close(fd)
+    try:
+        _validate(path, mm)
+    except BaseException:
+        mm.close()
+        raise
+    return Region(path, mm, writable, Path(proc))
+
+
+def _validate(path: Path, mm: mmap.mmap) -> None:
+    """Raise RegionError naming what makes the mapped header unusable."""
+    def load(name: str) -> int:
+        off, fmt = _field(VgpuRegion, name)
+        value: int = struct.unpack_from(fmt, mm, off)[0]
+        return value
+
+    magic = load("magic")
+    if magic != REGION_MAGIC:
+        raise RegionError(path, "open", f"bad magic 0x{magic:08x}, expected 0x{REGION_MAGIC:08x} "
+                          "(not a vgpu region, or one still being made)")
+    version = load("version")
+    if version != REGION_VERSION:
+        raise RegionError(path, "open", f"layout version {version}, this vgpu reads "
+                          f"version {REGION_VERSION}")
+    size = load("size")
+    if size != REGION_SIZE:
+        raise RegionError(path, "open", f"header size {size}, expected {REGION_SIZE}")
+    capacity = load("slot_capacity")
+    if capacity != REGION_SLOTS:
+        raise RegionError(path, "open", f"slot capacity {capacity}, expected {REGION_SLOTS}")

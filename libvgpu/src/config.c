@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * config.c - decide what this process enforces, from the slice files and env.
+ *
+ * Precedence (DESIGN.md, libvgpu standalone configuration):
+ *   /dev/vgpu0 present -> the arbiter's slice; env vars are ignored, because
+ *                         an image can carry env the scheduler never saw;
+ *   VGPU_REGION_DIR    -> region files shared by the processes naming it;
+ *   VGPU_MEMORY_LIMIT* -> limits accounted in this process alone;
+ *   nothing            -> inert.
+ * A malformed value fails closed: never silently unlimited.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/vg_quantity.h"
+#include "vgpu_internal.h"
+
+extern char **environ;
+
+static void set_error(struct vg_config *cfg, CUresult result, const char *fmt, ...)
+{
+    if (cfg->error[0])
+        return; /* the first problem is the one to report */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cfg->error, sizeof(cfg->error), fmt, ap);
+    va_end(ap);
+    cfg->error_result = result;
+}
+
+static void parse_limit(struct vg_config *cfg, const char *key, const char *value, uint64_t *out)
+{
+    if (vg_parse_quantity(value, out) != 0)
+        set_error(cfg, CUDA_ERROR_INVALID_VALUE, "%s=\"%s\": not a memory quantity: use %s", key, value,
+                  VG_QUANTITY_FORMS);
+}
+
+/* VGPU_MEMORY_LIMIT and VGPU_MEMORY_LIMIT_<i>; returns 1 when any is set. */
+static int load_limits(struct vg_config *cfg)
+{
+    static const char prefix[] = "VGPU_MEMORY_LIMIT";
+    int any = 0;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, prefix, sizeof(prefix) - 1) != 0)
+            continue;
+        const char *eq = strchr(*e, '=');
+        if (!eq)
+            continue;
+        char key[128];
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - *e), *e);
+        const char *rest = key + sizeof(prefix) - 1;
+        const char *value = eq + 1;
+        any = 1;
+        if (*rest == '\0') {
+            parse_limit(cfg, key, value, &cfg->limit_all);
+            continue;
+        }
+        char *end = NULL;
+        long idx = *rest == '_' && rest[1] >= '0' && rest[1] <= '9' ? strtol(rest + 1, &end, 10) : -1;
+        if (idx < 0 || (end && *end) || idx >= VG_MAX_DEVICES) {
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE,
+                      "%s=\"%s\": unknown variable: use VGPU_MEMORY_LIMIT or VGPU_MEMORY_LIMIT_<device 0..%d>",
+                      key, value, VG_MAX_DEVICES - 1);
+            continue;
+        }
+        parse_limit(cfg, key, value, &cfg->limit_dev[idx]);
+    }
+    return any;
+}
+
+static void load_context_reserve(struct vg_config *cfg)
+{
+    const char *v = getenv("VGPU_CONTEXT_RESERVE");
+    if (!v || strcmp(v, "0") == 0)
+        return;
+    parse_limit(cfg, "VGPU_CONTEXT_RESERVE", v, &cfg->context_reserve);
+}
+
+static unsigned count_slice_files(const char *dir)
+{
+    unsigned n = 0;
+    char path[300];
+    for (; n < VG_MAX_DEVICES; n++) {
+        snprintf(path, sizeof(path), "%s/vgpu%u", dir, n);
+        if (access(path, F_OK) != 0)
+            break;
+    }
+    return n;
+}
+
+void vg_config_load(struct vg_config *cfg, const char *dev_dir)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    unsigned slice = count_slice_files(dev_dir);
+    if (slice > 0) {
+        cfg->mode = VG_MODE_SLICE;
+        cfg->slice_devices = slice;
+        snprintf(cfg->region_dir, sizeof(cfg->region_dir), "%s", dev_dir);
+        return;
+    }
+    int limits = load_limits(cfg);
+    load_context_reserve(cfg);
+    const char *dir = getenv("VGPU_REGION_DIR");
+    if (dir && *dir) {
+        struct stat sb;
+        cfg->mode = VG_MODE_SHARED;
+        if (strlen(dir) >= sizeof(cfg->region_dir) - 16)
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE, "VGPU_REGION_DIR=\"%s\": path too long", dir);
+        else if (stat(dir, &sb) != 0 && (errno != ENOENT || mkdir(dir, 0755) != 0 || stat(dir, &sb) != 0))
+            set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, "VGPU_REGION_DIR=\"%s\": %s", dir, strerror(errno));
+        else if (!S_ISDIR(sb.st_mode))
+            set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, "VGPU_REGION_DIR=\"%s\": not a directory", dir);
+        snprintf(cfg->region_dir, sizeof(cfg->region_dir), "%s", dir);
+    } else if (limits || cfg->context_reserve || cfg->error[0]) {
+        cfg->mode = VG_MODE_PRIVATE;
+    }
+}

@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * hooks_memory.c - every device allocation path charges the slice first and
+ * allocates only if the charge fit; every free gives back what was charged.
+ * An allocation past the limit returns CUDA_ERROR_OUT_OF_MEMORY and the
+ * driver is never asked, so nothing is allocated.
+ */
+#include "vgpu_internal.h"
+
+int vg_current_device(void)
+{
+    static CUresult (*get_device)(CUdevice *);
+    if (!get_device)
+        get_device = (CUresult(*)(CUdevice *))vg_driver_sym("cuCtxGetDevice");
+    CUdevice dev;
+    return get_device && get_device(&dev) == CUDA_SUCCESS ? dev : -1;
+}
+
+/* Charge, allocate through `call`, record; the shared shape of every path. */
+#define CHARGE_OR_OOM(dev, bytes)                         \
+    do {                                                  \
+        CUresult ready_ = vg_ready();                     \
+        if (ready_ != CUDA_SUCCESS)                       \
+            return ready_;                                \
+        if (vg_charge((dev), (bytes)) != 0)               \
+            return CUDA_ERROR_OUT_OF_MEMORY;              \
+    } while (0)
+
+static CUresult finish_alloc(CUresult r, enum vg_alloc_kind kind, uint64_t key, int dev, uint64_t bytes)
+{
+    if (r != CUDA_SUCCESS)
+        vg_uncharge(dev, bytes);
+    else
+        vg_allocs_put(kind, key, dev, bytes);
+    return r;
+}
+
+/* Forget key before the driver frees it (a racing allocation may reuse the
+ * address at once); put it back if the driver refused. */
+#define FREE_TRACKED(kind, key, call)                               \
+    do {                                                            \
+        int dev_;                                                   \
+        uint64_t bytes_;                                            \
+        int known_ = vg_allocs_take((kind), (key), &dev_, &bytes_); \
+        CUresult r_ = (call);                                       \
+        if (known_ == 0) {                                          \
+            if (r_ == CUDA_SUCCESS)                                 \
+                vg_uncharge(dev_, bytes_);                          \
+            else                                                    \
+                vg_allocs_put((kind), (key), dev_, bytes_);         \
+        }                                                           \
+        return r_;                                                  \
+    } while (0)
+
+VG_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemAlloc_v2, dptr, bytesize);
+    int dev = vg_current_device();
+    if (!dptr || bytesize == 0 || dev < 0)
+        return REAL(cuMemAlloc_v2)(dptr, bytesize); /* the driver's own error */
+    CHARGE_OR_OOM(dev, bytesize);
+    CUresult r = REAL(cuMemAlloc_v2)(dptr, bytesize);
+    return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytesize);
+}
+
+VG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemFree_v2, dptr);
+    FREE_TRACKED(VG_ALLOC_PTR, dptr, REAL(cuMemFree_v2)(dptr));
+}
+
+VG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes, size_t Height,
+                                      unsigned int ElementSizeBytes)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemAllocPitch_v2, dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    int dev = vg_current_device();
+    if (!dptr || !pPitch || WidthInBytes == 0 || Height == 0 || dev < 0)
+        return REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    /* The pitch is the driver's choice: charge a 512-byte-aligned estimate
+     * first, then settle on the real pitch * height. */
+    uint64_t estimate = ((WidthInBytes + 511) & ~(size_t)511) * Height;
+    CHARGE_OR_OOM(dev, estimate);
+    CUresult r = REAL(cuMemAllocPitch_v2)(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes);
+    if (r != CUDA_SUCCESS) {
+        vg_uncharge(dev, estimate);
+        return r;
+    }
+    uint64_t actual = (uint64_t)*pPitch * Height;
+    if (actual > estimate && vg_charge(dev, actual - estimate) != 0) {
+        REAL(cuMemFree_v2)(*dptr);
+        vg_uncharge(dev, estimate);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < estimate)
+        vg_uncharge(dev, estimate - actual);
+    vg_allocs_put(VG_ALLOC_PTR, *dptr, dev, actual);
+    return r;
+}
+
+VG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags)
+{
+    /* Managed memory can migrate to the device at any time: count all of it. */
+    VG_PASSTHROUGH_IF_INERT(cuMemAllocManaged, dptr, bytesize, flags);
+    int dev = vg_current_device();
+    if (!dptr || bytesize == 0 || dev < 0)
+        return REAL(cuMemAllocManaged)(dptr, bytesize, flags);
+    CHARGE_OR_OOM(dev, bytesize);
+    CUresult r = REAL(cuMemAllocManaged)(dptr, bytesize, flags);
+    return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytesize);
+}
+
+/* ---- VMM: physical memory is what cuMemCreate makes; mapping costs nothing ---- */
+
+VG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                               unsigned long long flags)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemCreate, handle, size, prop, flags);
+    if (!handle || !prop || size == 0 || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return REAL(cuMemCreate)(handle, size, prop, flags);
+    int dev = prop->location.id;
+    CHARGE_OR_OOM(dev, size);
+    CUresult r = REAL(cuMemCreate)(handle, size, prop, flags);
+    return finish_alloc(r, VG_ALLOC_VMM, r == CUDA_SUCCESS ? *handle : 0, dev, size);
+}
+
+VG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemRelease, handle);
+    FREE_TRACKED(VG_ALLOC_VMM, handle, REAL(cuMemRelease)(handle));
+}
+
+/* ---- stream-ordered allocations ---- */
+
+static CUresult alloc_async(CUresult (*real)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t bytesize,
+                            CUstream hStream)
+{
+    int dev = vg_current_device();
+    if (!dptr || bytesize == 0 || dev < 0)
+        return real(dptr, bytesize, hStream);
+    CHARGE_OR_OOM(dev, bytesize);
+    CUresult r = real(dptr, bytesize, hStream);
+    return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytesize);
+}
+
+VG_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemAllocAsync, dptr, bytesize, hStream);
+    return alloc_async(REAL(cuMemAllocAsync), dptr, bytesize, hStream);
+}
+
+VG_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemAllocAsync_ptsz, dptr, bytesize, hStream);
+    return alloc_async(REAL(cuMemAllocAsync_ptsz), dptr, bytesize, hStream);
+}
+
+VG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemFreeAsync, dptr, hStream);
+    FREE_TRACKED(VG_ALLOC_PTR, dptr, REAL(cuMemFreeAsync)(dptr, hStream));
+}
+
+VG_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemFreeAsync_ptsz, dptr, hStream);
+    FREE_TRACKED(VG_ALLOC_PTR, dptr, REAL(cuMemFreeAsync_ptsz)(dptr, hStream));
+}
+
+VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps)
+{
+    /* Remember each pool's device so allocations from it charge the right GPU. */
+    VG_PASSTHROUGH_IF_INERT(cuMemPoolCreate, pool, poolProps);
+    CUresult r = REAL(cuMemPoolCreate)(pool, poolProps);
+    if (r == CUDA_SUCCESS && poolProps && poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        vg_allocs_put(VG_ALLOC_POOL, (uint64_t)(uintptr_t)*pool, poolProps->location.id, 0);
+    return r;
+}
+
+static int pool_device(CUmemoryPool pool)
+{
+    int dev;
+    uint64_t unused;
+    /* take + put: the table has no peek, and pools are not a hot path. */
+    if (vg_allocs_take(VG_ALLOC_POOL, (uint64_t)(uintptr_t)pool, &dev, &unused) == 0) {
+        vg_allocs_put(VG_ALLOC_POOL, (uint64_t)(uintptr_t)pool, dev, 0);
+        return dev;
+    }
+    return vg_current_device(); /* a device's default pool */
+}
+
+static CUresult alloc_from_pool(CUresult (*real)(CUdeviceptr *, size_t, CUmemoryPool, CUstream), CUdeviceptr *dptr,
+                                size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    int dev = pool_device(pool);
+    if (!dptr || bytesize == 0 || dev < 0)
+        return real(dptr, bytesize, pool, hStream);
+    CHARGE_OR_OOM(dev, bytesize);
+    CUresult r = real(dptr, bytesize, pool, hStream);
+    return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytesize);
+}
+
+VG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemAllocFromPoolAsync, dptr, bytesize, pool, hStream);
+    return alloc_from_pool(REAL(cuMemAllocFromPoolAsync), dptr, bytesize, pool, hStream);
+}
+
+VG_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                                CUstream hStream)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemAllocFromPoolAsync_ptsz, dptr, bytesize, pool, hStream);
+    return alloc_from_pool(REAL(cuMemAllocFromPoolAsync_ptsz), dptr, bytesize, pool, hStream);
+}
+
+/* ---- arrays ---- */
+
+static uint64_t format_bytes(CUarray_format f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+        return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+        return 2;
+    default:
+        return 4; /* 32-bit formats; wider ones are rare and charged as 4 */
+    }
+}
+
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels)
+{
+    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(f);
+}
+
+VG_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
+{
+    VG_PASSTHROUGH_IF_INERT(cuArrayCreate_v2, pHandle, desc);
+    int dev = vg_current_device();
+    if (!pHandle || !desc || desc->Width == 0 || dev < 0)
+        return REAL(cuArrayCreate_v2)(pHandle, desc);
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels);
+    CHARGE_OR_OOM(dev, bytes);
+    CUresult r = REAL(cuArrayCreate_v2)(pHandle, desc);
+    return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
+}
+
+VG_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc)
+{
+    VG_PASSTHROUGH_IF_INERT(cuArray3DCreate_v2, pHandle, desc);
+    int dev = vg_current_device();
+    if (!pHandle || !desc || desc->Width == 0 || dev < 0)
+        return REAL(cuArray3DCreate_v2)(pHandle, desc);
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    CHARGE_OR_OOM(dev, bytes);
+    CUresult r = REAL(cuArray3DCreate_v2)(pHandle, desc);
+    return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
+}
+
+VG_EXPORT CUresult cuArrayDestroy(CUarray hArray)
+{
+    VG_PASSTHROUGH_IF_INERT(cuArrayDestroy, hArray);
+    FREE_TRACKED(VG_ALLOC_ARRAY, (uint64_t)(uintptr_t)hArray, REAL(cuArrayDestroy)(hArray));
+}

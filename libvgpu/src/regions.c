@@ -1,0 +1,313 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * regions.c - the slice's accounting: one region per CUDA device ordinal.
+ *
+ * SLICE and SHARED modes map region files (vgpu_region.h) that other
+ * processes map too; PRIVATE mode uses the same struct in anonymous memory,
+ * so one code path enforces every mode.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vgpu_internal.h"
+
+struct vg_dev_region {
+    struct vgpu_region *r; /* NULL: this device is not limited */
+    int slot;              /* this process's slot in r, -1 until claimed */
+};
+
+/* Filled once by vg_regions_init (under g_init_lock), read without a lock after g_ready. */
+static struct vg_dev_region g_dev[VG_MAX_DEVICES];
+static int g_ndev;
+/* 1 once the regions are mapped; init is retried until the driver is up. */
+static _Atomic int g_ready;
+static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Serialises slot claims (first charge per device, and after fork). */
+static pthread_mutex_t g_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void region_error(const char *path, const char *why)
+{
+    snprintf(vg_cfg.error, sizeof(vg_cfg.error), "%s: %s", path, why);
+    vg_cfg.error_result = CUDA_ERROR_OPERATING_SYSTEM;
+}
+
+static struct vgpu_region *map_region(int fd, const char *path)
+{
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        region_error(path, strerror(errno));
+        return NULL;
+    }
+    if ((size_t)sb.st_size < sizeof(struct vgpu_region)) {
+        char why[128];
+        snprintf(why, sizeof(why), "not a vgpu region (%lld bytes, expected %zu)", (long long)sb.st_size,
+                 sizeof(struct vgpu_region));
+        region_error(path, why);
+        return NULL;
+    }
+    void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        region_error(path, strerror(errno));
+        return NULL;
+    }
+    return m;
+}
+
+static int region_valid(const struct vgpu_region *r, const char *path)
+{
+    char why[160];
+    if (r->magic != VGPU_REGION_MAGIC)
+        snprintf(why, sizeof(why), "not a vgpu region (magic 0x%08x)", r->magic);
+    else if (r->version != VGPU_REGION_VERSION || r->size != sizeof(*r))
+        snprintf(why, sizeof(why), "region version %u size %u, this libvgpu reads version %u size %zu",
+                 r->version, r->size, VGPU_REGION_VERSION, sizeof(*r));
+    else if (r->slot_capacity != VGPU_REGION_SLOTS)
+        snprintf(why, sizeof(why), "region has %u slots, expected %u", r->slot_capacity, VGPU_REGION_SLOTS);
+    else
+        return 1;
+    region_error(path, why);
+    return 0;
+}
+
+static struct vgpu_region *open_region(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        region_error(path, strerror(errno));
+        return NULL;
+    }
+    struct vgpu_region *r = map_region(fd, path);
+    close(fd);
+    if (r && !region_valid(r, path)) {
+        munmap(r, sizeof(*r));
+        return NULL;
+    }
+    return r;
+}
+
+static void fill_region(struct vgpu_region *r, int dev, uint64_t limit, const char *uuid)
+{
+    r->version = VGPU_REGION_VERSION;
+    r->size = sizeof(*r);
+    r->slot_capacity = VGPU_REGION_SLOTS;
+    r->device_index = (uint32_t)dev;
+    snprintf(r->uuid, sizeof(r->uuid), "%s", uuid);
+    atomic_store(&r->memory_limit, limit);
+    atomic_store(&r->context_reserve, vg_cfg.context_reserve);
+    atomic_store(&r->compute_share, 100);
+    atomic_store(&r->priority, VGPU_PRIORITY_NORMAL);
+    atomic_store(&r->policy, VGPU_POLICY_FIXED);
+    /* Readers check magic first: publish it last. */
+    atomic_store((_Atomic uint32_t *)&r->magic, VGPU_REGION_MAGIC);
+}
+
+/* SHARED mode: the first process creates the file from its env; link() makes
+ * creation atomic, so racing first processes agree on one file. */
+static struct vgpu_region *open_or_create(const char *path, int dev, uint64_t limit, const char *uuid)
+{
+    for (int attempt = 0; attempt < 3; attempt++) {
+        if (access(path, F_OK) == 0)
+            return open_region(path);
+        char tmp[400];
+        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
+        int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0660);
+        if (fd < 0 || ftruncate(fd, sizeof(struct vgpu_region)) != 0) {
+            region_error(path, strerror(errno));
+            if (fd >= 0) {
+                close(fd);
+                unlink(tmp);
+            }
+            return NULL;
+        }
+        struct vgpu_region *r = map_region(fd, tmp);
+        close(fd);
+        if (!r) {
+            unlink(tmp);
+            return NULL;
+        }
+        fill_region(r, dev, limit, uuid);
+        int rc = link(tmp, path), err = errno;
+        unlink(tmp);
+        if (rc == 0)
+            return r;
+        munmap(r, sizeof(*r));
+        if (err != EEXIST) {
+            region_error(path, strerror(err));
+            return NULL;
+        }
+    }
+    region_error(path, "could not be created");
+    return NULL;
+}
+
+static struct vgpu_region *private_region(int dev, uint64_t limit, const char *uuid)
+{
+    void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+        region_error("anonymous region", strerror(errno));
+        return NULL;
+    }
+    fill_region(m, dev, limit, uuid);
+    return m;
+}
+
+static void after_fork_child(void)
+{
+    /* The child is a new process: it needs slots of its own. */
+    for (int i = 0; i < g_ndev; i++)
+        g_dev[i].slot = -1;
+    pthread_mutex_init(&g_slot_lock, NULL);
+}
+
+/* 0 done, 1 driver not initialised yet (retry later), -1 failed (vg_cfg.error set). */
+static int init_regions(void)
+{
+    CUresult (*get_count)(int *) = (CUresult(*)(int *))vg_real[VG_cuDeviceGetCount];
+    CUresult (*get_uuid)(CUuuid *, CUdevice) = (CUresult(*)(CUuuid *, CUdevice))vg_driver_sym("cuDeviceGetUuid_v2");
+    CUresult (*total_mem)(size_t *, CUdevice) = (CUresult(*)(size_t *, CUdevice))vg_real[VG_cuDeviceTotalMem_v2];
+    int count = 0;
+    if (!get_count)
+        return 1;
+    CUresult rc = get_count(&count);
+    if (rc == CUDA_ERROR_NOT_INITIALIZED)
+        return 1;
+    if (rc != CUDA_SUCCESS) {
+        region_error("libcuda.so.1", "cuDeviceGetCount failed");
+        return -1;
+    }
+    if (count > VG_MAX_DEVICES)
+        count = VG_MAX_DEVICES;
+    if (vg_cfg.mode == VG_MODE_SLICE && (unsigned)count > vg_cfg.slice_devices)
+        count = (int)vg_cfg.slice_devices;
+    for (int i = 0; i < count; i++) {
+        char path[300], uuid[VGPU_REGION_UUID_LEN] = "";
+        CUuuid u;
+        size_t total = 0;
+        if (get_uuid && get_uuid(&u, i) == CUDA_SUCCESS)
+            vg_format_uuid(&u, uuid, sizeof(uuid));
+        if (total_mem)
+            total_mem(&total, i);
+        uint64_t limit = vg_cfg.limit_dev[i] ? vg_cfg.limit_dev[i] : vg_cfg.limit_all;
+        struct vgpu_region *r = NULL;
+        snprintf(path, sizeof(path), "%s/vgpu%d", vg_cfg.region_dir, i);
+        switch (vg_cfg.mode) {
+        case VG_MODE_SLICE:
+            r = open_region(path);
+            break;
+        case VG_MODE_SHARED:
+            r = open_or_create(path, i, limit ? limit : total, uuid);
+            break;
+        case VG_MODE_PRIVATE:
+            if (limit || vg_cfg.context_reserve)
+                r = private_region(i, limit ? limit : total, uuid);
+            else
+                continue; /* no limit for this device */
+            break;
+        case VG_MODE_INERT:
+            continue;
+        }
+        if (!r)
+            return -1;
+        g_dev[i].r = r;
+        g_dev[i].slot = -1;
+    }
+    g_ndev = count;
+    pthread_atfork(NULL, NULL, after_fork_child);
+    return 0;
+}
+
+int vg_regions_init(void)
+{
+    if (VG_LIKELY(atomic_load_explicit(&g_ready, memory_order_acquire)))
+        return 0;
+    if (vg_cfg.error[0])
+        return -1;
+    pthread_mutex_lock(&g_init_lock);
+    int rc = g_ready ? 0 : vg_cfg.error[0] ? -1 : init_regions();
+    if (rc == 0)
+        atomic_store_explicit(&g_ready, 1, memory_order_release);
+    pthread_mutex_unlock(&g_init_lock);
+    return rc;
+}
+
+CUresult vg_ready(void)
+{
+    int rc = vg_regions_init();
+    if (VG_LIKELY(rc == 0))
+        return CUDA_SUCCESS;
+    return rc < 0 ? vg_fail_closed() : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+struct vgpu_region *vg_region(int dev)
+{
+    if (dev < 0 || dev >= g_ndev || !atomic_load_explicit(&g_ready, memory_order_acquire))
+        return NULL;
+    return g_dev[dev].r;
+}
+
+static int my_slot(int dev)
+{
+    struct vg_dev_region *d = &g_dev[dev];
+    int slot = __atomic_load_n(&d->slot, __ATOMIC_ACQUIRE);
+    if (VG_LIKELY(slot >= 0))
+        return slot;
+    pthread_mutex_lock(&g_slot_lock);
+    if (d->slot < 0)
+        __atomic_store_n(&d->slot, vg_slots_claim(d->r->slots, VGPU_REGION_SLOTS, &d->r->slot_high_water),
+                         __ATOMIC_RELEASE);
+    slot = d->slot;
+    pthread_mutex_unlock(&g_slot_lock);
+    return slot;
+}
+
+int vg_charge(int dev, uint64_t bytes)
+{
+    struct vgpu_region *r = vg_region(dev);
+    if (!r)
+        return 0;
+    int slot = my_slot(dev);
+    if (slot < 0)
+        return -1; /* every slot held by a live process: refuse rather than go unaccounted */
+    return vg_slots_charge(r->slots, &r->slot_high_water, slot, bytes, atomic_load(&r->memory_limit));
+}
+
+void vg_uncharge(int dev, uint64_t bytes)
+{
+    struct vgpu_region *r = vg_region(dev);
+    if (!r)
+        return;
+    int slot = my_slot(dev);
+    if (slot >= 0)
+        vg_slots_uncharge(r->slots, slot, bytes);
+}
+
+uint64_t vg_used(int dev)
+{
+    struct vgpu_region *r = vg_region(dev);
+    return r ? vg_slots_used_live(r->slots, &r->slot_high_water) : 0;
+}
+
+uint64_t vg_limit(int dev)
+{
+    struct vgpu_region *r = vg_region(dev);
+    return r ? atomic_load(&r->memory_limit) : 0;
+}
+
+int vg_slice_device_count(void)
+{
+    return vg_cfg.mode == VG_MODE_SLICE ? g_ndev : -1;
+}
+
+int vg_region_by_uuid(const char *uuid)
+{
+    for (int i = 0; i < g_ndev; i++)
+        if (g_dev[i].r && strcmp(g_dev[i].r->uuid, uuid) == 0)
+            return i;
+    return -1;
+}

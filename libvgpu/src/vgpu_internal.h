@@ -1,0 +1,144 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vgpu_internal.h - libvgpu's private interfaces.
+ *
+ * Intercepted cu and nvml functions keep their exact CUDA names and are the
+ * only places that turn an internal failure into a CUresult/nvmlReturn_t.
+ * Everything internal carries the vg_ prefix.
+ */
+#ifndef VGPU_INTERNAL_H
+#define VGPU_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../include/vgpu_cuda.h"
+#include "../include/vgpu_region.h"
+
+#define VG_EXPORT __attribute__((visibility("default")))
+#define VG_LIKELY(x) __builtin_expect(!!(x), 1)
+#define VG_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define VG_MAX_DEVICES 64
+
+/* Per-thread-default-stream variants (not in vgpu_cuda.h: apps never name them). */
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
+CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                             unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
+CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                        unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                        void **kernelParams);
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+
+/* ---- real.c: the real driver's entry points, looked up in one place ---- */
+enum vg_hook_id {
+#define VG_HOOK(name) VG_##name,
+#include "hooks.def"
+    VG_HOOK_COUNT
+};
+
+/* Set once vg_boot() finished; read on every hook entry. */
+extern _Atomic int vg_booted;
+/* Real entry points, indexed by enum vg_hook_id (NULL where the driver lacks one). */
+extern void *vg_real[VG_HOOK_COUNT];
+/* Our hook for each id. */
+extern void *const vg_hook[VG_HOOK_COUNT];
+extern const char *const vg_hook_name[VG_HOOK_COUNT];
+
+void vg_boot_slow(void);
+static inline void vg_boot(void)
+{
+    if (VG_UNLIKELY(!atomic_load_explicit(&vg_booted, memory_order_acquire)))
+        vg_boot_slow();
+}
+/* The real function for a hooked name, typed like our declaration of it. */
+#define REAL(fn) ((__typeof__(&fn))vg_real[VG_##fn])
+
+/* A driver entry point we call but do not hook (looked up once by the caller). */
+void *vg_driver_sym(const char *name);
+void *vg_nvml_sym(const char *name);
+/* Boot, then find the real NVML entry points (NVML hooks only). */
+void vg_boot_nvml(void);
+/* glibc's dlsym, not our interposer. */
+void *vg_real_dlsym(void *handle, const char *name);
+/* Hook id for a symbol name, or -1. */
+int vg_hook_lookup(const char *name);
+/* Our hook for a real entry point the driver handed out, or the pointer itself. */
+void *vg_translate(void *real_fn);
+
+/* ---- config.c: what this process was asked to enforce ---- */
+enum vg_mode {
+    VG_MODE_INERT = 0,   /* nothing configured: every call passes straight through */
+    VG_MODE_PRIVATE,     /* env limits, accounted in this process alone */
+    VG_MODE_SHARED,      /* VGPU_REGION_DIR: processes naming the same dir share one slice */
+    VG_MODE_SLICE        /* /dev/vgpu<i> from the hook: the arbiter's slice, env ignored */
+};
+
+struct vg_config {
+    enum vg_mode mode;
+    char region_dir[256];             /* SHARED and SLICE */
+    uint64_t limit_all;               /* VGPU_MEMORY_LIMIT, 0 = unset */
+    uint64_t limit_dev[VG_MAX_DEVICES];/* VGPU_MEMORY_LIMIT_<i>, 0 = unset */
+    uint64_t context_reserve;         /* VGPU_CONTEXT_RESERVE */
+    unsigned slice_devices;           /* SLICE: number of /dev/vgpu<i> files */
+    char error[512];                  /* non-empty: fail closed with this line */
+    CUresult error_result;            /* what cuInit returns then */
+};
+
+/* Parse the environment and probe the paths. Pure apart from getenv/stat. */
+void vg_config_load(struct vg_config *cfg, const char *dev_dir);
+
+/* The process-wide configuration (loaded by vg_boot). */
+extern struct vg_config vg_cfg;
+/* Non-zero when a limit applies (mode != INERT and no error). */
+extern _Atomic int vg_active;
+
+/* Print the configuration error once; returns CUresult to hand back. */
+CUresult vg_fail_closed(void);
+
+/* ---- regions.c: the slice's accounting, one region per device ---- */
+/* Open or create the regions of all devices (after the real cuInit).
+ * 0, or -1 with vg_cfg.error set. */
+int vg_regions_init(void);
+/* Region of CUDA device ordinal dev, or NULL when the device is not limited. */
+struct vgpu_region *vg_region(int dev);
+/* Charge bytes to device dev's slice for this process; 0 or -1 (would pass the limit). */
+int vg_charge(int dev, uint64_t bytes);
+void vg_uncharge(int dev, uint64_t bytes);
+/* Slice usage (live processes) and limit on dev. */
+uint64_t vg_used(int dev);
+uint64_t vg_limit(int dev);
+/* Number of CUDA ordinals the slice covers (SLICE mode), else -1. */
+int vg_slice_device_count(void);
+/* Ordinal whose region names this GPU UUID ("GPU-..."), or -1. */
+int vg_region_by_uuid(const char *uuid);
+
+/* ---- allocs.c: what this process allocated, to uncharge exactly ---- */
+enum vg_alloc_kind { VG_ALLOC_PTR = 0, VG_ALLOC_VMM, VG_ALLOC_ARRAY, VG_ALLOC_CTX, VG_ALLOC_POOL, VG_ALLOC_KINDS };
+int vg_allocs_put(enum vg_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
+/* Remove key; returns 0 and fills dev/bytes, or -1 when unknown. */
+int vg_allocs_take(enum vg_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
+
+/* ---- helpers shared by hooks ---- */
+/* Regions ready (retried until the driver is initialised); CUDA_SUCCESS or
+ * the fail-closed result. */
+CUresult vg_ready(void);
+/* Hook prologue: boot, and take the plain path when nothing is enforced. */
+#define VG_PASSTHROUGH_IF_INERT(fn, ...)                                        \
+    do {                                                                        \
+        vg_boot();                                                              \
+        if (VG_LIKELY(!atomic_load_explicit(&vg_active, memory_order_relaxed))) \
+            return REAL(fn)(__VA_ARGS__);                                       \
+    } while (0)
+/* Device of the calling thread's current context, or -1. */
+int vg_current_device(void);
+/* Format a CUuuid as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
+void vg_format_uuid(const CUuuid *u, char *out, size_t len);
+
+#endif

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Install what building and testing vgpu needs; safe to run again (installs only what is missing).
+#   Debian packages: gcc, make, libc6-dev (apt-get, only when one is missing)
+#   Python packages: the project's runtime dependencies and its `test` extra, read from
+#                    pyproject.toml (the tests import the packages from the checkout)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+DEB_PACKAGES=(gcc make libc6-dev)
+
+missing=()
+for pkg in "${DEB_PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$pkg")
+    fi
+done
+if ((${#missing[@]})); then
+    echo "install-deps: apt-get install ${missing[*]}"
+    SUDO=()
+    if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null || { echo "install-deps: need root or sudo for apt-get" >&2; exit 1; }
+        SUDO=(sudo)
+    fi
+    "${SUDO[@]}" apt-get update -q
+    DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]})"
+fi
+
+# One list of Python requirements: pyproject.toml's dependencies + the test extra.
+mapfile -t requirements < <("$PYTHON" - <<'PY'
+import tomllib
+with open("pyproject.toml", "rb") as f:
+    project = tomllib.load(f)["project"]
+for req in project.get("dependencies", []) + project["optional-dependencies"]["test"]:
+    print(req)
+PY
+)
+# Only ask the index when something is missing, so a ready machine works offline.
+if "$PYTHON" - "${requirements[@]}" <<'PY'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    sys.exit(1)
+for text in sys.argv[1:]:
+    req = Requirement(text)
+    try:
+        if not req.specifier.contains(version(req.name), prereleases=True):
+            sys.exit(1)
+    except PackageNotFoundError:
+        sys.exit(1)
+PY
+then
+    echo "install-deps: Python packages present (${requirements[*]})"
+else
+    echo "install-deps: pip install ${requirements[*]}"
+    "$PYTHON" -m pip install -q "${requirements[@]}"
+fi

@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build hook: compile libvgpu.so with make and ship it inside the arbiter package."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
+from setuptools.command.build_py import build_py
+from setuptools.errors import ExecError
+
+ROOT = Path(__file__).resolve().parent
+LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
+PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
+
+
+def make_libvgpu() -> Path:
+    """Run `make build/libvgpu.so` in the source tree and return the library's path."""
+    try:
+        subprocess.run(["make", "-C", str(ROOT), LIBRARY], check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise ExecError(f"failed to build libvgpu.so: {e} (needs gcc and make)") from e
+    return ROOT / LIBRARY
+
+
+class build_py_with_libvgpu(build_py):  # noqa: N801 - setuptools command naming
+    """build_py that also builds libvgpu.so and copies it in as package data."""
+
+    def run(self) -> None:
+        """Build the Python files, then the library."""
+        super().run()
+        library = make_libvgpu()
+        # Editable installs find the checkout's build/libvgpu.so instead.
+        if not self.editable_mode:
+            target = Path(self.build_lib, *PACKAGED)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.copy_file(str(library), str(target))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        """Declare the copied library among the outputs."""
+        outputs = list(super().get_outputs(include_bytecode))
+        if not self.editable_mode:
+            outputs.append(str(Path(self.build_lib, *PACKAGED)))
+        return outputs
+
+
+class NativeDistribution(Distribution):
+    """A distribution that ships a native library, so wheels are platform-specific."""
+
+    def has_ext_modules(self) -> bool:
+        """Yes: libvgpu.so (whole package goes to platlib, never split across lib dirs)."""
+        return True
+
+
+class platform_wheel(bdist_wheel):  # noqa: N801 - setuptools command naming
+    """Tag the wheel for this platform (it holds a native library), any Python 3."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        """py3-none-<platform>: libvgpu.so does not link against Python."""
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
+setup(
+    distclass=NativeDistribution,
+    cmdclass={"build_py": build_py_with_libvgpu, "bdist_wheel": platform_wheel},
+)

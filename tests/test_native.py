@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+"""arbiter.native.libvgpu_path: the packaged copy first, then a checkout's build."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import LIBVGPU, ROOT
+
+from arbiter.errors import LibraryNotFoundError, VgpuError
+from arbiter.native import libvgpu_path
+
+
+def test_source_checkout_finds_the_build() -> None:
+    if not LIBVGPU.exists():
+        pytest.fail(f"{LIBVGPU} is missing: run `make build/libvgpu.so`")
+    assert libvgpu_path() == LIBVGPU
+    assert libvgpu_path(checkout_root=ROOT) == LIBVGPU
+
+
+@pytest.mark.parametrize(("packaged", "built", "expected"), [
+    (True, True, "package"),
+    (True, False, "package"),
+    (False, True, "checkout"),
+], ids=["both", "package-only", "checkout-only"])
+def test_lookup_order(tmp_path: Path, packaged: bool, built: bool, expected: str) -> None:
+    package, checkout = tmp_path / "package", tmp_path / "checkout"
+    (checkout / "build").mkdir(parents=True)
+    package.mkdir()
+    if packaged:
+        (package / "libvgpu.so").write_bytes(b"")
+    if built:
+        (checkout / "build" / "libvgpu.so").write_bytes(b"")
+    found = libvgpu_path(package_dir=package, checkout_root=checkout)
+    assert found == {"package": package / "libvgpu.so",
+                     "checkout": checkout / "build" / "libvgpu.so"}[expected]
+
+
+def test_missing_everywhere_names_both_places(tmp_path: Path) -> None:
+    with pytest.raises(LibraryNotFoundError) as info:
+        libvgpu_path(package_dir=tmp_path / "pkg", checkout_root=tmp_path / "src")
+    message = str(info.value)
+    assert str(tmp_path / "pkg" / "libvgpu.so") in message
+    assert str(tmp_path / "src" / "build" / "libvgpu.so") in message
+    assert message.startswith("failed to find libvgpu.so: neither ")
+    assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, VgpuError)

@@ -1,0 +1,287 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Region files: the ctypes mirror matches the C layout; create, open, update, bad files."""
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+import stat
+import struct
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TEST_BIN, clean_env
+
+from arbiter import region as rg
+from arbiter.errors import RegionError, VgpuError
+from arbiter.region import Policy, Priority, VgpuRegion, VgSlot
+
+REGION_LAYOUT = TEST_BIN / "region_layout"
+GI = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def c_layout() -> dict[str, Any]:
+    """The layout as the C compiler sees it."""
+    if not REGION_LAYOUT.exists():
+        pytest.fail(f"{REGION_LAYOUT} is missing: run `make build/tests/region_layout`")
+    env = clean_env()
+    env["LD_LIBRARY_PATH"] = str(TEST_BIN.parent / "simgpu")
+    out = subprocess.run([str(REGION_LAYOUT)], env=env, capture_output=True, text=True,
+                         check=True, timeout=30).stdout
+    layout: dict[str, Any] = json.loads(out)
+    return layout
+
+
+MIRRORS = {"vgpu_region": VgpuRegion, "vg_slot": VgSlot}
+
+
+@pytest.mark.parametrize("struct_name", MIRRORS)
+def test_mirror_size_and_alignment(c_layout: dict[str, Any], struct_name: str) -> None:
+    cls = MIRRORS[struct_name]
+    assert ctypes.sizeof(cls) == c_layout[struct_name]["size"]
+    assert ctypes.alignment(cls) == c_layout[struct_name]["align"]
+
+
+@pytest.mark.parametrize("struct_name", MIRRORS)
+def test_mirror_fields(c_layout: dict[str, Any], struct_name: str) -> None:
+    cls = MIRRORS[struct_name]
+    c_fields = c_layout[struct_name]["fields"]
+    # Same names in the same order, then the same place and width for each.
+    assert [name for name, *_ in cls._fields_] == list(c_fields)
+    for name, (offset, size) in c_fields.items():
+        descr = getattr(cls, name)
+        assert (name, descr.offset, descr.size) == (name, offset, size)
+
+
+def test_constants(c_layout: dict[str, Any]) -> None:
+    c = c_layout["constants"]
+    assert c == {
+        "REGION_MAGIC": rg.REGION_MAGIC,
+        "REGION_VERSION": rg.REGION_VERSION,
+        "REGION_SLOTS": rg.REGION_SLOTS,
+        "REGION_UUID_LEN": rg.REGION_UUID_LEN,
+        "FLAG_ARBITER": rg.FLAG_ARBITER,
+        "SLOT_REAPING": rg.SLOT_REAPING,
+        "PRIORITY_LOW": Priority.LOW,
+        "PRIORITY_NORMAL": Priority.NORMAL,
+        "PRIORITY_HIGH": Priority.HIGH,
+        "POLICY_FIXED": Policy.FIXED,
+        "POLICY_BURST": Policy.BURST,
+    }
+    assert len(Priority) == 3 and len(Policy) == 2
+
+
+# -- create / open / update ------------------------------------------------------
+
+
+def make(path: Path, **kw: Any) -> Path:
+    args: dict[str, Any] = {"uuid": "GPU-0f1e2d3c", "device_index": 3, "memory_limit": 2 * GI}
+    args.update(kw)
+    return rg.create_region(path, **args)
+
+
+def test_create_then_open_reads_every_field(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0", compute_share=30, priority=Priority.HIGH,
+                policy=Policy.BURST, priority_floor=5, context_reserve=300 << 20)
+    with rg.open_region(path) as region:
+        assert region.uuid == "GPU-0f1e2d3c"
+        assert region.device_index == 3
+        assert region.memory_limit == 2 * GI
+        assert region.compute_share == 30
+        assert region.priority == Priority.HIGH
+        assert region.policy == Policy.BURST
+        assert region.priority_floor == 5
+        assert region.context_reserve == 300 << 20
+        assert region.generation == 0
+        assert region.slot_high_water == 0
+        assert region.arbiter is True
+    raw = VgpuRegion.from_buffer_copy(path.read_bytes())
+    assert (raw.magic, raw.version, raw.size, raw.slot_capacity) == (
+        rg.REGION_MAGIC, rg.REGION_VERSION, ctypes.sizeof(VgpuRegion), rg.REGION_SLOTS)
+    assert path.stat().st_size == ctypes.sizeof(VgpuRegion)
+
+
+def test_create_defaults_and_standalone_flag(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0", uuid="", arbiter=False)
+    with rg.open_region(path) as region:
+        assert (region.compute_share, region.priority, region.policy) == (
+            100, Priority.NORMAL, Policy.FIXED)
+        assert (region.uuid, region.flags, region.arbiter) == ("", 0, False)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o600, 0o666], ids=oct)
+def test_create_mode_ignores_umask(tmp_path: Path, mode: int) -> None:
+    old = os.umask(0o077)
+    try:
+        path = make(tmp_path / "vgpu0", mode=mode)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert os.listdir(tmp_path) == ["vgpu0"]  # no temporary file left behind
+
+
+def test_create_refuses_existing_file(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0")
+    with pytest.raises(RegionError, match=r"failed to create .*vgpu0: it already exists"):
+        make(path, memory_limit=GI)
+    assert rg.open_region(path).memory_limit == 2 * GI
+    make(path, memory_limit=GI, replace=True)
+    assert rg.open_region(path).memory_limit == GI
+    assert os.listdir(tmp_path) == ["vgpu0"]
+
+
+def test_create_in_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(RegionError, match=r"failed to create region file .*nowhere/vgpu0"):
+        make(tmp_path / "nowhere" / "vgpu0")
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"memory_limit": 0}, "memory_limit 0"),
+        ({"memory_limit": 1 << 64}, "memory_limit"),
+        ({"compute_share": 1}, "compute_share 1 is outside 2..100"),
+        ({"compute_share": 101}, "compute_share 101"),
+        ({"priority": 7}, "priority 7"),
+        ({"policy": 2}, "policy 2"),
+        ({"priority_floor": 101}, "priority_floor 101"),
+        ({"context_reserve": -1}, "context_reserve -1"),
+        ({"uuid": "G" * 96}, "uuid"),
+        ({"device_index": -1}, "device_index -1"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else next(iter(v)),
+)
+def test_create_rejects_bad_limits(tmp_path: Path, kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        make(tmp_path / "vgpu0", **kw)
+    assert os.listdir(tmp_path) == []
+
+
+def test_set_limits_is_seen_live_by_another_mapping(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0")
+    with rg.open_region(path) as writer, rg.open_region(path, writable=False) as reader:
+        assert writer.set_limits(memory_limit=GI, compute_share=50) == 1
+        assert (reader.memory_limit, reader.compute_share, reader.generation) == (GI, 50, 1)
+        assert writer.set_limits(priority=Priority.LOW, policy=Policy.BURST,
+                                 priority_floor=10, context_reserve=1 << 20) == 2
+        assert (reader.priority, reader.policy, reader.priority_floor,
+                reader.context_reserve, reader.memory_limit) == (
+            Priority.LOW, Policy.BURST, 10, 1 << 20, GI)
+        with pytest.raises(ValueError, match="compute_share 0"):
+            writer.set_limits(compute_share=0)
+        assert reader.generation == 2  # a rejected update changes nothing
+        with pytest.raises(RegionError, match=r"failed to update .*opened read-only"):
+            reader.set_limits(memory_limit=GI)
+    assert rg.open_region(path).memory_limit == GI  # it is in the file, not only the mapping
+
+
+# -- bad files -----------------------------------------------------------------
+
+
+def _patch(path: Path, field: str, value: int) -> None:
+    descr = getattr(VgpuRegion, field)
+    with path.open("r+b") as f:
+        f.seek(descr.offset)
+        f.write(struct.pack("I", value))
+
+
+SIZE = ctypes.sizeof(VgpuRegion)
+BAD_FILES = [
+    ("empty", lambda p: p.write_bytes(b""), f"truncated: 0 bytes, expected {SIZE}"),
+    ("truncated", lambda p: os.truncate(p, SIZE // 2), f"truncated: {SIZE // 2} bytes"),
+    ("header-only", lambda p: os.truncate(p, 360), "truncated: 360 bytes"),
+    ("zero-magic", lambda p: _patch(p, "magic", 0),
+     "bad magic 0x00000000, expected 0x55504756 .not a vgpu region, or one still being made"),
+    ("wrong-magic", lambda p: _patch(p, "magic", 0x12345678), "bad magic 0x12345678"),
+    ("not-a-region", lambda p: p.write_bytes(b"hello" * SIZE), "bad magic"),
+    ("newer-version", lambda p: _patch(p, "version", 2),
+     "layout version 2, this vgpu reads version 1"),
+    ("wrong-size", lambda p: _patch(p, "size", SIZE - 64),
+     f"header size {SIZE - 64}, expected {SIZE}"),
+    ("wrong-capacity", lambda p: _patch(p, "slot_capacity", 16), "slot capacity 16, expected 1024"),
+    ("missing", lambda p: p.unlink(), "No such file or directory"),
+    ("directory", lambda p: (p.unlink(), p.mkdir()), "Is a directory"),
+]
+
+
+@pytest.mark.parametrize(("damage", "reason"), [(d, r) for _, d, r in BAD_FILES],
+                         ids=[i for i, _, _ in BAD_FILES])
+def test_open_rejects_bad_file(tmp_path: Path, damage: Any, reason: str) -> None:
+    path = make(tmp_path / "vgpu0")
+    damage(path)
+    with pytest.raises(RegionError, match=f"failed to open region file {path}: {reason}") as info:
+        rg.open_region(path)
+    assert info.value.path == path
+    assert isinstance(info.value, VgpuError)
+
+
+def test_open_tolerates_a_longer_file(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0")
+    os.truncate(path, SIZE + 4096)  # e.g. a writer that rounds up to pages
+    with rg.open_region(path) as region:
+        assert region.memory_limit == 2 * GI
+
+
+# -- usage ---------------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_used_bytes_and_processes(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0")
+    me = os.getpid()
+    start = rg.proc_start_time(me)
+    assert start > 0
+    slots = [
+        (me, start, 100),                   # live
+        (me, start + 1, 200),               # pid recycled: another process's slot
+        (_dead_pid(), 0, 400),              # gone
+        (rg.SLOT_REAPING | me, 0, 800),      # being reaped
+        (0, 0, 0),                          # free
+        (1, 0, 1600),                       # init: alive, not ours (kill gives EPERM if not root)
+    ]
+    with path.open("r+b") as f, mmap.mmap(f.fileno(), SIZE) as mm:
+        region = VgpuRegion.from_buffer(mm)
+        for i, (pid, st, used) in enumerate(slots):
+            region.slots[i].pid, region.slots[i].start_time, region.slots[i].used = pid, st, used
+        region.slot_high_water = len(slots)
+        del region  # release the buffer export before the mmap closes
+    with rg.open_region(path, writable=False) as r:
+        assert r.used_bytes() == 100 + 1600
+        assert r.used_bytes(live_only=False) == 100 + 200 + 400 + 800 + 1600
+        assert r.processes() == [(me, 100), (1, 1600)]
+        assert r.processes()[0].pid == me
+
+
+@pytest.mark.parametrize(
+    ("stat_text", "expected"),
+    [
+        ("42 (sleep) S 1 42 42 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 98765 1000 10", 98765),
+        ("42 (a) b) c) S 1 42 42 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 555 1000 10", 555),
+        ("42 (x) S 1 2", 0),
+        ("garbage", 0),
+    ],
+    ids=["plain", "parens-in-comm", "short", "garbage"],
+)
+def test_proc_start_time(tmp_path: Path, stat_text: str, expected: int) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "stat").write_text(stat_text)
+    assert rg.proc_start_time(42, proc=tmp_path) == expected
+
+
+def test_pid_alive_trusts_kill_when_proc_is_hidden(tmp_path: Path) -> None:
+    me = os.getpid()
+    assert rg.pid_alive(me, 12345, proc=tmp_path)  # hidepid: no /proc/<pid>/stat
+    assert not rg.pid_alive(me, rg.proc_start_time(me) + 1)
+    assert rg.pid_alive(me, rg.proc_start_time(me))
+    assert rg.pid_alive(me, 0)
+    assert not rg.pid_alive(0, 0)
+    assert not rg.pid_alive(_dead_pid(), 0)
