@@ -123,8 +123,8 @@ def test_every_table_symbol_is_exported():
     assert not sorted(wanted - exported)
 
 
-    "needs libcuda.so.1 linked with -Wl,-Bsymbolic-functions (Makefile): without it the "
-    "table's pointers, and simgpu's internal calls, bind to a preloaded definition"))
+# Needs libcuda.so.1 linked with -Wl,-Bsymbolic-functions (Makefile): without it the
+# table's pointers, and simgpu's internal calls, bind to a preloaded definition.
 def test_preloaded_definition_does_not_replace_simgpus_entry_point(simgpu_env, tmp_path):
     """Like a real driver, cuGetProcAddress returns libcuda's own function even
     when an LD_PRELOADed library (libvgpu.so) defines the same symbol;
