@@ -15,7 +15,7 @@ COMMON_SRC := $(wildcard libvgpu/common/*.c)
 VGPU_SRC   := $(wildcard libvgpu/src/*.c) $(COMMON_SRC)
 CUDA_SRC   := $(wildcard libvgpu/simgpu/cuda_*.c) libvgpu/simgpu/state.c $(COMMON_SRC)
 NVML_SRC   := $(wildcard libvgpu/simgpu/nvml_*.c) libvgpu/simgpu/state.c $(COMMON_SRC)
-HEADERS    := $(wildcard libvgpu/include/*.h libvgpu/common/*.h libvgpu/src/*.h libvgpu/simgpu/*.h)
+HEADERS    := $(wildcard libvgpu/include/*.h libvgpu/common/*.h libvgpu/src/*.h libvgpu/simgpu/*.h) Makefile
 TEST_SRC   := $(wildcard libvgpu/tests/*.c)
 TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))
 
