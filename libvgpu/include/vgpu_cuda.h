@@ -34,6 +34,7 @@ typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUarray_st *CUarray;
+typedef struct CUgreenCtx_st *CUgreenCtx;
 typedef struct CUlaunchAttribute_st CUlaunchAttribute;
 
 typedef struct CUuuid_st {
@@ -338,6 +339,9 @@ CUresult cuGraphDestroy(CUgraph hGraph);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 CUresult cuCtxGetFlags(unsigned int *flags);
+CUresult cuCtxSynchronize_v2(CUcontext ctx);
+CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx);
+CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx);
 CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned int *version);
 CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr);

@@ -324,6 +324,41 @@ SIMGPU_API CUresult cuCtxGetDevice(CUdevice *device)
     return CUDA_SUCCESS;
 }
 
+/* CUDA 13: the context is explicit; NULL means the current one. */
+static CUresult ctx_or_current(CUcontext ctx, struct sg_ctx **out)
+{
+    if (!ctx)
+        return sg_current_ctx(out);
+    CUresult rc = sg_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!sg_handle_ok(ctx, SG_MAGIC_CTX) || !ctx_alive((struct sg_ctx *)ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *out = (struct sg_ctx *)ctx;
+    return CUDA_SUCCESS;
+}
+
+SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    struct sg_ctx *c;
+    CUresult rc = ctx_or_current(ctx, &c);
+    if (rc == CUDA_SUCCESS)
+        simgpu_wait_until(atomic_load(&c->last_end));
+    return rc;
+}
+
+SIMGPU_API CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
+{
+    struct sg_ctx *c;
+    CUresult rc = ctx_or_current(ctx, &c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!device)
+        return CUDA_ERROR_INVALID_VALUE;
+    *device = c->dev;
+    return CUDA_SUCCESS;
+}
+
 SIMGPU_API CUresult cuCtxGetFlags(unsigned int *flags)
 {
     struct sg_ctx *c;

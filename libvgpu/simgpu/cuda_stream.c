@@ -174,6 +174,26 @@ SIMGPU_API CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+SIMGPU_API CUresult cuStreamGetCtx_v2(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx)
+{
+    if (!pCtx || !pGreenCtx)
+        return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = cuStreamGetCtx(hStream, pCtx);
+    if (rc == CUDA_SUCCESS)
+        *pGreenCtx = NULL; /* simgpu has no green contexts */
+    return rc;
+}
+
+SIMGPU_API CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx)
+{
+    return cuStreamGetCtx(hStream, pctx);
+}
+
+SIMGPU_API CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CUgreenCtx *pGreenCtx)
+{
+    return cuStreamGetCtx_v2(hStream, pCtx, pGreenCtx);
+}
+
 /* The engine is one FIFO, so work queued after the event already runs after it:
  * waiting needs no more than carrying the event's time into the stream. */
 SIMGPU_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)

@@ -112,7 +112,9 @@ void vg_config_load(struct vg_config *cfg, const char *dev_dir)
         cfg->mode = VG_MODE_SHARED;
         if (strlen(dir) >= sizeof(cfg->region_dir) - 16)
             set_error(cfg, CUDA_ERROR_INVALID_VALUE, "VGPU_REGION_DIR=\"%s\": path too long", dir);
-        else if (stat(dir, &sb) != 0 && (errno != ENOENT || mkdir(dir, 0755) != 0 || stat(dir, &sb) != 0))
+        /* Racing first processes may both mkdir: EEXIST is success. */
+        else if (stat(dir, &sb) != 0 &&
+                 (errno != ENOENT || (mkdir(dir, 0755) != 0 && errno != EEXIST) || stat(dir, &sb) != 0))
             set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, "VGPU_REGION_DIR=\"%s\": %s", dir, strerror(errno));
         else if (!S_ISDIR(sb.st_mode))
             set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, "VGPU_REGION_DIR=\"%s\": not a directory", dir);
