@@ -231,8 +231,11 @@ def test_sigkill_in_allocation_loops_never_hangs_or_leaks(vgpu_env, tmp_path):
             if info["free"] == 64 * MiB or time.monotonic() > deadline:
                 break
         assert info["free"] == 64 * MiB, f"round {round_}: {info}"
-    fill = last(probe(vgpu_env, f"fill:mem:{4 * MiB}"), "fill")
+    fill = last(probe(vgpu_env, f"fill:mem:{4 * MiB}", "freeall"), "fill")
     assert fill["count"] == 16
+    from arbiter.region import open_region
+    with open_region(tmp_path / "slice" / "vgpu0") as region:
+        assert region.used_bytes(live_only=False) == 0  # exactly zero, nothing left to reap
 
 
 def test_concurrent_processes_never_pass_the_limit(simgpu_env, vgpu_env, tmp_path):
@@ -270,3 +273,53 @@ def test_forked_child_gets_its_own_accounting(vgpu_env, tmp_path):
     out = run(["python3", "-c", script], env=vgpu_env).stdout
     info = [json.loads(x) for x in out.splitlines() if '"info"' in x][-1]
     assert info["free"] == 64 * MiB
+
+
+# ---- slices made by the arbiter (region files written from Python) -------------
+
+def test_arbiter_made_slice_ignores_env_and_reports_usage(vgpu_env, tmp_path):
+    from arbiter.region import create_region, open_region
+
+    slice_dir = tmp_path / "slice"
+    slice_dir.mkdir()
+    create_region(slice_dir / "vgpu0", uuid="", device_index=0, memory_limit=128 * MiB)
+    vgpu_env["VGPU_REGION_DIR"] = str(slice_dir)
+    vgpu_env["VGPU_MEMORY_LIMIT"] = "4Gi"  # an image's env must not widen the slice
+    holder = start_holder(vgpu_env, f"fill:mem:{16 * MiB}", "info")
+    with open_region(slice_dir / "vgpu0") as region:
+        try:
+            assert region.used_bytes() == 128 * MiB
+            assert [p.used for p in region.processes()] == [128 * MiB]
+        finally:
+            holder.kill()
+            holder.wait()
+        assert region.used_bytes() == 0
+
+
+def test_limit_changed_in_place_reaches_a_running_process(vgpu_env, tmp_path):
+    from arbiter.region import create_region, open_region
+
+    slice_dir = tmp_path / "slice"
+    slice_dir.mkdir()
+    create_region(slice_dir / "vgpu0", uuid="", device_index=0, memory_limit=256 * MiB)
+    vgpu_env["VGPU_REGION_DIR"] = str(slice_dir)
+    p = subprocess.Popen([PROBE, f"alloc:mem:{32 * MiB}", "info", "sleep:1500", "info",
+                          f"fill:mem:{16 * MiB}"], env=vgpu_env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    lines = []
+    for line in p.stdout:
+        lines.append(json.loads(line))
+        if lines[-1]["op"] == "info":
+            with open_region(slice_dir / "vgpu0") as region:
+                generation = region.generation
+                region.set_limits(memory_limit=96 * MiB)
+                assert region.generation > generation
+            break
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    lines += [json.loads(x) for x in out.splitlines()]
+    before, after = [entry for entry in lines if entry["op"] == "info"]
+    assert (before["total"], before["free"]) == (256 * MiB, 224 * MiB)
+    assert (after["total"], after["free"]) == (96 * MiB, 64 * MiB)
+    assert last(lines, "fill")["count"] == 4
