@@ -55,10 +55,10 @@ deps:
 	./scripts/install-deps.sh
 
 demo: deps all
-	python3 scripts/demo.py
+	./scripts/py scripts/demo.py
 
 test: deps all
-	python3 -m pytest -q tests
+	./scripts/py -m pytest -q tests
 
 bench: all
-	python3 bench/run.py
+	./scripts/py bench/interception.py

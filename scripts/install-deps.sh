@@ -9,6 +9,16 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 DEB_PACKAGES=(gcc make libc6-dev)
+# Debian's own python3 is "externally managed" (PEP 668): pip refuses to
+# install into it, so the packages go into .venv, which scripts/py prefers.
+externally_managed() {
+    "$PYTHON" -c 'import os, sys, sysconfig; sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED")) else 1)'
+}
+USE_VENV=0
+if [[ -x .venv/bin/python ]] || externally_managed; then
+    USE_VENV=1
+    DEB_PACKAGES+=(python3-venv)
+fi
 
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
@@ -27,6 +37,12 @@ if ((${#missing[@]})); then
     DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
     echo "install-deps: Debian packages present (${DEB_PACKAGES[*]})"
+fi
+
+if ((USE_VENV)); then
+    [[ -x .venv/bin/python ]] || { echo "install-deps: python3 -m venv .venv"; "$PYTHON" -m venv .venv; }
+    PYTHON=.venv/bin/python
+    "$PYTHON" -m pip --version >/dev/null
 fi
 
 # One list of Python requirements: pyproject.toml's dependencies + the test extra.

@@ -11,6 +11,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -270,7 +271,7 @@ def test_forked_child_gets_its_own_accounting(vgpu_env, tmp_path):
         f"import subprocess,sys; subprocess.run([{PROBE!r}, 'alloc:mem:{32 * MiB}'], check=True);"
         f"print(subprocess.run([{PROBE!r}, 'info'], capture_output=True, text=True).stdout)"
     )
-    out = run(["python3", "-c", script], env=vgpu_env).stdout
+    out = run([sys.executable, "-c", script], env=vgpu_env).stdout
     info = [json.loads(x) for x in out.splitlines() if '"info"' in x][-1]
     assert info["free"] == 64 * MiB
 
