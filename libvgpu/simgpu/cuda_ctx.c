@@ -49,7 +49,11 @@ static CUresult ctx_activate(struct sg_ctx *c, int dev, unsigned flags)
     if (c->overhead && simgpu_mem_charge((unsigned)dev, c->overhead) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     atomic_store(&c->last_end, 0);
-    sg_stream_init(&c->null_stream, c, 0);
+    /* A primary context is re-activated in place: keep its stream's mutex,
+     * which another thread may be holding, rather than re-initialising it. */
+    if (c->null_stream.magic != SG_MAGIC_STREAM)
+        sg_stream_init(&c->null_stream, c, 0);
+    atomic_store(&c->null_stream.last_end, 0);
     return CUDA_SUCCESS;
 }
 
@@ -202,7 +206,7 @@ SIMGPU_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice
 }
 
 /* Execution-affinity parameters (SM counts) have no meaning on simgpu. */
-SIMGPU_API CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned int flags,
+SIMGPU_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
                                    CUdevice dev)
 {
     if (numParams < 0 || (numParams > 0 && !paramsArray))

@@ -137,9 +137,13 @@ static CUresult add_kernel_node(CUgraphNode *phGraphNode, CUgraph hGraph, const 
 }
 
 SIMGPU_API CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
-                                         size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v2 *nodeParams)
+                                         size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams)
 {
-    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+    /* v1 is v2 without the trailing kern/ctx fields, which are never read when func is set. */
+    if (!nodeParams)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUDA_KERNEL_NODE_PARAMS_v2 p = {.func = nodeParams->func};
+    return add_kernel_node(phGraphNode, hGraph, dependencies, numDependencies, &p);
 }
 
 SIMGPU_API CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,

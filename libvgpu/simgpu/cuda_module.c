@@ -61,7 +61,7 @@ SIMGPU_API CUresult cuModuleLoadData(CUmodule *module, const void *image)
     return module_new(module);
 }
 
-SIMGPU_API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, int *options,
+SIMGPU_API CUresult cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions, CUjit_option *options,
                                        void **optionValues)
 {
     (void)numOptions; /* JIT options: nothing is compiled */

@@ -43,7 +43,7 @@ VG_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice 
     CREATE_CONTEXT(pctx, dev, REAL(cuCtxCreate_v2)(pctx, flags, dev));
 }
 
-VG_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *paramsArray, int numParams, unsigned int flags,
+VG_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
                                   CUdevice dev)
 {
     VG_PASSTHROUGH_IF_INERT(cuCtxCreate_v3, pctx, paramsArray, numParams, flags, dev);
