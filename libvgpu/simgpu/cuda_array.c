@@ -31,27 +31,42 @@ static unsigned format_bytes(CUarray_format f)
     return 0;
 }
 
-static CUresult array_create(CUarray *out, size_t w, size_t h, size_t d, CUarray_format f, unsigned ch)
+/* Bytes of an array with `levels` mipmap levels (1 = a plain array); each
+ * level halves every extent down to 1. 0 when the description is invalid. */
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, unsigned levels)
+{
+    unsigned fb = format_bytes(f);
+    if (w == 0 || fb == 0 || (ch != 1 && ch != 2 && ch != 4) || levels == 0)
+        return 0;
+    h = h ? h : 1;
+    d = d ? d : 1;
+    unsigned __int128 total = 0;
+    for (unsigned l = 0; l < levels; l++) {
+        total += (unsigned __int128)w * h * d * ch * fb;
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : 1;
+        d = d > 1 ? d / 2 : 1;
+    }
+    /* Anything past 2^63 bytes cannot fit a device anyway. */
+    return total >> 63 ? UINT64_MAX : (uint64_t)total;
+}
+
+static CUresult array_create(void **out, uint32_t magic, uint64_t bytes)
 {
     struct sg_ctx *c;
     CUresult rc = sg_current_ctx(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    unsigned fb = format_bytes(f);
-    if (!out || w == 0 || fb == 0 || (ch != 1 && ch != 2 && ch != 4))
+    if (!out || bytes == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    h = h ? h : 1;
-    d = d ? d : 1;
-    /* Overflow-safe product: anything past 2^63 bytes cannot fit a device anyway. */
-    unsigned __int128 b = (unsigned __int128)w * h * d * ch * fb;
-    if (b >> 63)
+    if (bytes == UINT64_MAX)
         return CUDA_ERROR_OUT_OF_MEMORY;
     struct sg_array *a = calloc(1, sizeof(*a));
     if (!a)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    a->magic = SG_MAGIC_ARRAY;
+    a->magic = magic;
     a->dev = c->dev;
-    a->bytes = (uint64_t)b;
+    a->bytes = bytes;
     if (simgpu_mem_charge((unsigned)a->dev, a->bytes) != 0) {
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -61,7 +76,21 @@ static CUresult array_create(CUarray *out, size_t w, size_t h, size_t d, CUarray
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *out = (CUarray)a;
+    *out = a;
+    return CUDA_SUCCESS;
+}
+
+static CUresult array_destroy(void *handle, uint32_t magic)
+{
+    CUresult rc = sg_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    struct sg_array *a = handle;
+    if (!a || !sg_handle_take(a, magic))
+        return CUDA_ERROR_INVALID_HANDLE;
+    simgpu_mem_uncharge((unsigned)a->dev, a->bytes);
+    a->magic = SG_MAGIC_DEAD;
+    free(a);
     return CUDA_SUCCESS;
 }
 
@@ -70,7 +99,7 @@ SIMGPU_API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPT
     if (!pAllocateArray)
         return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
     const CUDA_ARRAY_DESCRIPTOR *a = pAllocateArray;
-    return array_create(pHandle, a->Width, a->Height, 1, a->Format, a->NumChannels);
+    return array_create((void **)pHandle, SG_MAGIC_ARRAY, array_bytes(a->Width, a->Height, 1, a->Format, a->NumChannels, 1));
 }
 
 SIMGPU_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
@@ -78,19 +107,26 @@ SIMGPU_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESC
     if (!pAllocateArray)
         return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
     const CUDA_ARRAY3D_DESCRIPTOR *a = pAllocateArray;
-    return array_create(pHandle, a->Width, a->Height, a->Depth, a->Format, a->NumChannels);
+    return array_create((void **)pHandle, SG_MAGIC_ARRAY,
+                        array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, 1));
 }
 
 SIMGPU_API CUresult cuArrayDestroy(CUarray hArray)
 {
-    CUresult rc = sg_check_init();
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    struct sg_array *a = (struct sg_array *)hArray;
-    if (!a || !sg_handle_take(a, SG_MAGIC_ARRAY))
-        return CUDA_ERROR_INVALID_HANDLE;
-    simgpu_mem_uncharge((unsigned)a->dev, a->bytes);
-    a->magic = SG_MAGIC_DEAD;
-    free(a);
-    return CUDA_SUCCESS;
+    return array_destroy(hArray, SG_MAGIC_ARRAY);
+}
+
+SIMGPU_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pMipmappedArrayDesc,
+                                           unsigned int numMipmapLevels)
+{
+    if (!pMipmappedArrayDesc)
+        return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    const CUDA_ARRAY3D_DESCRIPTOR *a = pMipmappedArrayDesc;
+    return array_create((void **)pHandle, SG_MAGIC_MIPMAP,
+                        array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, numMipmapLevels));
+}
+
+SIMGPU_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    return array_destroy(hMipmappedArray, SG_MAGIC_MIPMAP);
 }

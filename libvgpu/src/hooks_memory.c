@@ -229,9 +229,20 @@ static uint64_t format_bytes(CUarray_format f)
     }
 }
 
-static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels)
+/* Bytes of an array with `levels` mipmap levels (1 = a plain array); each
+ * level halves every extent down to 1. */
+static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels, unsigned levels)
 {
-    return (uint64_t)w * (h ? h : 1) * (d ? d : 1) * (channels ? channels : 1) * format_bytes(f);
+    uint64_t elem = (channels ? channels : 1) * format_bytes(f), total = 0;
+    h = h ? h : 1;
+    d = d ? d : 1;
+    for (unsigned l = 0; l < levels; l++) {
+        total += (uint64_t)w * h * d * elem;
+        w = w > 1 ? w / 2 : 1;
+        h = h > 1 ? h / 2 : 1;
+        d = d > 1 ? d / 2 : 1;
+    }
+    return total;
 }
 
 VG_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
@@ -240,7 +251,7 @@ VG_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTO
     int dev = vg_current_device();
     if (!pHandle || !desc || desc->Width == 0 || dev < 0)
         return REAL(cuArrayCreate_v2)(pHandle, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels);
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1);
     CHARGE_OR_OOM(dev, bytes);
     CUresult r = REAL(cuArrayCreate_v2)(pHandle, desc);
     return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
@@ -252,7 +263,7 @@ VG_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCR
     int dev = vg_current_device();
     if (!pHandle || !desc || desc->Width == 0 || dev < 0)
         return REAL(cuArray3DCreate_v2)(pHandle, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels);
+    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1);
     CHARGE_OR_OOM(dev, bytes);
     CUresult r = REAL(cuArray3DCreate_v2)(pHandle, desc);
     return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
@@ -262,4 +273,24 @@ VG_EXPORT CUresult cuArrayDestroy(CUarray hArray)
 {
     VG_PASSTHROUGH_IF_INERT(cuArrayDestroy, hArray);
     FREE_TRACKED(VG_ALLOC_ARRAY, (uint64_t)(uintptr_t)hArray, REAL(cuArrayDestroy)(hArray));
+}
+
+VG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                          unsigned int numMipmapLevels)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMipmappedArrayCreate, pHandle, desc, numMipmapLevels);
+    int dev = vg_current_device();
+    if (!pHandle || !desc || desc->Width == 0 || numMipmapLevels == 0 || dev < 0)
+        return REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels);
+    uint64_t bytes =
+        array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, numMipmapLevels);
+    CHARGE_OR_OOM(dev, bytes);
+    CUresult r = REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels);
+    return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
+}
+
+VG_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMipmappedArrayDestroy, hMipmappedArray);
+    FREE_TRACKED(VG_ALLOC_ARRAY, (uint64_t)(uintptr_t)hMipmappedArray, REAL(cuMipmappedArrayDestroy)(hMipmappedArray));
 }

@@ -9,7 +9,7 @@
  *   OP: alloc:KIND:BYTES  free  freeall  info  count  fill:KIND:BYTES
  *       churn:KIND:BYTES:N  ctx:create  ctx:destroy  device:N  nvml
  *       hold  sleep:MS  bench_launch:N  bench_alloc:BYTES:N
- *   KIND: mem pitch managed vmm async pool array array3d
+ *   KIND: mem pitch managed vmm async pool array array3d mipmap
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -44,6 +44,8 @@ static struct {
     FN(ArrayCreate, CUresult, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *));
     FN(Array3DCreate, CUresult, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *));
     FN(ArrayDestroy, CUresult, (CUarray));
+    FN(MipmappedArrayCreate, CUresult, (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned));
+    FN(MipmappedArrayDestroy, CUresult, (CUmipmappedArray));
     FN(ModuleLoadData, CUresult, (CUmodule *, const void *));
     FN(ModuleGetFunction, CUresult, (CUfunction *, CUmodule, const char *));
     FN(LaunchKernel, CUresult, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -96,7 +98,9 @@ static uint64_t now_ns(void)
     X(MemPoolCreate, cuMemPoolCreate, cuMemPoolCreate)                                                             \
     X(MemAllocFromPoolAsync, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync)                                     \
     X(ArrayCreate, cuArrayCreate_v2, cuArrayCreate) X(Array3DCreate, cuArray3DCreate_v2, cuArray3DCreate)          \
-    X(ArrayDestroy, cuArrayDestroy, cuArrayDestroy) X(ModuleLoadData, cuModuleLoadData, cuModuleLoadData)          \
+    X(ArrayDestroy, cuArrayDestroy, cuArrayDestroy)                                                                \
+    X(MipmappedArrayCreate, cuMipmappedArrayCreate, cuMipmappedArrayCreate)                                        \
+    X(MipmappedArrayDestroy, cuMipmappedArrayDestroy, cuMipmappedArrayDestroy) X(ModuleLoadData, cuModuleLoadData, cuModuleLoadData)          \
     X(ModuleGetFunction, cuModuleGetFunction, cuModuleGetFunction)                                                 \
     X(LaunchKernel, cuLaunchKernel, cuLaunchKernel) X(GetErrorName, cuGetErrorName, cuGetErrorName)
 
@@ -186,6 +190,16 @@ static CUresult do_alloc(char kind, uint64_t bytes, uint64_t *key)
         *key = (uint64_t)(uintptr_t)arr;
         return r;
     }
+    case 'i': {
+        /* Two levels of 1024 x H floats: level 1 is a quarter of level 0, so
+         * H = bytes / 5120 makes the whole array `bytes`. */
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = 1024, .Height = bytes / 5120, .Format = CU_AD_FORMAT_FLOAT,
+                                     .NumChannels = 1};
+        CUmipmappedArray arr = NULL;
+        r = cu.MipmappedArrayCreate(&arr, &d, 2);
+        *key = (uint64_t)(uintptr_t)arr;
+        return r;
+    }
     default:
         fprintf(stderr, "vgpu_probe: unknown kind\n");
         exit(2);
@@ -205,6 +219,8 @@ static CUresult do_free(char kind, uint64_t key)
     case 'r':
     case '3':
         return cu.ArrayDestroy((CUarray)(uintptr_t)key);
+    case 'i':
+        return cu.MipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)key);
     default:
         return cu.MemFree(key);
     }
@@ -216,7 +232,7 @@ static char kind_code(const char *k)
         const char *name;
         char code;
     } kinds[] = {{"mem", 'm'},   {"pitch", 'p'}, {"managed", 'g'}, {"vmm", 'v'},
-                 {"async", 'a'}, {"pool", 'o'},  {"array", 'r'},   {"array3d", '3'}};
+                 {"async", 'a'}, {"pool", 'o'},  {"array", 'r'},   {"array3d", '3'}, {"mipmap", 'i'}};
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
         if (strcmp(k, kinds[i].name) == 0)
             return kinds[i].code;
@@ -330,7 +346,10 @@ int main(int argc, char **argv)
                 g_allocs[g_nallocs++] = (struct alloc){k, key};
                 count++;
             }
-            printf("{\"op\":\"fill\",\"kind\":\"%s\",\"count\":%u,\"result\":\"%s\"}\n", kind, count, errname(r));
+            /* What one allocation really holds (a mipmap's levels do not add up to round sizes). */
+            unsigned long long each = k == 'i' ? bytes / 5120 * 5120 : bytes;
+            printf("{\"op\":\"fill\",\"kind\":\"%s\",\"count\":%u,\"bytes_each\":%llu,\"result\":\"%s\"}\n", kind,
+                   count, each, errname(r));
         } else if (sscanf(op, "churn:%15[^:]:%llu:%llu", kind, &bytes, &n) == 3) {
             char k = kind_code(kind);
             uint64_t key;
