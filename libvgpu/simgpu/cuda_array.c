@@ -5,6 +5,7 @@
  */
 #include <stdlib.h>
 
+#include "../common/vg_array.h"
 #include "cuda_internal.h"
 
 struct sg_array {
@@ -12,44 +13,6 @@ struct sg_array {
     int dev;
     uint64_t bytes;
 };
-
-static unsigned format_bytes(CUarray_format f)
-{
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT:
-        return 4;
-    }
-    return 0;
-}
-
-/* Bytes of an array with `levels` mipmap levels (1 = a plain array); each
- * level halves every extent down to 1. 0 when the description is invalid. */
-static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned ch, unsigned levels)
-{
-    unsigned fb = format_bytes(f);
-    if (w == 0 || fb == 0 || (ch != 1 && ch != 2 && ch != 4) || levels == 0)
-        return 0;
-    h = h ? h : 1;
-    d = d ? d : 1;
-    unsigned __int128 total = 0;
-    for (unsigned l = 0; l < levels; l++) {
-        total += (unsigned __int128)w * h * d * ch * fb;
-        w = w > 1 ? w / 2 : 1;
-        h = h > 1 ? h / 2 : 1;
-        d = d > 1 ? d / 2 : 1;
-    }
-    /* Anything past 2^63 bytes cannot fit a device anyway. */
-    return total >> 63 ? UINT64_MAX : (uint64_t)total;
-}
 
 static CUresult array_create(void **out, uint32_t magic, uint64_t bytes)
 {
@@ -99,7 +62,7 @@ SIMGPU_API CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPT
     if (!pAllocateArray)
         return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
     const CUDA_ARRAY_DESCRIPTOR *a = pAllocateArray;
-    return array_create((void **)pHandle, SG_MAGIC_ARRAY, array_bytes(a->Width, a->Height, 1, a->Format, a->NumChannels, 1));
+    return array_create((void **)pHandle, SG_MAGIC_ARRAY, vg_array_bytes(a->Width, a->Height, 1, a->Format, a->NumChannels, 1));
 }
 
 SIMGPU_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray)
@@ -108,7 +71,7 @@ SIMGPU_API CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESC
         return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
     const CUDA_ARRAY3D_DESCRIPTOR *a = pAllocateArray;
     return array_create((void **)pHandle, SG_MAGIC_ARRAY,
-                        array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, 1));
+                        vg_array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, 1));
 }
 
 SIMGPU_API CUresult cuArrayDestroy(CUarray hArray)
@@ -123,7 +86,7 @@ SIMGPU_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA
         return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
     const CUDA_ARRAY3D_DESCRIPTOR *a = pMipmappedArrayDesc;
     return array_create((void **)pHandle, SG_MAGIC_MIPMAP,
-                        array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, numMipmapLevels));
+                        vg_array_bytes(a->Width, a->Height, a->Depth, a->Format, a->NumChannels, numMipmapLevels));
 }
 
 SIMGPU_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray)

@@ -5,6 +5,7 @@
  * An allocation past the limit returns CUDA_ERROR_OUT_OF_MEMORY and the
  * driver is never asked, so nothing is allocated.
  */
+#include "../common/vg_array.h"
 #include "vgpu_internal.h"
 
 int vg_current_device(void)
@@ -214,44 +215,15 @@ VG_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesi
 
 /* ---- arrays ---- */
 
-static uint64_t format_bytes(CUarray_format f)
-{
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8:
-        return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF:
-        return 2;
-    default:
-        return 4; /* 32-bit formats; wider ones are rare and charged as 4 */
-    }
-}
-
-/* Bytes of an array with `levels` mipmap levels (1 = a plain array); each
- * level halves every extent down to 1. */
-static uint64_t array_bytes(size_t w, size_t h, size_t d, CUarray_format f, unsigned channels, unsigned levels)
-{
-    uint64_t elem = (channels ? channels : 1) * format_bytes(f), total = 0;
-    h = h ? h : 1;
-    d = d ? d : 1;
-    for (unsigned l = 0; l < levels; l++) {
-        total += (uint64_t)w * h * d * elem;
-        w = w > 1 ? w / 2 : 1;
-        h = h > 1 ? h / 2 : 1;
-        d = d > 1 ? d / 2 : 1;
-    }
-    return total;
-}
-
 VG_EXPORT CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *desc)
 {
     VG_PASSTHROUGH_IF_INERT(cuArrayCreate_v2, pHandle, desc);
     int dev = vg_current_device();
     if (!pHandle || !desc || desc->Width == 0 || dev < 0)
         return REAL(cuArrayCreate_v2)(pHandle, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1);
+    uint64_t bytes = vg_array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1);
+    if (bytes == 0)
+        return REAL(cuArrayCreate_v2)(pHandle, desc); /* invalid: the driver's own error */
     CHARGE_OR_OOM(dev, bytes);
     CUresult r = REAL(cuArrayCreate_v2)(pHandle, desc);
     return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
@@ -263,7 +235,9 @@ VG_EXPORT CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCR
     int dev = vg_current_device();
     if (!pHandle || !desc || desc->Width == 0 || dev < 0)
         return REAL(cuArray3DCreate_v2)(pHandle, desc);
-    uint64_t bytes = array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1);
+    uint64_t bytes = vg_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, 1);
+    if (bytes == 0)
+        return REAL(cuArray3DCreate_v2)(pHandle, desc);
     CHARGE_OR_OOM(dev, bytes);
     CUresult r = REAL(cuArray3DCreate_v2)(pHandle, desc);
     return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
@@ -283,7 +257,9 @@ VG_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *pHandle, const CUDA_
     if (!pHandle || !desc || desc->Width == 0 || numMipmapLevels == 0 || dev < 0)
         return REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels);
     uint64_t bytes =
-        array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, numMipmapLevels);
+        vg_array_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels, numMipmapLevels);
+    if (bytes == 0)
+        return REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels);
     CHARGE_OR_OOM(dev, bytes);
     CUresult r = REAL(cuMipmappedArrayCreate)(pHandle, desc, numMipmapLevels);
     return finish_alloc(r, VG_ALLOC_ARRAY, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pHandle : 0, dev, bytes);
