@@ -114,7 +114,9 @@ def parse_macros(text: str) -> list[str]:
 
 def _split_top(body: str, sep: str) -> list[str]:
     """Split on sep outside braces/brackets/parentheses."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in body:
         if ch in "{[(":
             depth += 1
@@ -194,7 +196,8 @@ def parsed() -> dict[str, Any]:
 # Compiling
 # ---------------------------------------------------------------------------
 
-def _compile(src: str, path: Path, cuda_inc: Path, link: bool = False) -> subprocess.CompletedProcess[str]:
+def _compile(src: str, path: Path, cuda_inc: Path,
+             link: bool = False) -> subprocess.CompletedProcess[str]:
     path.write_text(src)
     out = path.with_suffix("" if link else ".o")
     cmd = ["gcc", *CFLAGS, f"-I{cuda_inc}", f"-I{VGPU_INCLUDE}"]
@@ -245,8 +248,8 @@ def layout_source(include: str, info: dict[str, Any]) -> str:
            include, "int main(void) {", '    printf("{\\"struct\\": {");']
     for si, (sname, fields) in enumerate(info["structs"].items()):
         sep = ", " if si else ""
-        out.append(f'    printf("{sep}\\"{sname}\\": {{\\"size\\": %zu, \\"align\\": %zu, \\"fields\\": {{",'
-                   f" sizeof({sname}), (size_t)_Alignof({sname}));")
+        head = f'{sep}\\"{sname}\\": {{\\"size\\": %zu, \\"align\\": %zu, \\"fields\\": {{'
+        out.append(f'    printf("{head}", sizeof({sname}), (size_t)_Alignof({sname}));')
         for fi, f in enumerate(fields):
             fsep = ", " if fi else ""
             out.append(f'    printf("{fsep}\\"{f}\\": [%zu, %zu]", offsetof({sname}, {f}),'
