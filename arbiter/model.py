@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The typed request/slice model shared by the arbiter, the CLI, the hook and the shim.
+
+Pure data: no I/O. Priorities and policies reuse the region file's enums
+(arbiter.region.Priority/Policy) so a slice's values are written to its region
+files unchanged. Conversions to and from the gRPC messages live in
+arbiter.convert.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from arbiter.region import Policy, Priority
+
+__all__ = ["Gpu", "Grant", "OwnerKind", "Policy", "Priority", "Request", "Slice"]
+
+
+class OwnerKind:
+    """Who holds a slice: decides how the reconciler checks that it still exists."""
+
+    CONTAINER = "container"  # a container id; gone when the runtime's state says so
+    PROCESS = "process"      # a host process (vgpu run); gone when its pid is
+
+    ALL = (CONTAINER, PROCESS)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One physical GPU as the inventory found it."""
+
+    index: int
+    uuid: str
+    name: str
+    memory: int                      # bytes
+    minor: int
+    device_nodes: tuple[str, ...] = ()  # host paths the hook exposes in the container
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated request for a slice: `count` vGPUs of `memory` bytes and `compute` %."""
+
+    owner: str
+    memory: int
+    compute: int
+    count: int = 1
+    priority: Priority = Priority.NORMAL
+    policy: Policy = Policy.FIXED
+    devices: tuple[str, ...] = ()    # pin: GPU indices or UUIDs, as given
+    owner_kind: str = OwnerKind.CONTAINER
+    owner_pid: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One vGPU of a slice: a share of one physical GPU."""
+
+    gpu_index: int
+    gpu_uuid: str
+    memory: int    # bytes
+    compute: int   # percent
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A granted slice. `grants[i]` is the slice's vGPU i (/dev/vgpu<i>)."""
+
+    id: str
+    owner: str
+    grants: tuple[Grant, ...]
+    priority: Priority = Priority.NORMAL
+    policy: Policy = Policy.FIXED
+    owner_kind: str = OwnerKind.CONTAINER
+    owner_pid: int = 0
+    created_ms: int = 0
+    labels: tuple[tuple[str, str], ...] = field(default=())
