@@ -326,3 +326,18 @@ def test_limit_changed_in_place_reaches_a_running_process(vgpu_env, tmp_path):
     assert (before["total"], before["free"]) == (256 * MiB, 224 * MiB)
     assert (after["total"], after["free"]) == (96 * MiB, 64 * MiB)
     assert last(lines, "fill")["count"] == 4
+
+
+# ---- dlsym interposition keeps glibc's meaning -------------------------------
+
+@pytest.mark.parametrize("limit", [None, "1Gi"], ids=["inert", "limited"])
+def test_dlsym_rtld_next_is_relative_to_the_caller(limit, vgpu_env):
+    """RTLD_NEXT from the executable finds the first definition after it: libvgpu's
+    hook for a hooked name (libvgpu is preloaded), libc's for anything else."""
+    if limit:
+        vgpu_env["VGPU_MEMORY_LIMIT"] = limit
+    out = run([str(TEST_BIN / "dlsym_next"), "cuMemGetInfo_v2", "atoi"], env=vgpu_env).stdout
+    found = json.loads(out)
+    assert found["cuMemGetInfo_v2"]["object"].endswith("libvgpu.so")
+    assert found["atoi"]["object"].startswith("/") and "libc" in found["atoi"]["object"]
+    assert all(entry["same"] and entry["found"] for entry in found.values())

@@ -7,7 +7,6 @@
  * intercepted call boots the library.
  */
 #include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -145,45 +144,43 @@ CUresult vg_fail_closed(void)
 
 /* ---- dlsym interposition ---- */
 
-/* RTLD_NEXT means "after the caller", which glibc works out from the return
- * address; forwarding it from here would search after libvgpu instead. Walk
- * the link map after the caller's object ourselves. */
-static void *dlsym_next(const void *caller, const char *name)
+static void *no_dlsym(void *handle, const char *name)
 {
-    Dl_info info;
-    struct link_map *lm = NULL;
-    if (!dladdr1(caller, &info, (void **)&lm, RTLD_DL_LINKMAP) || !lm)
-        return vg_real_dlsym(RTLD_NEXT, name);
-    for (lm = lm->l_next; lm; lm = lm->l_next) {
-        void *h = dlopen(lm->l_name && lm->l_name[0] ? lm->l_name : NULL, RTLD_LAZY | RTLD_NOLOAD);
-        if (!h)
-            continue;
-        void *sym = vg_real_dlsym(h, name);
-        dlclose(h);
-        if (sym)
-            return sym;
-    }
+    (void)handle;
+    (void)name;
     return NULL;
 }
 
-/* glibc declares name nonnull, but a NULL from a buggy caller must not crash
- * here when it would not crash in glibc's own dlsym. */
-#pragma GCC diagnostic ignored "-Wnonnull-compare"
-VG_EXPORT void *dlsym(void *handle, const char *name)
+static void *(*dlsym_fn(void))(void *, const char *)
 {
-    const void *caller = __builtin_return_address(0);
-    if (name && ((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0)) {
-        int id = vg_hook_lookup(name);
-        if (id >= 0) {
-            vg_boot();
-            if (atomic_load(&vg_active)) {
-                /* Only hand out a hook for a symbol the library really has. */
-                void *real = handle == RTLD_NEXT ? dlsym_next(caller, name) : vg_real_dlsym(handle, name);
-                return real ? vg_hook[id] : NULL;
-            }
-        }
-    }
-    if (handle == RTLD_NEXT)
-        return dlsym_next(caller, name);
-    return vg_real_dlsym(handle, name);
+    pthread_once(&g_dlsym_once, find_dlsym);
+    return g_dlsym ? g_dlsym : no_dlsym;
+}
+
+/* Our hook when `name` is a hooked entry point, limits apply and the library
+ * the caller asked really has it; else NULL. */
+static void *hook_for(void *handle, const char *name)
+{
+    if (!((name[0] == 'c' && name[1] == 'u') || strncmp(name, "nvml", 4) == 0))
+        return NULL;
+    int id = vg_hook_lookup(name);
+    if (id < 0)
+        return NULL;
+    vg_boot();
+    if (!atomic_load(&vg_active))
+        return NULL;
+    return vg_real_dlsym(handle == RTLD_NEXT ? RTLD_DEFAULT : handle, name) ? vg_hook[id] : NULL;
+}
+
+/* Everything else goes to glibc's dlsym as a tail call, so glibc still sees
+ * the caller's return address: RTLD_NEXT keeps meaning "after the caller",
+ * not "after libvgpu". glibc declares name nonnull, but a NULL from a buggy
+ * caller must reach glibc rather than crash here. */
+#pragma GCC diagnostic ignored "-Wnonnull-compare"
+__attribute__((optimize("optimize-sibling-calls"))) VG_EXPORT void *dlsym(void *handle, const char *name)
+{
+    void *hook = name ? hook_for(handle, name) : NULL;
+    if (hook)
+        return hook;
+    return dlsym_fn()(handle, name);
 }
