@@ -341,3 +341,34 @@ def test_dlsym_rtld_next_is_relative_to_the_caller(limit, vgpu_env):
     assert found["cuMemGetInfo_v2"]["object"].endswith("libvgpu.so")
     assert found["atoi"]["object"].startswith("/") and "libc" in found["atoi"]["object"]
     assert all(entry["same"] and entry["found"] for entry in found.values())
+
+
+def test_arbiter_made_slice_covers_only_its_devices(simgpu_env, vgpu_env, tmp_path):
+    from arbiter.region import create_region
+
+    simgpu_env["SIMGPU_DEVICES"] = vgpu_env["SIMGPU_DEVICES"] = "1Gi,1Gi"
+    slice_dir = tmp_path / "slice"
+    slice_dir.mkdir()
+    create_region(slice_dir / "vgpu0", uuid="", device_index=0, memory_limit=64 * MiB)
+    vgpu_env["VGPU_REGION_DIR"] = str(slice_dir)
+    assert last(probe(simgpu_env, "count"), "count")["count"] == 2
+    assert last(probe(vgpu_env, "count"), "count")["count"] == 1
+    p = run([PROBE, "--device", "1", "info"], env=vgpu_env, check=False)
+    assert p.returncode != 0 and "cuDeviceGet" in p.stderr
+    assert not (slice_dir / "vgpu1").exists()  # nothing made up for a device outside the slice
+
+
+def test_slice_for_another_gpu_fails_closed(vgpu_env, tmp_path):
+    from arbiter.region import create_region
+
+    slice_dir = tmp_path / "slice"
+    slice_dir.mkdir()
+    wrong = "GPU-00000000-0000-0000-0000-000000000000"
+    create_region(slice_dir / "vgpu0", uuid=wrong, device_index=0, memory_limit=64 * MiB)
+    vgpu_env["VGPU_REGION_DIR"] = str(slice_dir)
+    p = run([PROBE, "info"], env=vgpu_env, check=False)
+    assert p.returncode == 3
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert str(slice_dir / "vgpu0") in lines[0] and wrong in lines[0]
+    assert "CUDA_VISIBLE_DEVICES" in lines[0]

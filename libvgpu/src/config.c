@@ -11,6 +11,7 @@
  * A malformed value fails closed: never silently unlimited.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +83,22 @@ static void load_context_reserve(struct vg_config *cfg)
     parse_limit(cfg, "VGPU_CONTEXT_RESERVE", v, &cfg->context_reserve);
 }
 
+/* 1 when dir/vgpu0 is a region the arbiter made (flag in its header). */
+static int arbiter_made(const char *dir)
+{
+    char path[300];
+    struct {
+        uint32_t magic, version, size, flags;
+    } head;
+    snprintf(path, sizeof(path), "%s/vgpu0", dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, &head, sizeof(head));
+    close(fd);
+    return n == (ssize_t)sizeof(head) && head.magic == VGPU_REGION_MAGIC && (head.flags & VGPU_REGION_FLAG_ARBITER);
+}
+
 static unsigned count_slice_files(const char *dir)
 {
     unsigned n = 0;
@@ -119,6 +136,11 @@ void vg_config_load(struct vg_config *cfg, const char *dev_dir)
         else if (!S_ISDIR(sb.st_mode))
             set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, "VGPU_REGION_DIR=\"%s\": not a directory", dir);
         snprintf(cfg->region_dir, sizeof(cfg->region_dir), "%s", dir);
+        /* A slice the arbiter made (vgpu run) is a slice: its files, nothing more. */
+        if (!cfg->error[0] && arbiter_made(dir)) {
+            cfg->mode = VG_MODE_SLICE;
+            cfg->slice_devices = count_slice_files(dir);
+        }
     } else if (limits || cfg->context_reserve || cfg->error[0]) {
         cfg->mode = VG_MODE_PRIVATE;
     }

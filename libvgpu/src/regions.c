@@ -199,6 +199,15 @@ static int init_regions(void)
         switch (vg_cfg.mode) {
         case VG_MODE_SLICE:
             r = open_region(path);
+            if (r && r->uuid[0] && uuid[0] && strcmp(r->uuid, uuid) != 0) {
+                char why[400];
+                snprintf(why, sizeof(why),
+                         "is for GPU %s but CUDA device %d is %s: CUDA_VISIBLE_DEVICES must list the slice's GPUs "
+                         "in order",
+                         r->uuid, i, uuid);
+                region_error(path, why);
+                return -1;
+            }
             break;
         case VG_MODE_SHARED:
             r = open_or_create(path, i, limit ? limit : total, uuid);

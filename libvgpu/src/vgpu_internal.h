@@ -73,7 +73,7 @@ struct vg_config {
     uint64_t limit_dev[VG_MAX_DEVICES];/* VGPU_MEMORY_LIMIT_<i>, 0 = unset */
     uint64_t context_reserve;         /* VGPU_CONTEXT_RESERVE */
     unsigned slice_devices;           /* SLICE: number of /dev/vgpu<i> files */
-    char error[512];                  /* non-empty: fail closed with this line */
+    char error[1024];                 /* non-empty: fail closed with this line */
     CUresult error_result;            /* what cuInit returns then */
 };
 
