@@ -30,12 +30,12 @@ static CUresult array_create(void **out, uint32_t magic, uint64_t bytes)
     a->magic = magic;
     a->dev = c->dev;
     a->bytes = bytes;
-    if (simgpu_mem_charge((unsigned)a->dev, a->bytes) != 0) {
+    if (simgpu_mem_charge(sg_phys(a->dev), a->bytes) != 0) {
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (sg_handle_add(a) != 0) {
-        simgpu_mem_uncharge((unsigned)a->dev, a->bytes);
+        simgpu_mem_uncharge(sg_phys(a->dev), a->bytes);
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -51,7 +51,7 @@ static CUresult array_destroy(void *handle, uint32_t magic)
     struct sg_array *a = handle;
     if (!a || !sg_handle_take(a, magic))
         return CUDA_ERROR_INVALID_HANDLE;
-    simgpu_mem_uncharge((unsigned)a->dev, a->bytes);
+    simgpu_mem_uncharge(sg_phys(a->dev), a->bytes);
     a->magic = SG_MAGIC_DEAD;
     free(a);
     return CUDA_SUCCESS;

@@ -46,7 +46,7 @@ static CUresult ctx_activate(struct sg_ctx *c, int dev, unsigned flags)
     c->dev = dev;
     c->flags = flags;
     c->overhead = sg_context_overhead();
-    if (c->overhead && simgpu_mem_charge((unsigned)dev, c->overhead) != 0)
+    if (c->overhead && simgpu_mem_charge(sg_phys(dev), c->overhead) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     atomic_store(&c->last_end, 0);
     /* A primary context is re-activated in place: keep its stream's mutex,
@@ -64,7 +64,7 @@ static void ctx_teardown(struct sg_ctx *c)
     while (sg_range_take_ctx(c, &r) == 0)
         sg_range_release(&r);
     if (c->overhead)
-        simgpu_mem_uncharge((unsigned)c->dev, c->overhead);
+        simgpu_mem_uncharge(sg_phys(c->dev), c->overhead);
     c->overhead = 0;
 }
 

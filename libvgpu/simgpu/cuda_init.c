@@ -1,12 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* cuda_init.c - cuInit, the driver version and device queries. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
 
 /* The state mapping, set once by the first successful cuInit. */
 static struct simgpu_state *_Atomic g_st;
+/* CUDA ordinal -> simulated device index, from CUDA_VISIBLE_DEVICES; filled
+ * before g_st is published and read-only after. */
+static unsigned g_phys[SIMGPU_MAX_DEVICES];
+static unsigned g_visible;
 
 CUresult sg_check_init(void)
 {
@@ -23,9 +28,65 @@ CUresult sg_check_dev(CUdevice dev)
     struct simgpu_state *st = atomic_load(&g_st);
     if (!st)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev < 0 || (unsigned)dev >= st->ndev)
+    if (dev < 0 || (unsigned)dev >= g_visible)
         return CUDA_ERROR_INVALID_DEVICE;
     return CUDA_SUCCESS;
+}
+
+unsigned sg_phys(CUdevice dev)
+{
+    return g_phys[dev];
+}
+
+/* One CUDA_VISIBLE_DEVICES entry: an index or a (prefix of a) UUID. -1 if none matches. */
+static int visible_entry(const struct simgpu_state *st, const char *e, size_t len)
+{
+    char buf[64];
+    if (len == 0 || len >= sizeof(buf))
+        return -1;
+    memcpy(buf, e, len);
+    buf[len] = '\0';
+    char *end;
+    long idx = strtol(buf, &end, 10);
+    if (end != buf && *end == '\0')
+        return idx >= 0 && (unsigned long)idx < st->ndev ? (int)idx : -1;
+    int found = -1;
+    for (unsigned i = 0; i < st->ndev; i++) {
+        if (strncmp(st->dev[i].uuid, buf, len) == 0) {
+            if (found >= 0)
+                return -1; /* ambiguous prefix */
+            found = (int)i;
+        }
+    }
+    return found;
+}
+
+/* Like the real driver: the devices listed, in that order; parsing stops at
+ * the first entry that names no device (or one already listed). */
+static void parse_visible(const struct simgpu_state *st)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    g_visible = 0;
+    if (!v) {
+        for (unsigned i = 0; i < st->ndev; i++)
+            g_phys[g_visible++] = i;
+        return;
+    }
+    while (*v && g_visible < SIMGPU_MAX_DEVICES) {
+        while (*v == ' ')
+            v++;
+        size_t len = strcspn(v, ",");
+        int idx = visible_entry(st, v, len);
+        for (unsigned i = 0; idx >= 0 && i < g_visible; i++)
+            if (g_phys[i] == (unsigned)idx)
+                idx = -1;
+        if (idx < 0)
+            break;
+        g_phys[g_visible++] = (unsigned)idx;
+        v += len;
+        if (*v == ',')
+            v++;
+    }
 }
 
 SIMGPU_API CUresult cuInit(unsigned int flags)
@@ -36,6 +97,11 @@ SIMGPU_API CUresult cuInit(unsigned int flags)
     struct simgpu_state *st = simgpu_state();
     if (!st || st->ndev == 0)
         return CUDA_ERROR_NO_DEVICE;
+    if (!atomic_load(&g_st)) {
+        parse_visible(st);
+        if (g_visible == 0)
+            return CUDA_ERROR_NO_DEVICE;
+    }
     atomic_store(&g_st, st);
     return CUDA_SUCCESS;
 }
@@ -55,7 +121,7 @@ SIMGPU_API CUresult cuDeviceGetCount(int *count)
         return rc;
     if (!count)
         return CUDA_ERROR_INVALID_VALUE;
-    *count = (int)sg_state()->ndev;
+    *count = (int)g_visible;
     return CUDA_SUCCESS;
 }
 
@@ -81,7 +147,7 @@ SIMGPU_API CUresult cuDeviceGetName(char *name, int len, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = sg_check_dev(dev)) != CUDA_SUCCESS)
         return rc;
-    snprintf(name, (size_t)len, "%s", sg_state()->dev[dev].name);
+    snprintf(name, (size_t)len, "%s", sg_state()->dev[sg_phys(dev)].name);
     return CUDA_SUCCESS;
 }
 
@@ -94,7 +160,7 @@ SIMGPU_API CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = sg_check_dev(dev)) != CUDA_SUCCESS)
         return rc;
-    memcpy(uuid->bytes, sg_state()->dev[dev].uuid_bytes, sizeof(uuid->bytes));
+    memcpy(uuid->bytes, sg_state()->dev[sg_phys(dev)].uuid_bytes, sizeof(uuid->bytes));
     return CUDA_SUCCESS;
 }
 
@@ -112,7 +178,7 @@ SIMGPU_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = sg_check_dev(dev)) != CUDA_SUCCESS)
         return rc;
-    *bytes = (size_t)sg_state()->dev[dev].total_bytes;
+    *bytes = (size_t)sg_state()->dev[sg_phys(dev)].total_bytes;
     return CUDA_SUCCESS;
 }
 
@@ -200,7 +266,7 @@ SIMGPU_API CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = sg_check_dev(dev)) != CUDA_SUCCESS)
         return rc;
-    const struct simgpu_device *d = &sg_state()->dev[dev];
+    const struct simgpu_device *d = &sg_state()->dev[sg_phys(dev)];
     switch (attrib) {
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
         *pi = (int)d->pci_bus;
@@ -230,6 +296,6 @@ SIMGPU_API CUresult cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if ((rc = sg_check_dev(dev)) != CUDA_SUCCESS)
         return rc;
-    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", sg_state()->dev[dev].pci_bus);
+    snprintf(pciBusId, (size_t)len, "0000:%02x:00.0", sg_state()->dev[sg_phys(dev)].pci_bus);
     return CUDA_SUCCESS;
 }

@@ -44,6 +44,8 @@ enum {
 CUresult sg_check_init(void);
 /* sg_check_init, then CUDA_ERROR_INVALID_DEVICE for an ordinal out of range. */
 CUresult sg_check_dev(CUdevice dev);
+/* The simulated device behind CUDA ordinal dev (CUDA_VISIBLE_DEVICES applied). */
+unsigned sg_phys(CUdevice dev);
 /* The mapped state; only valid after sg_check_init succeeded. */
 struct simgpu_state *sg_state(void);
 

@@ -45,7 +45,7 @@ CUresult sg_dev_alloc(int dev, size_t size, int kind, struct sg_ctx *ctx, CUdevi
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     int charged = !(kind & (SG_KIND_HOST | SG_KIND_RESERVE));
-    if (charged && simgpu_mem_charge((unsigned)dev, size) != 0)
+    if (charged && simgpu_mem_charge(sg_phys(dev), size) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     size_t len = page_round(size);
     void *p = len < size ? MAP_FAILED
@@ -61,7 +61,7 @@ CUresult sg_dev_alloc(int dev, size_t size, int kind, struct sg_ctx *ctx, CUdevi
     return CUDA_SUCCESS;
 fail:
     if (charged)
-        simgpu_mem_uncharge((unsigned)dev, size);
+        simgpu_mem_uncharge(sg_phys(dev), size);
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -71,7 +71,7 @@ void sg_range_release(const struct sg_range *r)
         return; /* reservations belong to no context; cuMemAddressFree frees them */
     munmap((void *)r->base, r->maplen);
     if (r->kind & SG_KIND_DEVICE)
-        simgpu_mem_uncharge((unsigned)r->dev, r->size);
+        simgpu_mem_uncharge(sg_phys(r->dev), r->size);
 }
 
 CUresult sg_dev_free(CUdeviceptr ptr, int kinds)
@@ -177,8 +177,8 @@ SIMGPU_API CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
         return rc;
     if (!free || !total)
         return CUDA_ERROR_INVALID_VALUE;
-    uint64_t t = sg_state()->dev[c->dev].total_bytes;
-    uint64_t used = simgpu_mem_used((unsigned)c->dev);
+    uint64_t t = sg_state()->dev[sg_phys(c->dev)].total_bytes;
+    uint64_t used = simgpu_mem_used(sg_phys(c->dev));
     *total = (size_t)t;
     *free = (size_t)(used < t ? t - used : 0);
     return CUDA_SUCCESS;

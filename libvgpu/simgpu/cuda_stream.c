@@ -73,7 +73,7 @@ CUresult sg_stream_submit(struct sg_stream *s, uint64_t dur_ns)
     }
     /* Submitting under the stream lock keeps one stream's kernels in order on
      * the engine even when several threads launch into it. */
-    uint64_t end = simgpu_engine_submit((unsigned)s->ctx->dev, dur_ns);
+    uint64_t end = simgpu_engine_submit(sg_phys(s->ctx->dev), dur_ns);
     sg_stream_note_end(s, end);
     pthread_mutex_unlock(&s->lock);
     return CUDA_SUCCESS;

@@ -46,7 +46,7 @@ static void vmm_put(struct sg_vmm *m)
 {
     if (--m->refs > 0)
         return;
-    simgpu_mem_uncharge((unsigned)m->dev, m->size);
+    simgpu_mem_uncharge(sg_phys(m->dev), m->size);
     m->magic = SG_MAGIC_DEAD;
     free(m);
 }
@@ -76,7 +76,7 @@ SIMGPU_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     struct sg_vmm *m = calloc(1, sizeof(*m));
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (simgpu_mem_charge((unsigned)dev, size) != 0) {
+    if (simgpu_mem_charge(sg_phys(dev), size) != 0) {
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -84,7 +84,7 @@ SIMGPU_API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t siz
     if (m->fd < 0 || ftruncate(m->fd, (off_t)size) != 0 || sg_handle_add(m) != 0) {
         if (m->fd >= 0)
             close(m->fd);
-        simgpu_mem_uncharge((unsigned)dev, size);
+        simgpu_mem_uncharge(sg_phys(dev), size);
         free(m);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
