@@ -21,7 +21,7 @@ TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))
 
 LIBS := $(B)/libvgpu.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
 
-.PHONY: all clean demo test bench deps
+.PHONY: all clean demo test bench deps proto
 all: $(LIBS) $(B)/simgpu/libcuda.so $(B)/simgpu/libnvidia-ml.so $(TEST_BIN)
 
 $(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
@@ -50,6 +50,11 @@ $(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/
 
 clean:
 	rm -rf $(B)
+
+# The gRPC stubs are committed; regenerate after editing the .proto
+# (tests/test_proto.py fails while they are stale).
+proto:
+	./scripts/py -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. arbiter/proto/vgpu.proto
 
 deps:
 	./scripts/install-deps.sh

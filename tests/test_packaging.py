@@ -23,11 +23,14 @@ def test_wheel_ships_libvgpu_and_types(tmp_path: Path) -> None:
         names = set(zf.namelist())
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         lib = zf.read("arbiter/native/libvgpu.so")
+        entry_points = zf.read(
+            next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
     assert lib.startswith(b"\x7fELF")
     for name in ("arbiter/py.typed", "oci_hook/py.typed", "shim/py.typed",
                  "arbiter/native/__init__.py"):
         assert name in names
     assert not any(n.startswith(("tests/", "libvgpu/")) for n in names)
-    assert not any(n.endswith("entry_points.txt") for n in names)  # none until an issue fills one
+    assert "vgpud = arbiter.daemon:main" in entry_points.decode()
+    assert "vgpu = arbiter.cli:main" in entry_points.decode()
     assert "License-Expression: Apache-2.0" in metadata
     assert "Requires-Python: >=3.11" in metadata
