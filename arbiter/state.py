@@ -1,0 +1,279 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The durable slice store: SQLite under the state dir (state.db).
+
+A slice and its grants are written in one transaction, so a crash or SIGKILL at any
+instant leaves either the whole slice or none of it. WAL with synchronous=FULL makes
+a commit durable when commit_allocation() returns (the WAL is fsynced at each commit).
+
+The schema version is PRAGMA user_version; MIGRATIONS[v] takes a database from
+version v to v + 1 inside the transaction that sets the new version, so a failed
+migration leaves the file as it was. A database newer than this code is refused.
+
+One connection, guarded by a lock, serves every thread; the daemon is the only
+writer (other processes may read, e.g. tests and `sqlite3 state.db`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+
+from arbiter.errors import StateError
+from arbiter.model import Grant, Policy, Priority, Slice
+
+__all__ = ["DB_NAME", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "Store"]
+
+DB_NAME = "state.db"
+_DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+#: One step of the schema: takes a database at version i (its index) to i + 1.
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def _v1_initial(db: sqlite3.Connection) -> None:
+    db.execute("""
+        CREATE TABLE slices (
+            id         TEXT PRIMARY KEY,
+            owner      TEXT NOT NULL UNIQUE,
+            owner_kind TEXT NOT NULL,
+            owner_pid  INTEGER NOT NULL DEFAULT 0,
+            priority   INTEGER NOT NULL,
+            policy     INTEGER NOT NULL,
+            created_ms INTEGER NOT NULL,
+            labels     TEXT NOT NULL DEFAULT '[]'   -- JSON list of [key, value] pairs
+        )""")
+    db.execute("""
+        CREATE TABLE grants (
+            slice_id  TEXT NOT NULL REFERENCES slices(id) ON DELETE CASCADE,
+            ordinal   INTEGER NOT NULL,             -- vGPU number within the slice
+            gpu_index INTEGER NOT NULL,
+            gpu_uuid  TEXT NOT NULL,
+            memory    INTEGER NOT NULL,             -- bytes
+            compute   INTEGER NOT NULL,             -- percent
+            PRIMARY KEY (slice_id, ordinal)
+        )""")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_initial,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class Store:
+    """Slices and their grants in SQLite; every method is atomic and thread-safe.
+
+    `path` is the state directory, in which ``state.db`` is used, or the database file
+    itself (an existing file, or a name ending .db/.sqlite/.sqlite3); missing
+    directories are made (0700).
+    """
+
+    def __init__(self, path: Path | str, *,
+                 migrations: Sequence[Migration] = MIGRATIONS) -> None:
+        path = Path(path)
+        if not (path.is_file() or path.suffix in _DB_SUFFIXES):
+            path = path / DB_NAME
+        self.path = path
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fresh = not path.exists()
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                       timeout=10.0)
+        except (OSError, sqlite3.Error) as e:
+            raise StateError("open", f"slice state {path}", str(e), path=path) from e
+        try:
+            if fresh:
+                os.chmod(path, 0o600)  # SQLite gives the -wal/-shm files the same mode
+            mode = self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StateError("open", f"slice state {path}",
+                                 f"cannot use write-ahead logging (journal mode {mode})",
+                                 path=path)
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate(list(migrations))
+        except BaseException as e:
+            self._db.close()
+            if isinstance(e, sqlite3.Error):
+                raise StateError("open", f"slice state {path}", str(e), path=path) from e
+            raise
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the database (idempotent); later calls raise StateError."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def schema_version(self) -> int:
+        """The database's PRAGMA user_version."""
+        with self._tx("read", "schema version", write=False) as db:
+            return int(db.execute("PRAGMA user_version").fetchone()[0])
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def slices(self) -> list[Slice]:
+        """Every slice, oldest first (created_ms, then id)."""
+        with self._tx("read", "slices", write=False) as db:
+            rows = db.execute(f"{_SELECT_SLICE} ORDER BY created_ms, id").fetchall()
+            grants = _grants_by_slice(db.execute(_SELECT_GRANTS).fetchall())
+        return [_slice(row, grants.get(row[0], ())) for row in rows]
+
+    def get(self, id: str) -> Slice | None:
+        """The slice with this id, or None."""
+        return self._one("id", id)
+
+    def by_owner(self, owner: str) -> Slice | None:
+        """The slice this owner (container id, or process) holds, or None."""
+        return self._one("owner", owner)
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def commit_allocation(self, new: Slice, evicted: Sequence[str] = ()) -> None:
+        """In one transaction delete the `evicted` slices and insert `new` with its grants.
+
+        An evicted id that is already gone is fine (its room is free either way). Raises
+        StateError (code CONFLICT) when the owner or the id already holds a slice; then
+        nothing changed, evictions included.
+        """
+        with self._tx("store", f"slice {new.id}") as db:
+            db.executemany("DELETE FROM slices WHERE id = ?", [(sid,) for sid in evicted])
+            try:
+                db.execute(
+                    "INSERT INTO slices (id, owner, owner_kind, owner_pid, priority, policy,"
+                    " created_ms, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (new.id, new.owner, new.owner_kind, new.owner_pid, int(new.priority),
+                     int(new.policy), new.created_ms,
+                     json.dumps([list(kv) for kv in new.labels])))
+            except sqlite3.IntegrityError as e:
+                raise self._conflict(db, new) from e
+            _insert_grants(db, new.id, new.grants)
+
+    def delete(self, id: str) -> bool:
+        """Delete a slice and its grants; False when there was none."""
+        with self._tx("delete", f"slice {id}") as db:
+            return db.execute("DELETE FROM slices WHERE id = ?", (id,)).rowcount > 0
+
+    def update_grants(self, id: str, grants: Sequence[Grant]) -> None:
+        """Replace a slice's grants (an in-place update); StateError NOT_FOUND if none."""
+        with self._tx("update", f"slice {id}") as db:
+            if db.execute("SELECT 1 FROM slices WHERE id = ?", (id,)).fetchone() is None:
+                raise StateError("update", f"slice {id}", "no such slice",
+                                 code=StateError.NOT_FOUND, path=self.path)
+            db.execute("DELETE FROM grants WHERE slice_id = ?", (id,))
+            _insert_grants(db, id, grants)
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _one(self, column: str, value: str) -> Slice | None:
+        with self._tx("read", f"slice {column} {value}", write=False) as db:
+            row = db.execute(f"{_SELECT_SLICE} WHERE {column} = ?", (value,)).fetchone()
+            if row is None:
+                return None
+            grants = db.execute(f"{_SELECT_GRANTS} WHERE slice_id = ?", (row[0],)).fetchall()
+        return _slice(row, _grants_by_slice(grants).get(row[0], ()))
+
+    def _conflict(self, db: sqlite3.Connection, new: Slice) -> StateError:
+        holder = db.execute("SELECT id FROM slices WHERE owner = ?", (new.owner,)).fetchone()
+        if holder is not None:
+            reason = f"owner {new.owner!r} already holds slice {holder[0]}"
+        else:
+            reason = "a slice with this id already exists"
+        return StateError("store", f"slice {new.id}", reason, code=StateError.CONFLICT,
+                          path=self.path)
+
+    @contextmanager
+    def _tx(self, verb: str, what: str, *, write: bool = True) -> Iterator[sqlite3.Connection]:
+        """Hold the lock and run one transaction (IMMEDIATE for writes: no upgrade deadlock)."""
+        with self._lock:
+            if self._closed:
+                raise StateError(verb, what, "the state database is closed", path=self.path)
+            db = self._db
+            try:
+                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            except sqlite3.Error as e:
+                raise StateError(verb, what, str(e), path=self.path) from e
+            try:
+                yield db
+            except BaseException as e:
+                db.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise StateError(verb, what, str(e), path=self.path) from e
+                raise
+            try:
+                db.execute("COMMIT")
+            except sqlite3.Error as e:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise StateError(verb, what, str(e), path=self.path) from e
+
+    def _migrate(self, migrations: list[Migration]) -> None:
+        db = self._db
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        if version > len(migrations):
+            raise StateError("open", f"slice state {self.path}",
+                             f"schema version {version} is newer than this vgpud knows "
+                             f"({len(migrations)}); upgrade vgpu", code=StateError.SCHEMA,
+                             path=self.path)
+        while version < len(migrations):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                # Re-read under the write lock: another opener may have migrated meanwhile.
+                version = int(db.execute("PRAGMA user_version").fetchone()[0])
+                if version < len(migrations):
+                    migrations[version](db)
+                    version += 1
+                    db.execute(f"PRAGMA user_version = {version:d}")
+                db.execute("COMMIT")
+            except BaseException as e:
+                db.execute("ROLLBACK")
+                raise StateError("migrate", f"slice state {self.path}",
+                                 f"step to version {version + 1} failed: {e}",
+                                 code=StateError.SCHEMA, path=self.path) from e
+
+
+_SELECT_SLICE = ("SELECT id, owner, owner_kind, owner_pid, priority, policy, created_ms, labels"
+                 " FROM slices")
+_SELECT_GRANTS = "SELECT slice_id, ordinal, gpu_index, gpu_uuid, memory, compute FROM grants"
+
+_SliceRow = tuple[str, str, str, int, int, int, int, str]
+
+
+def _insert_grants(db: sqlite3.Connection, slice_id: str, grants: Sequence[Grant]) -> None:
+    db.executemany(
+        "INSERT INTO grants (slice_id, ordinal, gpu_index, gpu_uuid, memory, compute)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        [(slice_id, n, g.gpu_index, g.gpu_uuid, g.memory, g.compute)
+         for n, g in enumerate(grants)])
+
+
+def _grants_by_slice(rows: list[tuple[str, int, int, str, int, int]],
+                     ) -> dict[str, tuple[Grant, ...]]:
+    out: dict[str, list[tuple[int, Grant]]] = {}
+    for slice_id, ordinal, index, uuid, memory, compute in rows:
+        out.setdefault(slice_id, []).append((ordinal, Grant(index, uuid, memory, compute)))
+    return {k: tuple(g for _, g in sorted(v, key=lambda p: p[0])) for k, v in out.items()}
+
+
+def _slice(row: _SliceRow, grants: tuple[Grant, ...]) -> Slice:
+    sid, owner, owner_kind, owner_pid, priority, policy, created_ms, labels = row
+    return Slice(
+        id=sid, owner=owner, grants=grants, priority=Priority(priority), policy=Policy(policy),
+        owner_kind=owner_kind, owner_pid=owner_pid, created_ms=created_ms,
+        labels=tuple((str(k), str(v)) for k, v in json.loads(labels)),
+    )
