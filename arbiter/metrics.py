@@ -1,0 +1,213 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vgpud's Prometheus metrics: event counters plus a per-scrape view of GPUs and slices.
+
+Counters and the latency histogram are updated by the daemon as things happen;
+the per-GPU and per-slice gauges are computed at scrape time from a Snapshot the
+daemon supplies (set_source), so they are never stale and never need cleanup
+when a slice goes away.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from arbiter.model import Gpu, Policy, Priority, Slice
+
+__all__ = ["Metrics", "Snapshot", "parse_address"]
+
+log = logging.getLogger(__name__)
+
+#: Allocation latency buckets (seconds): the target is p99 < 20 ms with durable writes.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+_GPU_LABELS = ("gpu", "uuid")
+_SLICE_LABELS = ("gpu", "uuid", "slice", "owner")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the gauges show at one scrape: inventory, slices and measured usage.
+
+    gpu_used/gpu_util: per GPU index, bytes in use and % busy (NVML). slice_used and
+    slice_compute_used: per slice id, one value per grant (same order as
+    Slice.grants): bytes in use (libvgpu's region) and % of the GPU used.
+    Missing entries are simply not exported.
+    """
+
+    gpus: list[Gpu]
+    slices: list[Slice]
+    gpu_used: dict[int, int] = field(default_factory=dict)
+    gpu_util: dict[int, int] = field(default_factory=dict)
+    slice_used: dict[str, list[int]] = field(default_factory=dict)
+    slice_compute_used: dict[str, list[int]] = field(default_factory=dict)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """(host, port) of 'HOST:PORT' or '[V6]:PORT'; ValueError when it is neither."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"invalid metrics address {address!r}: expected HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+class _SnapshotCollector(Collector):
+    """Turns the daemon's Snapshot into gauges at every scrape."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], Snapshot] | None = None
+
+    def describe(self) -> list[Metric]:
+        # Unchecked registration: the metric names depend on nothing but this module.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        source = self.source
+        if source is None:
+            return
+        try:
+            snap = source()
+        except Exception:
+            # A failing source must not break the whole scrape (counters still matter).
+            log.exception("metrics: failed to take a snapshot")
+            return
+        yield from _families(snap)
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _families(snap: Snapshot) -> Iterator[Metric]:
+    g_total = _gauge("vgpu_gpu_memory_total_bytes", "GPU memory size.", _GPU_LABELS)
+    g_alloc = _gauge("vgpu_gpu_memory_allocated_bytes",
+                     "GPU memory guaranteed to slices.", _GPU_LABELS)
+    g_used = _gauge("vgpu_gpu_memory_used_bytes", "GPU memory in use (NVML).", _GPU_LABELS)
+    g_calloc = _gauge("vgpu_gpu_compute_allocated_percent",
+                      "Compute share guaranteed to slices, % of the GPU.", _GPU_LABELS)
+    g_cused = _gauge("vgpu_gpu_compute_used_percent",
+                     "GPU utilisation (NVML), %.", _GPU_LABELS)
+    g_slices = _gauge("vgpu_gpu_slices", "Slices with a vGPU on this GPU.", _GPU_LABELS)
+    s_limit = _gauge("vgpu_slice_memory_limit_bytes",
+                     "A slice's memory limit on one GPU.", _SLICE_LABELS)
+    s_used = _gauge("vgpu_slice_memory_used_bytes",
+                    "A slice's memory in use on one GPU (libvgpu).", _SLICE_LABELS)
+    s_share = _gauge("vgpu_slice_compute_share_percent",
+                     "A slice's guaranteed compute share on one GPU, %.", _SLICE_LABELS)
+    s_cused = _gauge("vgpu_slice_compute_used_percent",
+                     "A slice's compute use on one GPU, %.", _SLICE_LABELS)
+    s_info = InfoMetricFamily("vgpu_slice", "A slice's owner, priority and policy.",
+                              labels=["slice", "owner", "priority", "policy"])
+
+    allocated: dict[int, int] = {}
+    compute: dict[int, int] = {}
+    count: dict[int, int] = {}
+    for sl in snap.slices:
+        # Priority()/Policy() also take the plain ints a store may hand back.
+        s_info.add_metric([sl.id, sl.owner, Priority(sl.priority).name.lower(),
+                           Policy(sl.policy).name.lower()], {})
+        used = snap.slice_used.get(sl.id, [])
+        cused = snap.slice_compute_used.get(sl.id, [])
+        for ordinal, grant in enumerate(sl.grants):
+            labels = [str(grant.gpu_index), grant.gpu_uuid, sl.id, sl.owner]
+            s_limit.add_metric(labels, grant.memory)
+            s_share.add_metric(labels, grant.compute)
+            if ordinal < len(used):
+                s_used.add_metric(labels, used[ordinal])
+            if ordinal < len(cused):
+                s_cused.add_metric(labels, cused[ordinal])
+            allocated[grant.gpu_index] = allocated.get(grant.gpu_index, 0) + grant.memory
+            compute[grant.gpu_index] = compute.get(grant.gpu_index, 0) + grant.compute
+        for index in {g.gpu_index for g in sl.grants}:
+            count[index] = count.get(index, 0) + 1
+
+    for gpu in snap.gpus:
+        labels = [str(gpu.index), gpu.uuid]
+        g_total.add_metric(labels, gpu.memory)
+        g_alloc.add_metric(labels, allocated.get(gpu.index, 0))
+        g_calloc.add_metric(labels, compute.get(gpu.index, 0))
+        g_slices.add_metric(labels, count.get(gpu.index, 0))
+        if gpu.index in snap.gpu_used:
+            g_used.add_metric(labels, snap.gpu_used[gpu.index])
+        if gpu.index in snap.gpu_util:
+            g_cused.add_metric(labels, snap.gpu_util[gpu.index])
+
+    yield from (g_total, g_alloc, g_used, g_calloc, g_cused, g_slices,
+                s_limit, s_used, s_share, s_cused, s_info)
+
+
+class Metrics:
+    """vgpud's metrics on their own registry (a fresh one per instance unless given)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._allocations = Counter(
+            "vgpu_allocations_total", "Allocate calls by outcome (ok, exists, no_capacity, ...).",
+            ["outcome"], registry=self.registry)
+        self._latency = Histogram(
+            "vgpu_allocation_seconds", "Time to answer an Allocate call, durable write included.",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self._releases = Counter(
+            "vgpu_releases_total", "Slices released, by reason (release, exit, reconcile, ...).",
+            ["reason"], registry=self.registry)
+        self._evictions = Counter(
+            "vgpu_evictions_total", "Low priority slices evicted to admit a high priority one.",
+            registry=self.registry)
+        self._drift = Counter(
+            "vgpu_drift_total", "Times the reconciler measured a slice above its memory limit.",
+            registry=self.registry)
+        self._collector = _SnapshotCollector()
+        self.registry.register(self._collector)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def allocation(self, seconds: float, outcome: str) -> None:
+        """Count one Allocate call and record how long it took."""
+        self._allocations.labels(outcome=outcome).inc()
+        self._latency.observe(seconds)
+
+    def release(self, reason: str) -> None:
+        """Count one released slice."""
+        self._releases.labels(reason=reason).inc()
+
+    def eviction(self, n: int = 1) -> None:
+        """Count `n` evicted slices."""
+        self._evictions.inc(n)
+
+    def drift(self, n: int = 1) -> None:
+        """Count `n` drift findings (a slice's NVML-measured use above its limit)."""
+        self._drift.inc(n)
+
+    def set_source(self, fn: Callable[[], Snapshot] | None) -> None:
+        """Use fn() at each scrape for the per-GPU and per-slice gauges (None: export none)."""
+        self._collector.source = fn
+
+    def serve(self, address: str) -> WSGIServer:
+        """Serve /metrics over HTTP at 'HOST:PORT' (port 0: any free port) on a daemon thread."""
+        host, port = parse_address(address)
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return self._server
+
+    @property
+    def port(self) -> int | None:
+        """The port the HTTP server listens on, or None when not serving."""
+        return int(self._server.server_port) if self._server is not None else None
+
+    def close(self) -> None:
+        """Stop the HTTP server, if serving."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
