@@ -1,0 +1,396 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The Arbiter: allocate, release, get, list, devices, update and health of slices.
+
+One lock serialises every change. The store (SQLite) is the truth and the
+in-memory table mirrors it (the Arbiter is the store's only writer). Order
+of an allocation: validate, reuse the owner's slice if it has one, place,
+make the region directory (atomically), commit to the store (evictions and
+the new slice in one transaction), then remove the evicted slices' regions.
+A crash anywhere leaves either no committed slice (its directory, if any,
+is removed at the next start) or a committed slice whose directory exists
+or is remade at the next start (`start`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from arbiter import placement
+from arbiter.convert import DeviceView, policy_from_name, priority_from_name
+from arbiter.errors import NoCapacityError, NotFoundError, RequestError, VgpuError
+from arbiter.model import Gpu, OwnerKind, Request, Slice
+from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
+from arbiter.region import proc_start_time
+from arbiter.regions import Regions
+
+__all__ = ["Allocation", "Arbiter", "Health", "Settings"]
+
+log = logging.getLogger("vgpud")
+
+_U64_MAX = (1 << 64) - 1
+_OWNER_MAX = 256
+_OWNER_RE = re.compile(r"[\x21-\x7e]+")  # printable ASCII, no spaces
+_ID_BYTES = 6  # 12 hex digits
+
+
+class _EventSink(Protocol):
+    def emit(self, kind: str, /, **fields: Any) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The config keys the Arbiter uses; all reloadable with SIGHUP."""
+
+    placement_policy: str = "binpack"
+    allow_preemption: bool = False
+    default_compute: int = 10
+    default_priority: str = "normal"
+    default_policy: str = "fixed"
+
+    @classmethod
+    def from_config(cls, config: Any) -> Settings:
+        """The Arbiter's settings out of an arbiter.config.Config."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Result of Allocate: the slice, whether the owner had it already, who was evicted."""
+
+    slice: Slice
+    existing: bool = False
+    evicted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Health:
+    """What Health reports."""
+
+    status: str
+    devices: int
+    slices: int
+    uptime_seconds: float
+
+
+class Arbiter:
+    """Owns the slices of one host's GPUs."""
+
+    def __init__(
+        self,
+        *,
+        gpus: list[Gpu],
+        store: Any,
+        regions: Regions,
+        events: _EventSink,
+        settings: Settings | None = None,
+        metrics: Any = None,
+        sample: Callable[[list[Gpu]], Mapping[int, Any]] | None = None,
+        proc: Path = Path("/proc"),
+        kill: Callable[[int, int], None] = os.kill,
+    ) -> None:
+        self.gpus = list(gpus)
+        self.store = store
+        self.regions = regions
+        self.events = events
+        self.settings = settings or Settings()
+        self.metrics = metrics
+        self._sample = sample
+        self._proc = Path(proc)
+        self._kill = kill
+        self._lock = threading.RLock()
+        self._slices: dict[str, Slice] = {}
+        self._owner_start: dict[str, int] = {}
+        self._started = time.monotonic()
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Load the store and make the region directories agree with it (crash repair)."""
+        with self._lock:
+            self._slices = {s.id: s for s in self.store.slices()}
+            report = self.regions.reconcile_dirs(self._slices.values())
+            for s in self._slices.values():
+                if s.owner_pid:
+                    self._owner_start[s.id] = proc_start_time(s.owner_pid, self._proc)
+            if report.created or report.fixed or report.removed:
+                log.warning("repaired region directories: made %s, fixed %s, removed %s",
+                            list(report.created), list(report.fixed), list(report.removed))
+            self.emit("start", slices=len(self._slices), devices=len(self.gpus),
+                       regions_made=list(report.created), regions_fixed=list(report.fixed),
+                       regions_removed=list(report.removed))
+
+    def reload(self, settings: Settings) -> None:
+        """Apply new reloadable settings."""
+        with self._lock:
+            self.settings = settings
+
+    # -- queries ---------------------------------------------------------------
+
+    def slices(self) -> list[Slice]:
+        """Every slice, oldest first."""
+        with self._lock:
+            return sorted(self._slices.values(), key=lambda s: (s.created_ms, s.id))
+
+    def get(self, slice_id: str = "", owner: str = "") -> Slice:
+        """The slice with that id (or owner); NotFoundError otherwise."""
+        with self._lock:
+            s = self._find(slice_id, owner, "get slice")
+            if s is None:
+                raise NotFoundError("get slice", _what(slice_id, owner))
+            return s
+
+    def owner_start_time(self, slice_id: str) -> int:
+        """/proc start time of the owner pid when the slice was made (or at start), 0 if unknown."""
+        with self._lock:
+            return self._owner_start.get(slice_id, 0)
+
+    def usage(self, s: Slice) -> list[int]:
+        """Memory libvgpu charges to each vGPU of the slice."""
+        return self.regions.usage(s)
+
+    def region_dir(self, s: Slice) -> str:
+        """Host directory of the slice's region files."""
+        return str(self.regions.slice_dir(s.id))
+
+    def device_nodes(self) -> dict[int, tuple[str, ...]]:
+        """Device node paths of each GPU, by index."""
+        return {g.index: g.device_nodes for g in self.gpus}
+
+    def sample(self) -> Mapping[int, Any]:
+        """NVML's measurements per GPU index; empty when NVML cannot be read."""
+        if self._sample is None:
+            return {}
+        try:
+            return self._sample(self.gpus)
+        except Exception as e:  # a measuring failure must not fail a query
+            log.warning("failed to sample GPUs: %s", e)
+            return {}
+
+    def devices(self) -> list[DeviceView]:
+        """Each GPU with its allocated and measured memory and compute."""
+        samples = self.sample()
+        with self._lock:
+            slices = list(self._slices.values())
+        out = []
+        for g in self.gpus:
+            grants = [gr for s in slices for gr in s.grants if gr.gpu_index == g.index]
+            smp = samples.get(g.index)
+            out.append(DeviceView(
+                gpu=g,
+                memory_allocated=sum(gr.memory for gr in grants),
+                compute_allocated=sum(gr.compute for gr in grants),
+                slices=len(grants),
+                memory_used=int(getattr(smp, "used", 0) or 0),
+                utilization=int(getattr(smp, "utilization", 0) or 0),
+            ))
+        return out
+
+    def health(self) -> Health:
+        """Liveness: counts and uptime."""
+        with self._lock:
+            return Health("ok", len(self.gpus), len(self._slices),
+                          time.monotonic() - self._started)
+
+    # -- changes ---------------------------------------------------------------
+
+    def validate(self, req: Request) -> None:
+        """Raise RequestError naming the first field of req the arbiter cannot accept."""
+        verb = "allocate slice"
+        if not req.owner:
+            raise RequestError(verb, "owner", req.owner, "is empty: name the container id")
+        if len(req.owner) > _OWNER_MAX or not _OWNER_RE.fullmatch(req.owner):
+            raise RequestError(verb, "owner", req.owner,
+                               f"must be 1..{_OWNER_MAX} printable characters without spaces")
+        if req.owner_kind not in OwnerKind.ALL:
+            raise RequestError(verb, "owner_kind", req.owner_kind,
+                               f"is not one of {', '.join(OwnerKind.ALL)}")
+        if not 0 < req.memory <= _U64_MAX:
+            raise RequestError(verb, "memory", req.memory, "must be a positive number of bytes")
+        if not COMPUTE_MIN <= req.compute <= COMPUTE_MAX:
+            raise RequestError(verb, "compute", req.compute,
+                               f"must be a percent from {COMPUTE_MIN} to {COMPUTE_MAX}")
+        if req.count < 1:
+            raise RequestError(verb, "count", req.count, "must be at least 1")
+        if req.owner_pid < 0:
+            raise RequestError(verb, "owner_pid", req.owner_pid, "must not be negative")
+        for d in req.devices:
+            if not d.strip():
+                raise RequestError(verb, "devices", list(req.devices),
+                                   "holds an empty entry")
+
+    def defaults(self) -> tuple[int, Any, Any]:
+        """(compute, priority, policy) that fill a request's unset fields."""
+        st = self.settings
+        return (st.default_compute, priority_from_name(st.default_priority),
+                policy_from_name(st.default_policy))
+
+    def allocate(self, req: Request) -> Allocation:
+        """Give req.owner a slice (its existing one, if any)."""
+        t0 = time.perf_counter()
+        outcome = "error"
+        try:
+            with self._lock:
+                self.validate(req)
+                existing = self._by_owner(req.owner)
+                if existing is not None:
+                    if not self.regions.exists(existing.id):
+                        self.regions.create(existing)
+                    outcome = "existing"
+                    return Allocation(existing, existing=True)
+                result = self._allocate_new(req)
+                outcome = "evicted" if result.evicted else "ok"
+                return result
+        except NoCapacityError:
+            outcome = "no_capacity"
+            raise
+        except (RequestError, ValueError):
+            outcome = "invalid"
+            raise
+        finally:
+            if self.metrics is not None:
+                self.metrics.allocation(time.perf_counter() - t0, outcome)
+
+    def _allocate_new(self, req: Request) -> Allocation:
+        st = self.settings
+        current = list(self._slices.values())
+        plan = placement.place(req, self.gpus, current, policy=st.placement_policy,
+                               allow_preemption=st.allow_preemption)
+        evicted = [self._slices[e] for e in plan.evict if e in self._slices]
+        new = Slice(
+            id=self._new_id(), owner=req.owner, grants=tuple(plan.grants),
+            priority=req.priority, policy=req.policy, owner_kind=req.owner_kind,
+            owner_pid=req.owner_pid, created_ms=int(time.time() * 1000), labels=req.labels,
+        )
+        self.regions.create(new)
+        try:
+            self.store.commit_allocation(new, [s.id for s in evicted])
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.regions.remove(new.id)
+            raise
+        for s in evicted:
+            pids = self._kill_slice(s)
+            self._forget(s)
+            self.emit("evict", slice=s.id, owner=s.owner, by=new.id, by_owner=new.owner,
+                       killed=sorted(pids))
+            if self.metrics is not None:
+                self.metrics.eviction()
+                self.metrics.release("evict")
+        self._slices[new.id] = new
+        if new.owner_pid:
+            self._owner_start[new.id] = proc_start_time(new.owner_pid, self._proc)
+        self.emit("allocate", slice=new.id, owner=new.owner, owner_kind=new.owner_kind,
+                   owner_pid=new.owner_pid, priority=new.priority.name.lower(),
+                   policy=new.policy.name.lower(),
+                   grants=[{"gpu": g.gpu_index, "memory": g.memory, "compute": g.compute}
+                           for g in new.grants],
+                   evicted=[s.id for s in evicted])
+        return Allocation(new, existing=False, evicted=tuple(s.id for s in evicted))
+
+    def release(self, slice_id: str = "", owner: str = "", *,
+                reason: str = "release", event: str = "release") -> Slice | None:
+        """Release a slice by id or owner; None when there was none (release is idempotent)."""
+        with self._lock:
+            s = self._find(slice_id, owner, "release slice")
+            if s is None:
+                return None
+            self.store.delete(s.id)
+            self._forget(s)
+            self.emit(event, slice=s.id, owner=s.owner, reason=reason)
+            if self.metrics is not None:
+                self.metrics.release(reason)
+            return s
+
+    def update(self, slice_id: str, memory: int = 0, compute: int = 0) -> Slice:
+        """Change a slice's memory limit and/or compute share in place; 0 = unchanged."""
+        verb = "update slice"
+        if memory < 0 or memory > _U64_MAX:
+            raise RequestError(verb, "memory", memory, "must be a positive number of bytes")
+        if compute and not COMPUTE_MIN <= compute <= COMPUTE_MAX:
+            raise RequestError(verb, "compute", compute,
+                               f"must be a percent from {COMPUTE_MIN} to {COMPUTE_MAX}")
+        with self._lock:
+            s = self._find(slice_id, "", verb)
+            if s is None:
+                raise NotFoundError(verb, _what(slice_id, ""))
+            if not memory and not compute:
+                return s
+            new_memory = memory or s.grants[0].memory
+            new_compute = compute or s.grants[0].compute
+            grants = placement.validate_update(s, self.gpus, list(self._slices.values()),
+                                               new_memory, new_compute)
+            self.store.update_grants(s.id, grants)
+            new = dataclasses.replace(s, grants=tuple(grants))
+            self._slices[s.id] = new
+            self.regions.update(new)
+            self.emit("update", slice=s.id, owner=s.owner, memory=new_memory,
+                       compute=new_compute)
+            return new
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _find(self, slice_id: str, owner: str, verb: str) -> Slice | None:
+        if slice_id:
+            s = self._slices.get(slice_id)
+            if s is not None and owner and s.owner != owner:
+                return None
+            return s
+        if owner:
+            return self._by_owner(owner)
+        raise RequestError(verb, "id", slice_id, "is empty: give a slice id or an owner")
+
+    def _by_owner(self, owner: str) -> Slice | None:
+        for s in self._slices.values():
+            if s.owner == owner:
+                return s
+        return None
+
+    def _forget(self, s: Slice) -> None:
+        self._slices.pop(s.id, None)
+        self._owner_start.pop(s.id, None)
+        try:
+            self.regions.remove(s.id)
+        except VgpuError as e:  # the store is the truth; the next start removes it
+            log.warning("%s", e)
+
+    def _kill_slice(self, s: Slice) -> set[int]:
+        """SIGKILL the processes registered in an evicted slice's regions."""
+        pids: set[int] = set()
+        for group in self.regions.pids(s).values():
+            pids |= group
+        pids.discard(os.getpid())
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                self._kill(pid, signal.SIGKILL)
+        return pids
+
+    def _new_id(self) -> str:
+        while True:
+            sid = secrets.token_hex(_ID_BYTES)
+            if sid not in self._slices:
+                return sid
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        try:
+            self.events.emit(kind, **fields)
+        except Exception as e:  # an event log that cannot be written must not stop the arbiter
+            log.warning("failed to write event %s: %s", kind, e)
+        log.info("%s %s", kind, json.dumps(fields, sort_keys=True, default=str))
+
+
+def _what(slice_id: str, owner: str) -> str:
+    if slice_id:
+        return f"with id {slice_id!r}"
+    return f"for owner {owner!r}"

@@ -1,0 +1,298 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vgpud: the host-wide arbiter daemon (gRPC on a unix socket).
+
+    vgpud [--config FILE] [--socket PATH] [--state-dir DIR] [--run-dir DIR]
+          [--log-level LEVEL]
+
+Flags override the config file (--config, else $VGPU_CONFIG, else
+/etc/vgpu/config.yaml; a missing file means the built-in defaults). A config
+error prints one line and exits 2; any other failure to start prints one line
+and exits 1. SIGHUP reloads the reloadable config keys; SIGTERM/SIGINT drain
+the gRPC server and stop. One log line per event goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import FrameType
+
+import grpc
+from prometheus_client import CollectorRegistry
+
+from arbiter import inventory
+from arbiter.config import Config, config_path, load_config
+from arbiter.core import Arbiter, Settings
+from arbiter.errors import ConfigError, VgpuError
+from arbiter.events import EventLog
+from arbiter.metrics import Metrics, Snapshot, parse_address
+from arbiter.proto import vgpu_pb2_grpc
+from arbiter.reconcile import Reconciler
+from arbiter.regions import Regions
+from arbiter.service import ArbiterService
+from arbiter.state import Store
+
+__all__ = ["Daemon", "DaemonError", "main"]
+
+log = logging.getLogger("vgpud")
+
+_WORKERS = 16
+_DRAIN_S = 5.0
+
+
+class DaemonError(VgpuError):
+    """vgpud cannot start: the socket is taken, a directory cannot be made, ..."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"failed to start vgpud: {reason}")
+
+
+def _socket_in_use(path: Path) -> bool:
+    """True when something accepts connections on the unix socket at path."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2.0)
+    try:
+        s.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        s.close()
+    return True
+
+
+class Daemon:
+    """One running vgpud: store, regions, arbiter, reconciler, gRPC server, metrics."""
+
+    def __init__(self, config: Config, config_file: Path | None,
+                 overrides: dict[str, object], *, proc: Path = Path("/proc")) -> None:
+        self.config = config
+        self.config_file = config_file
+        self.overrides = overrides
+        self.proc = proc
+        self.stopping = threading.Event()
+        self._reload = threading.Event()
+        self._wake = threading.Event()
+        self._lock_fd: int | None = None
+        self.server: grpc.Server | None = None
+        self.metrics: Metrics | None = None
+        self.store: Store | None = None
+        self.events: EventLog | None = None
+        self.arbiter: Arbiter | None = None
+        self.reconciler: Reconciler | None = None
+
+    # -- start -----------------------------------------------------------------
+
+    def _claim_socket(self) -> None:
+        """Take the socket's lock file, refusing when another vgpud holds it or serves there."""
+        sock = self.config.socket
+        try:
+            sock.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(sock.parent, 0o755)
+        except OSError as e:
+            raise DaemonError(f"cannot make socket directory {sock.parent}: {e.strerror}") from e
+        lock = sock.with_name(sock.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise DaemonError(f"another vgpud is running on {sock} "
+                                  f"(it holds {lock})") from e
+            raise
+        self._lock_fd = fd
+        if sock.exists() or sock.is_symlink():
+            if _socket_in_use(sock):
+                raise DaemonError(f"another vgpud serves {sock}")
+            log.info("removing stale socket %s", sock)
+            sock.unlink()
+
+    def start(self) -> None:
+        """Bring every part up; raise VgpuError with a one-line reason on failure."""
+        c = self.config
+        self._claim_socket()
+        gpus = inventory.discover(c)
+        regions = Regions(c.run_dir, context_reserve=c.context_reserve, proc=self.proc)
+        regions.prepare()
+        self.store = Store(c.state_dir)
+        self.events = EventLog(c.event_log)
+        self.metrics = self._make_metrics()
+        self.arbiter = Arbiter(
+            gpus=gpus, store=self.store, regions=regions, events=self.events,
+            settings=Settings.from_config(c), metrics=self.metrics,
+            sample=inventory.sample, proc=self.proc)
+        self.arbiter.start()
+        self.reconciler = Reconciler(
+            self.arbiter, runtime_state_roots=c.runtime_state_roots,
+            drift_action=c.drift_action, interval_s=c.reconcile_interval_s, proc=self.proc,
+            metrics=self.metrics)
+        # The pass at start: slices of containers that went away while vgpud was down.
+        self.reconciler.run_once()
+        self.reconciler.start()
+
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=_WORKERS,
+                                                     thread_name_prefix="vgpud-rpc"),
+                                  options=[("grpc.so_reuseport", 0)])
+        vgpu_pb2_grpc.add_ArbiterServicer_to_server(ArbiterService(self.arbiter), self.server)
+        old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+        try:
+            port = self.server.add_insecure_port(f"unix:{c.socket}")
+        finally:
+            os.umask(old)
+        if not port:
+            raise DaemonError(f"cannot listen on unix:{c.socket}")
+        self.server.start()
+        os.chmod(c.socket, 0o600)
+        if c.metrics_address:
+            self._serve_metrics(c.metrics_address)
+        log.info("vgpud serving on unix:%s with %d GPU(s), %d slice(s)", c.socket, len(gpus),
+                 len(self.arbiter.slices()))
+
+    def _make_metrics(self) -> Metrics:
+        metrics = Metrics(CollectorRegistry())
+        metrics.set_source(self._snapshot)
+        return metrics
+
+    def _snapshot(self) -> Snapshot:
+        """What the per-GPU and per-slice gauges show at a scrape."""
+        a = self.arbiter
+        if a is None:
+            return Snapshot(gpus=[], slices=[])
+        slices = a.slices()
+        samples = a.sample()
+        return Snapshot(
+            gpus=list(a.gpus), slices=slices,
+            gpu_used={i: smp.used for i, smp in samples.items()},
+            gpu_util={i: smp.utilization or 0 for i, smp in samples.items()},
+            slice_used={s.id: a.usage(s) for s in slices},
+        )
+
+    def _serve_metrics(self, address: str) -> None:
+        assert self.metrics is not None
+        self.metrics.serve(address)
+        host, _ = parse_address(address)
+        host = f"[{host}]" if ":" in host else host
+        log.info("serving metrics on http://%s:%s/metrics", host, self.metrics.port)
+
+    # -- run -------------------------------------------------------------------
+
+    def install_signals(self) -> None:
+        """SIGHUP: reload; SIGTERM/SIGINT: stop."""
+        def stop(signum: int, frame: FrameType | None) -> None:
+            self.stopping.set()
+            self._wake.set()
+
+        def hup(signum: int, frame: FrameType | None) -> None:
+            self._reload.set()
+            self._wake.set()
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, hup)
+
+    def run(self) -> None:
+        """Serve until SIGTERM/SIGINT, reloading on SIGHUP."""
+        while not self.stopping.is_set():
+            # A bounded wait: signal handlers run in this (main) thread between waits.
+            self._wake.wait(1.0)
+            self._wake.clear()
+            if self._reload.is_set() and not self.stopping.is_set():
+                self._reload.clear()
+                self.reload()
+
+    def reload(self) -> None:
+        """Re-read the config file; apply the reloadable keys, warn about the rest."""
+        assert self.arbiter is not None and self.reconciler is not None
+        try:
+            new = load_config(self.config_file, self.overrides)
+        except ConfigError as e:
+            log.error("reload refused, keeping the running config: %s", e)
+            return
+        changed = self.config.changed(new)
+        ignored = self.config.unreloadable_changes(new)
+        self.config = self.config.replace_reloadable(new)
+        self.arbiter.reload(Settings.from_config(self.config))
+        self.reconciler.configure(drift_action=self.config.drift_action,
+                                  interval_s=self.config.reconcile_interval_s)
+        if ignored:
+            log.warning("reload: %s change only after a restart", ", ".join(ignored))
+        self.arbiter.emit("reload", changed=[n for n in changed if n not in ignored],
+                          needs_restart=list(ignored))
+
+    def close(self) -> None:
+        """Drain and stop everything that started (safe after a partial start)."""
+        if self.server is not None:
+            self.server.stop(_DRAIN_S).wait()
+        if self.reconciler is not None:
+            self.reconciler.stop()
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.store is not None:
+            self.store.close()
+        with contextlib.suppress(Exception):
+            inventory.shutdown()
+        if self.events is not None:
+            with contextlib.suppress(Exception):
+                self.events.close()
+        if self.server is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.config.socket.unlink()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """vgpud's command line."""
+    p = argparse.ArgumentParser(prog="vgpud", description="vgpu host arbiter daemon")
+    p.add_argument("--config", help="config file (default: $VGPU_CONFIG or "
+                   "/etc/vgpu/config.yaml; missing = built-in defaults)")
+    p.add_argument("--socket", help="gRPC unix socket (overrides paths.socket)")
+    p.add_argument("--state-dir", help="state directory (overrides paths.state_dir)")
+    p.add_argument("--run-dir", help="runtime directory (overrides paths.run_dir)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"], help="stderr log level")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `vgpud`."""
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                        format="vgpud: %(levelname)s %(message)s")
+    path = config_path(args.config)
+    overrides: dict[str, object] = {"socket": args.socket, "state_dir": args.state_dir,
+                                    "run_dir": args.run_dir}
+    try:
+        config = load_config(path, overrides)
+    except ConfigError as e:
+        print(f"vgpud: {e}", file=sys.stderr)
+        return 2
+    daemon = Daemon(config, path, overrides)
+    daemon.install_signals()
+    try:
+        daemon.start()
+    except VgpuError as e:
+        print(f"vgpud: {e}", file=sys.stderr)
+        daemon.close()
+        return 1
+    try:
+        daemon.run()
+    finally:
+        log.info("stopping")
+        daemon.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

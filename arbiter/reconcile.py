@@ -1,0 +1,223 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Reconciliation: release slices whose owner is gone, report (and optionally kill) drift.
+
+One pass (`Reconciler.run_once`) runs at start and every reconcile_interval_s in
+a thread. An owner is gone when:
+- kind "process": its pid is not alive (pid and /proc start time, like the
+  region slots' liveness check);
+- kind "container": its pid is not alive AND no OCI runtime keeps state for the
+  container id under any of the runtime state roots (runc: /run/runc/<id>;
+  containerd's runc shim: /run/containerd/runc/<namespace>/<id>; docker:
+  /run/docker/runtime-runc/moby/<id>). A container slice without a pid is only
+  released when the runtime state is gone.
+
+Drift is a slice whose NVML-measured memory on a GPU (the processes registered
+in its region, its owner pid, and for containers every host process in the
+owner's pid namespace) exceeds its limit there: libvgpu is cooperative and a
+process can bypass it. Drift is reported as an event (`reconcile.drift`); with
+drift_action "kill" the processes holding that memory get SIGKILL
+(`reconcile.kill`).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from arbiter.core import Arbiter
+from arbiter.model import OwnerKind, Slice
+from arbiter.region import pid_alive
+
+__all__ = ["DRIFT_ACTIONS", "PassReport", "Reconciler", "runtime_state_exists"]
+
+log = logging.getLogger("vgpud")
+
+DRIFT_ACTIONS = ("flag", "kill")
+
+
+@dataclass
+class PassReport:
+    """What one reconciliation pass did."""
+
+    released: list[str] = field(default_factory=list)
+    drift: list[tuple[str, int, int, int]] = field(default_factory=list)  # slice, gpu, used, limit
+    killed: list[int] = field(default_factory=list)
+
+
+def runtime_state_exists(container_id: str, roots: Iterable[Path]) -> bool:
+    """True when an OCI runtime keeps state for container_id under a root (depth 1 or 2)."""
+    if not container_id or "/" in container_id or container_id in (".", ".."):
+        return False
+    for root in roots:
+        root = Path(root)
+        if (root / container_id).exists():
+            return True
+        try:
+            subdirs = [d for d in root.iterdir() if d.is_dir()]
+        except OSError:
+            continue
+        for d in subdirs:  # containerd namespaces, docker's "moby"
+            if (d / container_id).exists():
+                return True
+    return False
+
+
+class Reconciler:
+    """Periodic reconciliation of one Arbiter's slices against the host."""
+
+    def __init__(
+        self,
+        arbiter: Arbiter,
+        *,
+        runtime_state_roots: Sequence[Path] = (),
+        drift_action: str = "flag",
+        interval_s: float = 10.0,
+        proc: Path = Path("/proc"),
+        sample: Callable[[], Mapping[int, Any]] | None = None,
+        kill: Callable[[int, int], None] = os.kill,
+        metrics: Any = None,
+    ) -> None:
+        self.arbiter = arbiter
+        self.runtime_state_roots = tuple(Path(r) for r in runtime_state_roots)
+        self.drift_action = drift_action
+        self.interval_s = interval_s
+        self.proc = Path(proc)
+        self._sample = sample if sample is not None else arbiter.sample
+        self._kill = kill
+        self.metrics = metrics
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pass_lock = threading.Lock()
+
+    # -- settings --------------------------------------------------------------
+
+    def configure(self, *, drift_action: str, interval_s: float) -> None:
+        """Apply reloaded settings; the next pass uses them."""
+        self.drift_action = drift_action
+        self.interval_s = interval_s
+        self._wake.set()
+
+    # -- the pass --------------------------------------------------------------
+
+    def owner_alive(self, s: Slice) -> bool:
+        """True while the slice's owner (process or container) exists."""
+        if s.owner_pid and pid_alive(s.owner_pid, self.arbiter.owner_start_time(s.id),
+                                     self.proc):
+            return True
+        if s.owner_kind == OwnerKind.PROCESS:
+            return False
+        return runtime_state_exists(s.owner, self.runtime_state_roots)
+
+    def run_once(self) -> PassReport:
+        """One pass: release slices of gone owners, then check drift."""
+        with self._pass_lock:
+            report = PassReport()
+            for s in self.arbiter.slices():
+                if self.owner_alive(s):
+                    continue
+                why = "process gone" if s.owner_kind == OwnerKind.PROCESS else "container gone"
+                if self.arbiter.release(s.id, reason="owner_gone",
+                                        event="reconcile.release") is not None:
+                    report.released.append(s.id)
+                    log.info("released slice %s of %s %s: %s", s.id, s.owner_kind, s.owner, why)
+            self._check_drift(report)
+            return report
+
+    def _check_drift(self, report: PassReport) -> None:
+        slices = self.arbiter.slices()
+        if not slices:
+            return
+        samples = self._sample()
+        if not samples:
+            return
+        own_ns = _pid_ns(self.proc, "self")
+        ns_members: dict[str, set[int]] | None = None
+        for s in slices:
+            pids_by_vgpu = self.arbiter.regions.pids(s)
+            extra: set[int] = set()
+            if s.owner_pid:
+                extra.add(s.owner_pid)
+                if s.owner_kind == OwnerKind.CONTAINER:
+                    ns = _pid_ns(self.proc, str(s.owner_pid))
+                    # A host process as owner shares our namespace: that is not its container.
+                    if ns and ns != own_ns:
+                        if ns_members is None:
+                            ns_members = _pids_by_ns(self.proc)
+                        extra |= ns_members.get(ns, set())
+            for i, g in enumerate(s.grants):
+                smp = samples.get(g.gpu_index)
+                per_pid: Mapping[int, int] = getattr(smp, "processes", None) or {}
+                pids = (pids_by_vgpu.get(i, set()) | extra) - {os.getpid()}
+                offenders = {p: per_pid[p] for p in pids if per_pid.get(p, 0) > 0}
+                used = sum(offenders.values())
+                if used <= g.memory:
+                    continue
+                report.drift.append((s.id, g.gpu_index, used, g.memory))
+                self.arbiter.emit("reconcile.drift", slice=s.id, owner=s.owner,
+                                   gpu=g.gpu_index, used=used, limit=g.memory,
+                                   pids=sorted(offenders))
+                if self.metrics is not None and hasattr(self.metrics, "drift"):
+                    self.metrics.drift()
+                if self.drift_action == "kill":
+                    for pid in sorted(offenders):
+                        with contextlib.suppress(OSError):
+                            self._kill(pid, signal.SIGKILL)
+                            report.killed.append(pid)
+                    self.arbiter.emit("reconcile.kill", slice=s.id, owner=s.owner,
+                                       gpu=g.gpu_index, pids=sorted(offenders))
+
+    # -- the thread ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run passes every interval_s in a daemon thread until stop()."""
+        self._thread = threading.Thread(target=self._loop, name="vgpud-reconcile", daemon=True)
+        self._thread.start()
+
+    def trigger(self) -> None:
+        """Run a pass now (the thread wakes up)."""
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.run_once()
+            except Exception:
+                log.exception("reconciliation pass failed")
+
+    def stop(self) -> None:
+        """Stop the thread (waits for a running pass)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+
+def _pid_ns(proc: Path, pid: str) -> str:
+    try:
+        return os.readlink(proc / pid / "ns" / "pid")
+    except OSError:
+        return ""
+
+
+def _pids_by_ns(proc: Path) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return out
+    for e in entries:
+        ns = _pid_ns(proc, e)
+        if ns:
+            out.setdefault(ns, set()).add(int(e))
+    return out

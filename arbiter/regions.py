@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The arbiter's side of slice region files: one directory per slice under <run_dir>/slices.
+
+A slice's directory `<run_dir>/slices/<id>/` holds one region file per vGPU
+(`vgpu<i>`, the layout of arbiter.region). It is built under a hidden temporary
+name and renamed into place, so a directory with the slice's id is always
+whole; removal renames it away first for the same reason. The store (SQLite)
+is the truth: `reconcile_dirs` makes the directories agree with it after a
+crash.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from arbiter.errors import RegionError
+from arbiter.model import Grant, Slice
+from arbiter.region import create_region, open_region
+
+__all__ = ["REGION_FILE_MODE", "ReconcileReport", "Regions"]
+
+log = logging.getLogger(__name__)
+
+#: Container processes run as any uid and must be able to account in the file.
+REGION_FILE_MODE = 0o666
+_DIR_MODE = 0o755
+
+
+@dataclass(frozen=True)
+class ReconcileReport:
+    """What reconcile_dirs changed: slice ids whose directories it made, fixed or removed."""
+
+    created: tuple[str, ...] = ()
+    fixed: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+def region_name(ordinal: int) -> str:
+    """File name of a slice's vGPU `ordinal` (what VGPU_REGION_DIR/vgpu<i> names)."""
+    return f"vgpu{ordinal}"
+
+
+class Regions:
+    """Region directories of all slices under one run dir."""
+
+    def __init__(self, run_dir: Path, *, context_reserve: int = 0,
+                 proc: Path = Path("/proc")) -> None:
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / "slices"
+        self.context_reserve = context_reserve
+        self.proc = Path(proc)
+
+    # -- paths -----------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Make <run_dir> and <run_dir>/slices, world-readable (mode 0755)."""
+        for d in (self.run_dir, self.root):
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                os.chmod(d, _DIR_MODE)
+            except OSError as e:
+                raise RegionError(d, "prepare directory for", e.strerror or str(e)) from e
+
+    def slice_dir(self, slice_id: str) -> Path:
+        """Directory of a slice's region files."""
+        _check_id(slice_id)
+        return self.root / slice_id
+
+    def region_path(self, slice_id: str, ordinal: int) -> Path:
+        """Region file of a slice's vGPU `ordinal`."""
+        return self.slice_dir(slice_id) / region_name(ordinal)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def create(self, s: Slice) -> Path:
+        """Make the slice's directory with one region file per grant, atomically."""
+        final = self.slice_dir(s.id)
+        tmp = self.root / f".{s.id}.tmp"
+        _rmtree(tmp)
+        try:
+            tmp.mkdir(mode=_DIR_MODE)
+            os.chmod(tmp, _DIR_MODE)
+            for i, g in enumerate(s.grants):
+                self._create_file(tmp / region_name(i), s, g)
+            # No directory fsync: region directories need no durability of their own
+            # (run_dir is a tmpfs on a real host, and every start remakes them from the
+            # store), only atomicity, which the rename gives.
+            os.rename(tmp, final)
+        except OSError as e:
+            _rmtree(tmp)
+            raise RegionError(final, "create", e.strerror or str(e)) from e
+        except BaseException:
+            _rmtree(tmp)
+            raise
+        return final
+
+    def _create_file(self, path: Path, s: Slice, g: Grant) -> None:
+        create_region(path, uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
+                      compute_share=g.compute, priority=s.priority, policy=s.policy,
+                      context_reserve=self.context_reserve, arbiter=True,
+                      mode=REGION_FILE_MODE, replace=True)
+
+    def update(self, s: Slice) -> None:
+        """Write the slice's limits into its region files in place (running processes see them)."""
+        for i, g in enumerate(s.grants):
+            with open_region(self.region_path(s.id, i), proc=self.proc) as r:
+                r.set_limits(memory_limit=g.memory, compute_share=g.compute,
+                             priority=s.priority, policy=s.policy)
+
+    def remove(self, slice_id: str) -> bool:
+        """Delete a slice's directory; False when there was none."""
+        final = self.slice_dir(slice_id)
+        doomed = self.root / f".{slice_id}.del"
+        _rmtree(doomed)
+        try:
+            os.rename(final, doomed)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise RegionError(final, "remove", e.strerror or str(e)) from e
+        _rmtree(doomed)
+        return True
+
+    def exists(self, slice_id: str) -> bool:
+        """True when the slice's directory is there."""
+        return self.slice_dir(slice_id).is_dir()
+
+    # -- usage -----------------------------------------------------------------
+
+    def usage(self, s: Slice) -> list[int]:
+        """Bytes libvgpu charged to each vGPU of the slice (live processes); 0 when unreadable."""
+        out = []
+        for i in range(len(s.grants)):
+            try:
+                with open_region(self.region_path(s.id, i), writable=False, proc=self.proc) as r:
+                    out.append(r.used_bytes())
+            except RegionError:
+                out.append(0)
+        return out
+
+    def pids(self, s: Slice) -> dict[int, set[int]]:
+        """Live processes registered in each vGPU's region, by vGPU ordinal."""
+        out: dict[int, set[int]] = {}
+        for i in range(len(s.grants)):
+            try:
+                with open_region(self.region_path(s.id, i), writable=False, proc=self.proc) as r:
+                    out[i] = {p.pid for p in r.processes()}
+            except RegionError:
+                out[i] = set()
+        return out
+
+    # -- crash repair ----------------------------------------------------------
+
+    def reconcile_dirs(self, slices: Iterable[Slice]) -> ReconcileReport:
+        """Make the directories match the stored slices.
+
+        Leftover temporary directories go; a directory without a stored slice
+        goes; a stored slice without a (whole) directory gets one; a region
+        whose limits differ from the store (a crash between an update's
+        commit and its rewrite) is rewritten.
+        """
+        self.prepare()
+        wanted = {s.id: s for s in slices}
+        created: list[str] = []
+        fixed: list[str] = []
+        removed: list[str] = []
+        for entry in sorted(self.root.iterdir()):
+            name = entry.name
+            if name.startswith("."):
+                _rmtree(entry)
+            elif name not in wanted:
+                if entry.is_dir() and not entry.is_symlink():
+                    self.remove(name)
+                else:
+                    entry.unlink()
+                removed.append(name)
+        for sid, s in wanted.items():
+            if not self.exists(sid):
+                self.create(s)
+                created.append(sid)
+            elif not self._check(s):
+                fixed.append(sid)
+        return ReconcileReport(tuple(created), tuple(fixed), tuple(removed))
+
+    def _check(self, s: Slice) -> bool:
+        """True when every region file of s is whole and holds its limits; repairs otherwise."""
+        ok = True
+        d = self.slice_dir(s.id)
+        names = {region_name(i) for i in range(len(s.grants))}
+        for extra in d.iterdir():
+            if extra.name not in names:
+                _rmtree(extra)
+                ok = False
+        for i, g in enumerate(s.grants):
+            path = d / region_name(i)
+            try:
+                with open_region(path, proc=self.proc) as r:
+                    if (r.memory_limit, r.compute_share, r.priority, r.policy, r.device_index,
+                            r.uuid) == (g.memory, g.compute, int(s.priority), int(s.policy),
+                                        g.gpu_index, g.gpu_uuid):
+                        continue
+                    if (r.device_index, r.uuid) == (g.gpu_index, g.gpu_uuid):
+                        r.set_limits(memory_limit=g.memory, compute_share=g.compute,
+                                     priority=s.priority, policy=s.policy)
+                        ok = False
+                        continue
+            except RegionError as e:
+                log.warning("%s; making it again", e)
+            ok = False
+            self._create_file(path, s, g)
+        return ok
+
+
+def _check_id(slice_id: str) -> None:
+    if not slice_id or "/" in slice_id or slice_id.startswith(".") or "\0" in slice_id:
+        raise ValueError(f"invalid slice id {slice_id!r}")
+
+
+def _rmtree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()

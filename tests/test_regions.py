@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""arbiter.regions: slice directories of region files, made and removed atomically."""
+from __future__ import annotations
+
+import stat
+
+import pytest
+
+from arbiter.errors import RegionError
+from arbiter.model import Grant, Policy, Priority, Slice
+from arbiter.region import open_region
+from arbiter.regions import Regions
+
+MiB = 1 << 20
+
+
+def make_slice(sid: str = "abc123def456", n: int = 2, memory: int = 64 * MiB) -> Slice:
+    return Slice(id=sid, owner=f"owner-{sid}",
+                 grants=tuple(Grant(i, f"GPU-{i}", memory, 20 + i) for i in range(n)),
+                 priority=Priority.HIGH, policy=Policy.BURST)
+
+
+@pytest.fixture
+def regions(tmp_path) -> Regions:
+    r = Regions(tmp_path / "run", context_reserve=8 * MiB)
+    r.prepare()
+    return r
+
+
+def test_prepare_makes_world_readable_dirs(regions):
+    for d in (regions.run_dir, regions.root):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o755
+
+
+def test_create_writes_one_region_per_grant(regions):
+    s = make_slice()
+    d = regions.create(s)
+    assert d == regions.root / s.id
+    assert sorted(p.name for p in d.iterdir()) == ["vgpu0", "vgpu1"]
+    assert [p.name for p in regions.root.iterdir()] == [s.id]  # no temporary left
+    for i, g in enumerate(s.grants):
+        path = d / f"vgpu{i}"
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666  # any container uid accounts
+        with open_region(path) as r:
+            assert r.arbiter
+            assert (r.uuid, r.device_index, r.memory_limit, r.compute_share) == (
+                g.gpu_uuid, g.gpu_index, g.memory, g.compute)
+            assert (r.priority, r.policy, r.context_reserve) == (Priority.HIGH, Policy.BURST,
+                                                                 8 * MiB)
+
+
+def test_update_changes_limits_in_place_and_bumps_generation(regions):
+    s = make_slice(n=1)
+    regions.create(s)
+    path = regions.region_path(s.id, 0)
+    with open_region(path) as r:
+        gen = r.generation
+        inode = path.stat().st_ino
+        regions.update(Slice(s.id, s.owner, (Grant(0, "GPU-0", 32 * MiB, 50),),
+                             priority=Priority.LOW, policy=Policy.FIXED))
+        assert (r.memory_limit, r.compute_share, r.priority, r.policy) == (
+            32 * MiB, 50, Priority.LOW, Policy.FIXED)  # seen through the same mapping
+        assert r.generation > gen
+    assert path.stat().st_ino == inode
+
+
+def test_update_of_a_missing_region_fails_clearly(regions):
+    with pytest.raises(RegionError, match=r"failed to open region file .*vgpu0"):
+        regions.update(make_slice())
+
+
+def test_remove_is_idempotent(regions):
+    s = make_slice()
+    regions.create(s)
+    assert regions.remove(s.id)
+    assert not regions.remove(s.id)
+    assert list(regions.root.iterdir()) == []
+
+
+def test_usage_and_pids_of_an_unused_slice(regions):
+    s = make_slice()
+    regions.create(s)
+    assert regions.usage(s) == [0, 0]
+    assert regions.pids(s) == {0: set(), 1: set()}
+    regions.remove(s.id)
+    assert regions.usage(s) == [0, 0]  # unreadable counts as nothing
+
+
+@pytest.mark.parametrize("bad", ["", "../x", ".hidden", "a/b"])
+def test_slice_ids_cannot_escape(regions, bad):
+    with pytest.raises(ValueError, match="invalid slice id"):
+        regions.slice_dir(bad)
+
+
+def test_reconcile_dirs_makes_the_tree_match_the_store(regions):
+    kept, lost, stale, truncated = (make_slice(f"{c * 12}") for c in "abcd")
+    for s in (kept, stale, truncated):
+        regions.create(s)
+    orphan = make_slice("eeeeeeeeeeee")
+    regions.create(orphan)
+    (regions.root / ".ffffffffffff.tmp").mkdir()          # a crash mid-create
+    (regions.root / "stray-file").write_text("x")
+    with open_region(regions.region_path(stale.id, 1)) as r:
+        r.set_limits(memory_limit=MiB)                    # a crash mid-update
+    regions.region_path(truncated.id, 0).write_bytes(b"\0" * 10)
+    (regions.slice_dir(kept.id) / "vgpu9").write_text("x")  # not a vGPU of the slice
+
+    report = regions.reconcile_dirs([kept, lost, stale, truncated])
+    assert report.created == (lost.id,)
+    assert set(report.fixed) == {stale.id, truncated.id, kept.id}
+    assert set(report.removed) == {orphan.id, "stray-file"}
+    assert sorted(p.name for p in regions.root.iterdir()) == sorted(
+        s.id for s in (kept, lost, stale, truncated))
+    for s in (kept, lost, stale, truncated):
+        assert sorted(p.name for p in regions.slice_dir(s.id).iterdir()) == ["vgpu0", "vgpu1"]
+        for i, g in enumerate(s.grants):
+            with open_region(regions.region_path(s.id, i)) as r:
+                assert (r.memory_limit, r.compute_share) == (g.memory, g.compute)
+    # A second pass has nothing to do.
+    again = regions.reconcile_dirs([kept, lost, stale, truncated])
+    assert (again.created, again.fixed, again.removed) == ((), (), ())
