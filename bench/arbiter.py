@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""vgpud's Allocate+Release throughput and latency over its unix socket.
+
+Starts its own vgpud on simgpu (4 simulated 16 GiB GPUs) in a temporary
+directory on disk (state.db with synchronous=FULL: durable writes included),
+then for 1, 8 and 64 concurrent clients (threads, each with its own gRPC
+channel) runs Allocate (64Mi, 2% compute) + Release pairs for a fixed time and
+reports pairs/s and the p50/p99 latency of one pair, after a baseline of two
+Health calls per "pair" (transport and client cost alone). The same again with 50
+slices already placed on GPU 0 (2% each: GPU 0's compute is full, so every
+placement weighs it and its 50 slices and goes elsewhere). Not a timed test:
+the figures depend on the machine; the targets are >= 500 pairs/s and
+p99 < 20 ms at 8 clients.
+
+    python3 bench/arbiter.py [--duration 3] [--clients 1,8,64] [--dir /var/tmp]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+
+from arbiter.proto import vgpu_pb2 as pb  # noqa: E402
+from arbiter.proto import vgpu_pb2_grpc  # noqa: E402
+
+MiB = 1 << 20
+TARGET_RATE = 500.0   # pairs/s at 8 clients
+TARGET_P99_MS = 20.0  # at 8 clients
+PRESET = 50
+
+
+@dataclass
+class Result:
+    """One row: a scenario at one concurrency."""
+
+    scenario: str
+    clients: int
+    pairs: int
+    errors: int
+    seconds: float
+    latencies: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.pairs / self.seconds if self.seconds else 0.0
+
+    def pct(self, q: float) -> float:
+        """Latency percentile in ms (nearest rank)."""
+        if not self.latencies:
+            return float("nan")
+        xs = sorted(self.latencies)
+        return 1000 * xs[min(len(xs) - 1, max(0, round(q * len(xs)) - 1))]
+
+
+def start_vgpud(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """vgpud on a private simgpu; returns the process and its socket."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPU_", "SIMGPU_"))}
+    env.pop("LD_PRELOAD", None)
+    env["SIMGPU_STATE"] = str(tmp / "simgpu.state")
+    env["SIMGPU_DEVICES"] = "16Gi,16Gi,16Gi,16Gi"
+    env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "simgpu")
+    config = tmp / "config.yaml"
+    # The reconciler's interval stays long: it must not take the bench's slices for dead.
+    config.write_text("metrics:\n  address: ''\nreconcile:\n  interval_s: 3600\n"
+                      "devices:\n  nodes: {'*': [/dev/null]}\n")
+    sock = tmp / "vgpud.sock"
+    log = open(tmp / "vgpud.log", "wb")  # noqa: SIM115 - lives as long as vgpud
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "arbiter.daemon", "--config", str(config), "--socket", str(sock),
+         "--state-dir", str(tmp / "state"), "--run-dir", str(tmp / "run"),
+         "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"bench: vgpud exited {proc.returncode}:\n"
+                     f"{(tmp / 'vgpud.log').read_text()}")
+        if sock.exists():
+            with grpc.insecure_channel(f"unix:{sock}") as ch:
+                try:
+                    vgpu_pb2_grpc.ArbiterStub(ch).Health(pb.HealthRequest(), timeout=2)
+                    return proc, sock
+                except grpc.RpcError:
+                    pass
+        time.sleep(0.1)
+    proc.kill()
+    sys.exit("bench: vgpud did not start")
+
+
+def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
+    return pb.AllocateRequest(owner=owner, memory_bytes=64 * MiB, compute_percent=2, count=1,
+                              owner_kind="process", owner_pid=os.getpid(),
+                              devices=devices or [])
+
+
+def measure(sock: Path, scenario: str, clients: int, duration: float,
+            baseline: bool = False) -> Result:
+    """clients threads, each with its own channel, loop Allocate+Release for duration."""
+    start = threading.Barrier(clients + 1)
+    stop = threading.Event()
+    lat: list[list[float]] = [[] for _ in range(clients)]
+    errors = [0] * clients
+    tag = "".join(c if c.isalnum() else "_" for c in scenario)
+
+    def client(n: int) -> None:
+        with grpc.insecure_channel(f"unix:{sock}") as ch:
+            stub = vgpu_pb2_grpc.ArbiterStub(ch)
+            stub.Health(pb.HealthRequest(), timeout=10)  # connect before the clock starts
+            start.wait()
+            i = 0
+            while not stop.is_set():
+                owner = f"bench-{tag}-{clients}-{n}-{i}"
+                i += 1
+                t0 = time.perf_counter()
+                if baseline:  # two round trips that do no arbiter work: the transport
+                    stub.Health(pb.HealthRequest(), timeout=10)
+                    stub.Health(pb.HealthRequest(), timeout=10)
+                    lat[n].append(time.perf_counter() - t0)
+                    continue
+                try:
+                    r = stub.Allocate(request(owner), timeout=10)
+                    stub.Release(pb.ReleaseRequest(id=r.slice.id), timeout=10)
+                except grpc.RpcError as e:
+                    errors[n] += 1
+                    if errors[n] == 1:
+                        print(f"bench: client {n}: {e.code().name}: {e.details()}",
+                              file=sys.stderr)
+                    with_owner_release(stub, owner)
+                    continue
+                lat[n].append(time.perf_counter() - t0)
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    time.sleep(duration)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    flat = [x for xs in lat for x in xs]
+    return Result(scenario, clients, len(flat), sum(errors), elapsed, flat)
+
+
+def with_owner_release(stub: vgpu_pb2_grpc.ArbiterStub, owner: str) -> None:
+    with contextlib.suppress(grpc.RpcError):
+        stub.Release(pb.ReleaseRequest(owner=owner), timeout=10)
+
+
+def preset(sock: Path, n: int) -> None:
+    """Place n slices on GPU 0."""
+    with grpc.insecure_channel(f"unix:{sock}") as ch:
+        stub = vgpu_pb2_grpc.ArbiterStub(ch)
+        for i in range(n):
+            stub.Allocate(request(f"bench-preset-{i}", ["0"]), timeout=10)
+        on0 = [s for s in stub.List(pb.ListRequest(), timeout=10).slices
+               if s.vgpus and s.vgpus[0].gpu_index == 0]
+        assert len(on0) == n, f"expected {n} slices on GPU 0, found {len(on0)}"
+
+
+def table(results: list[Result]) -> str:
+    head = ("scenario", "clients", "pairs", "pairs/s", "p50 ms", "p99 ms", "errors", "target")
+    rows = []
+    for r in results:
+        target = ""
+        if r.clients == 8 and r.scenario != "2x Health":
+            ok = r.rate >= TARGET_RATE and r.pct(0.99) < TARGET_P99_MS
+            target = (f">= {TARGET_RATE:.0f}/s, p99 < {TARGET_P99_MS:.0f} ms: "
+                      f"{'met' if ok else 'MISSED'}")
+        rows.append((r.scenario, str(r.clients), str(r.pairs), f"{r.rate:.0f}",
+                     f"{r.pct(0.50):.2f}", f"{r.pct(0.99):.2f}", str(r.errors), target))
+    widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
+    return "\n".join("  ".join(c.rjust(w) if 0 < i < 7 else c.ljust(w)
+                               for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+                     for row in (head, *rows))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
+    ap.add_argument("--clients", default="1,8,64", help="concurrency levels, comma separated")
+    ap.add_argument("--dir", default="/var/tmp",
+                    help="where the temporary state dir goes (a disk, not tmpfs, for fsync)")
+    ap.add_argument("--json", action="store_true", help="also print the results as JSON")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.clients.split(",")]
+    with tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=args.dir) as d:
+        tmp = Path(d)
+        proc, sock = start_vgpud(tmp)
+        try:
+            results = [measure(sock, "2x Health", n, args.duration, baseline=True)
+                       for n in levels]
+            results += [measure(sock, "empty", n, args.duration) for n in levels]
+            preset(sock, PRESET)
+            results += [measure(sock, f"{PRESET} on GPU 0", n, args.duration) for n in levels]
+        finally:
+            proc.terminate()
+            proc.wait(15)
+        fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True,
+                            text=True).stdout.strip()
+    cmd = shlex.join([Path(sys.executable).name, "bench/arbiter.py", *sys.argv[1:]])
+    print(f"vgpud Allocate+Release over a unix socket; {os.cpu_count()} CPUs; state dir on {fs};"
+          f" {args.duration:g}s per row")
+    print(table(results))
+    print("2x Health: two round trips without arbiter work, the ceiling the transport and "
+          "this Python client allow (the baseline)")
+    print(f"command: {cmd}")
+    if args.json:
+        print(json.dumps([{"scenario": r.scenario, "clients": r.clients, "pairs": r.pairs,
+                           "pairs_per_s": round(r.rate, 1), "p50_ms": round(r.pct(0.5), 3),
+                           "p99_ms": round(r.pct(0.99), 3), "errors": r.errors}
+                          for r in results], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
