@@ -13,6 +13,8 @@ from setuptools.errors import ExecError
 ROOT = Path(__file__).resolve().parent
 LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
 PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
+# configs/ files an installed vgpud reads (arbiter.config.schema_path looks in arbiter/configs/).
+CONFIG_FILES = ("vgpud.schema.json", "vgpu.yaml")
 
 
 def make_libvgpu() -> Path:
@@ -36,12 +38,17 @@ class build_py_with_libvgpu(build_py):  # noqa: N801 - setuptools command naming
             target = Path(self.build_lib, *PACKAGED)
             target.parent.mkdir(parents=True, exist_ok=True)
             self.copy_file(str(library), str(target))
+            configs = Path(self.build_lib, "arbiter", "configs")
+            configs.mkdir(parents=True, exist_ok=True)
+            for name in CONFIG_FILES:
+                self.copy_file(str(ROOT / "configs" / name), str(configs / name))
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        """Declare the copied library among the outputs."""
+        """Declare the copied library and config files among the outputs."""
         outputs = list(super().get_outputs(include_bytecode))
         if not self.editable_mode:
             outputs.append(str(Path(self.build_lib, *PACKAGED)))
+            outputs += [str(Path(self.build_lib, "arbiter", "configs", n)) for n in CONFIG_FILES]
         return outputs
 
 

@@ -27,7 +27,8 @@ def test_wheel_ships_libvgpu_and_types(tmp_path: Path) -> None:
             next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
     assert lib.startswith(b"\x7fELF")
     for name in ("arbiter/py.typed", "oci_hook/py.typed", "shim/py.typed",
-                 "arbiter/native/__init__.py"):
+                 "arbiter/native/__init__.py", "arbiter/configs/vgpud.schema.json",
+                 "arbiter/configs/vgpu.yaml", "arbiter/proto/vgpu_pb2.py"):
         assert name in names
     assert not any(n.startswith(("tests/", "libvgpu/")) for n in names)
     assert "vgpud = arbiter.daemon:main" in entry_points.decode()
