@@ -6,6 +6,9 @@ in-memory table mirrors it (the Arbiter is the store's only writer). Order
 of an allocation: validate, reuse the owner's slice if it has one, place,
 make the region directory (atomically), commit to the store (evictions and
 the new slice in one transaction), then remove the evicted slices' regions.
+Allocations without evictions and releases leave the lock before their
+commit and share it with whatever else is queued (Store group commit: one
+fsync per batch); each caller is answered only once its write is durable.
 A crash anywhere leaves either no committed slice (its directory, if any,
 is removed at the next start) or a committed slice whose directory exists
 or is remade at the next start (`start`).
@@ -23,6 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -112,6 +116,8 @@ class Arbiter:
         self._lock = threading.RLock()
         self._slices: dict[str, Slice] = {}
         self._owner_start: dict[str, int] = {}
+        # Slices whose insert is queued for the store's next group commit.
+        self._pending: dict[str, Future[None]] = {}
         self._started = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------
@@ -237,7 +243,7 @@ class Arbiter:
                 policy_from_name(st.default_policy))
 
     def allocate(self, req: Request) -> Allocation:
-        """Give req.owner a slice (its existing one, if any)."""
+        """Give req.owner a slice (its existing one, if any); returns once it is durable."""
         t0 = time.perf_counter()
         outcome = "error"
         try:
@@ -247,11 +253,26 @@ class Arbiter:
                 if existing is not None:
                     if not self.regions.exists(existing.id):
                         self.regions.create(existing)
-                    outcome = "existing"
-                    return Allocation(existing, existing=True)
-                result = self._allocate_new(req)
-                outcome = "evicted" if result.evicted else "ok"
-                return result
+                    first_answer = self._pending.get(existing.id)
+                else:
+                    plan = placement.place(req, self.gpus, list(self._slices.values()),
+                                           policy=self.settings.placement_policy,
+                                           allow_preemption=self.settings.allow_preemption)
+                    if plan.evict:
+                        result = self._allocate_evicting(req, plan)
+                        outcome = "evicted"
+                        return result
+                    new, pending = self._allocate_queued(req, plan)
+            if existing is not None:
+                # A retry must not be acknowledged before the first answer could be.
+                if first_answer is not None:
+                    first_answer.result()
+                outcome = "existing"
+                return Allocation(existing, existing=True)
+            self._await_durable(new, pending, undo=self._undo_allocation)
+            self._emit_allocate(new, ())
+            outcome = "ok"
+            return Allocation(new, existing=False)
         except NoCapacityError:
             outcome = "no_capacity"
             raise
@@ -262,17 +283,58 @@ class Arbiter:
             if self.metrics is not None:
                 self.metrics.allocation(time.perf_counter() - t0, outcome)
 
-    def _allocate_new(self, req: Request) -> Allocation:
-        st = self.settings
-        current = list(self._slices.values())
-        plan = placement.place(req, self.gpus, current, policy=st.placement_policy,
-                               allow_preemption=st.allow_preemption)
-        evicted = [self._slices[e] for e in plan.evict if e in self._slices]
-        new = Slice(
+    def _new_slice(self, req: Request, plan: placement.Placement) -> Slice:
+        return Slice(
             id=self._new_id(), owner=req.owner, grants=tuple(plan.grants),
             priority=req.priority, policy=req.policy, owner_kind=req.owner_kind,
             owner_pid=req.owner_pid, created_ms=int(time.time() * 1000), labels=req.labels,
         )
+
+    def _allocate_queued(self, req: Request,
+                         plan: placement.Placement) -> tuple[Slice, Future[None]]:
+        """The common case (no eviction): hold the room now, commit with the next batch."""
+        new = self._new_slice(req, plan)
+        self.regions.create(new)
+        try:
+            pending = self.store.commit_allocation_async(new)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.regions.remove(new.id)
+            raise
+        self._slices[new.id] = new
+        self._pending[new.id] = pending
+        if new.owner_pid:
+            self._owner_start[new.id] = proc_start_time(new.owner_pid, self._proc)
+        return new, pending
+
+    def _await_durable(self, s: Slice, pending: Future[Any],
+                       undo: Callable[[Slice], None]) -> Any:
+        try:
+            return pending.result()
+        except BaseException:
+            with self._lock:
+                undo(s)
+            raise
+        finally:
+            with self._lock:
+                if self._pending.get(s.id) is pending:
+                    del self._pending[s.id]
+
+    def _undo_allocation(self, s: Slice) -> None:
+        if self._slices.get(s.id) is s:
+            self._forget(s)
+
+    def _undo_release(self, s: Slice) -> None:
+        if s.id not in self._slices:
+            self._slices[s.id] = s
+            with contextlib.suppress(VgpuError):
+                self.regions.create(s)
+
+    def _allocate_evicting(self, req: Request, plan: placement.Placement) -> Allocation:
+        """Preemption (rare): synchronously, after every queued write, under the lock."""
+        self.store.flush()
+        evicted = [self._slices[e] for e in plan.evict if e in self._slices]
+        new = self._new_slice(req, plan)
         self.regions.create(new)
         try:
             self.store.commit_allocation(new, [s.id for s in evicted])
@@ -291,27 +353,34 @@ class Arbiter:
         self._slices[new.id] = new
         if new.owner_pid:
             self._owner_start[new.id] = proc_start_time(new.owner_pid, self._proc)
+        evicted_ids = tuple(s.id for s in evicted)
+        self._emit_allocate(new, evicted_ids)
+        return Allocation(new, existing=False, evicted=evicted_ids)
+
+    def _emit_allocate(self, new: Slice, evicted: tuple[str, ...]) -> None:
         self.emit("allocate", slice=new.id, owner=new.owner, owner_kind=new.owner_kind,
                    owner_pid=new.owner_pid, priority=new.priority.name.lower(),
                    policy=new.policy.name.lower(),
                    grants=[{"gpu": g.gpu_index, "memory": g.memory, "compute": g.compute}
                            for g in new.grants],
-                   evicted=[s.id for s in evicted])
-        return Allocation(new, existing=False, evicted=tuple(s.id for s in evicted))
+                   evicted=list(evicted))
 
     def release(self, slice_id: str = "", owner: str = "", *,
                 reason: str = "release", event: str = "release") -> Slice | None:
-        """Release a slice by id or owner; None when there was none (release is idempotent)."""
+        """Release a slice by id or owner; None when there was none (release is idempotent).
+
+        Returns once the release is durable."""
         with self._lock:
             s = self._find(slice_id, owner, "release slice")
             if s is None:
                 return None
-            self.store.delete(s.id)
+            pending = self.store.delete_async(s.id)
             self._forget(s)
-            self.emit(event, slice=s.id, owner=s.owner, reason=reason)
-            if self.metrics is not None:
-                self.metrics.release(reason)
-            return s
+        self._await_durable(s, pending, undo=self._undo_release)
+        self.emit(event, slice=s.id, owner=s.owner, reason=reason)
+        if self.metrics is not None:
+            self.metrics.release(reason)
+        return s
 
     def update(self, slice_id: str, memory: int = 0, compute: int = 0) -> Slice:
         """Change a slice's memory limit and/or compute share in place; 0 = unchanged."""
@@ -331,6 +400,7 @@ class Arbiter:
             new_compute = compute or s.grants[0].compute
             grants = placement.validate_update(s, self.gpus, list(self._slices.values()),
                                                new_memory, new_compute)
+            self.store.flush()  # the slice's own insert may still be queued
             self.store.update_grants(s.id, grants)
             new = dataclasses.replace(s, grants=tuple(grants))
             self._slices[s.id] = new
@@ -387,7 +457,8 @@ class Arbiter:
             self.events.emit(kind, **fields)
         except Exception as e:  # an event log that cannot be written must not stop the arbiter
             log.warning("failed to write event %s: %s", kind, e)
-        log.info("%s %s", kind, json.dumps(fields, sort_keys=True, default=str))
+        if log.isEnabledFor(logging.INFO):  # json.dumps is not free on the allocation path
+            log.info("%s %s", kind, json.dumps(fields, sort_keys=True, default=str))
 
 
 def _what(slice_id: str, owner: str) -> str:

@@ -45,7 +45,7 @@ __all__ = ["Daemon", "DaemonError", "main"]
 
 log = logging.getLogger("vgpud")
 
-_WORKERS = 16
+_WORKERS = 4
 _DRAIN_S = 5.0
 
 

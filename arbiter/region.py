@@ -240,7 +240,8 @@ def create_region(
             while written < len(data):
                 written += os.pwrite(fd, data[written:], written)
             os.pwrite(fd, struct.pack("I", REGION_MAGIC), VgpuRegion.magic.offset)
-            os.fsync(fd)
+            # No fsync: region files live on tmpfs (/run) and vgpud remakes them
+            # from its store at start; the store is what must survive a crash.
         finally:
             os.close(fd)
         if replace:

@@ -19,9 +19,11 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
+from typing import Any, TypeVar
 
 from arbiter.errors import StateError
 from arbiter.model import Grant, Policy, Priority, Slice
@@ -30,6 +32,8 @@ __all__ = ["DB_NAME", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "Store"]
 
 DB_NAME = "state.db"
 _DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+_T = TypeVar("_T")
 
 #: One step of the schema: takes a database at version i (its index) to i + 1.
 Migration = Callable[[sqlite3.Connection], None]
@@ -79,6 +83,14 @@ class Store:
         self.path = path
         self._lock = threading.Lock()
         self._closed = False
+        # Group commit: writes queued for the writer thread, and how many were
+        # submitted / completed (flush waits for the count it saw).
+        self._queue_cond = threading.Condition()
+        self._queue: list[tuple[Callable[[sqlite3.Connection], Any], Future[Any]]] = []
+        self._submitted = 0
+        self._completed = 0
+        self._writer: threading.Thread | None = None
+        self._stopping = False
         try:
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fresh = not path.exists()
@@ -106,7 +118,13 @@ class Store:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Close the database (idempotent); later calls raise StateError."""
+        """Finish queued writes, then close the database (idempotent); later calls raise."""
+        with self._queue_cond:
+            self._stopping = True
+            self._queue_cond.notify_all()
+            writer = self._writer
+        if writer is not None and writer is not threading.current_thread():
+            writer.join()
         with self._lock:
             if not self._closed:
                 self._closed = True
@@ -152,22 +170,99 @@ class Store:
         nothing changed, evictions included.
         """
         with self._tx("store", f"slice {new.id}") as db:
-            db.executemany("DELETE FROM slices WHERE id = ?", [(sid,) for sid in evicted])
-            try:
-                db.execute(
-                    "INSERT INTO slices (id, owner, owner_kind, owner_pid, priority, policy,"
-                    " created_ms, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (new.id, new.owner, new.owner_kind, new.owner_pid, int(new.priority),
-                     int(new.policy), new.created_ms,
-                     json.dumps([list(kv) for kv in new.labels])))
-            except sqlite3.IntegrityError as e:
-                raise self._conflict(db, new) from e
-            _insert_grants(db, new.id, new.grants)
+            self._write_allocation(db, new, evicted)
 
     def delete(self, id: str) -> bool:
         """Delete a slice and its grants; False when there was none."""
         with self._tx("delete", f"slice {id}") as db:
-            return db.execute("DELETE FROM slices WHERE id = ?", (id,)).rowcount > 0
+            return self._write_delete(db, id)
+
+    # --- group commit ----------------------------------------------------------------------
+    # Many threads allocating and releasing at once share transactions: the writer
+    # thread commits everything queued so far with one fsync, and each caller's future
+    # completes only when its write is durable. A write that fails is rolled back to
+    # its savepoint alone; a commit that fails fails every write in the batch.
+
+    def commit_allocation_async(self, new: Slice, evicted: Sequence[str] = ()) -> Future[None]:
+        """commit_allocation, batched with other writers; the future is done once durable."""
+        return self._submit(lambda db: self._write_allocation(db, new, evicted),
+                            f"slice {new.id}")
+
+    def delete_async(self, id: str) -> Future[bool]:
+        """delete, batched with other writers; the future is done once durable."""
+        return self._submit(lambda db: self._write_delete(db, id), f"slice {id}")
+
+    def flush(self) -> None:
+        """Wait until every write submitted so far is committed (or has failed)."""
+        with self._queue_cond:
+            target = self._submitted
+            while self._completed < target:
+                self._queue_cond.wait()
+
+    def _submit(self, write: Callable[[sqlite3.Connection], _T], what: str) -> Future[_T]:
+        fut: Future[_T] = Future()
+        with self._queue_cond:
+            if self._closed or self._stopping:
+                raise StateError("store", what, "the state database is closed", path=self.path)
+            self._queue.append((write, fut))
+            self._submitted += 1
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="vgpud-store",
+                                                daemon=True)
+                self._writer.start()
+            self._queue_cond.notify_all()
+        return fut
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._queue_cond:
+                while not self._queue and not self._stopping:
+                    self._queue_cond.wait()
+                if not self._queue:
+                    return
+                batch, self._queue = self._queue, []
+            outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
+            try:
+                with self._tx("store", f"{len(batch)} slice changes") as db:
+                    for write, fut in batch:
+                        db.execute("SAVEPOINT w")
+                        try:
+                            outcomes.append((fut, write(db), None))
+                            db.execute("RELEASE w")
+                        except Exception as e:
+                            db.execute("ROLLBACK TO w")
+                            db.execute("RELEASE w")
+                            if isinstance(e, sqlite3.Error):
+                                e = StateError("store", "slice", str(e), path=self.path)
+                            outcomes.append((fut, None, e))
+            except BaseException as e:
+                outcomes = [(fut, None, e) for _, fut in batch]
+            for fut, result, error in outcomes:
+                if error is None:
+                    fut.set_result(result)
+                else:
+                    fut.set_exception(error)
+            with self._queue_cond:
+                self._completed += len(batch)
+                self._queue_cond.notify_all()
+
+    def _write_allocation(self, db: sqlite3.Connection, new: Slice,
+                          evicted: Sequence[str]) -> None:
+        db.executemany("DELETE FROM slices WHERE id = ?", [(sid,) for sid in evicted])
+        try:
+            db.execute(
+                "INSERT INTO slices (id, owner, owner_kind, owner_pid, priority, policy,"
+                " created_ms, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (new.id, new.owner, new.owner_kind, new.owner_pid, int(new.priority),
+                 int(new.policy), new.created_ms,
+                 json.dumps([list(kv) for kv in new.labels])))
+        except sqlite3.IntegrityError as e:
+            raise self._conflict(db, new) from e
+        _insert_grants(db, new.id, new.grants)
+
+    @staticmethod
+    def _write_delete(db: sqlite3.Connection, id: str) -> bool:
+        return db.execute("DELETE FROM slices WHERE id = ?", (id,)).rowcount > 0
 
     def update_grants(self, id: str, grants: Sequence[Grant]) -> None:
         """Replace a slice's grants (an in-place update); StateError NOT_FOUND if none."""

@@ -67,7 +67,7 @@ class Result:
         return 1000 * xs[min(len(xs) - 1, max(0, round(q * len(xs)) - 1))]
 
 
-def start_vgpud(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def start_vgpud(tmp: Path, run_dir: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """vgpud on a private simgpu; returns the process and its socket."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPU_", "SIMGPU_"))}
     env.pop("LD_PRELOAD", None)
@@ -82,7 +82,7 @@ def start_vgpud(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     log = open(tmp / "vgpud.log", "wb")  # noqa: SIM115 - lives as long as vgpud
     proc = subprocess.Popen(
         [sys.executable, "-m", "arbiter.daemon", "--config", str(config), "--socket", str(sock),
-         "--state-dir", str(tmp / "state"), "--run-dir", str(tmp / "run"),
+         "--state-dir", str(tmp / "state"), "--run-dir", str(run_dir),
          "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -196,12 +196,15 @@ def main() -> int:
     ap.add_argument("--clients", default="1,8,64", help="concurrency levels, comma separated")
     ap.add_argument("--dir", default="/var/tmp",
                     help="where the temporary state dir goes (a disk, not tmpfs, for fsync)")
+    ap.add_argument("--run-dir-parent", default="/dev/shm",
+                    help="where the run dir (region files) goes: tmpfs, as /run is in production")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
-    with tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=args.dir) as d:
+    with tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=args.dir) as d, \
+            tempfile.TemporaryDirectory(prefix="vgpu-bench-run-", dir=args.run_dir_parent) as r:
         tmp = Path(d)
-        proc, sock = start_vgpud(tmp)
+        proc, sock = start_vgpud(tmp, Path(r))
         try:
             results = [measure(sock, "2x Health", n, args.duration, baseline=True)
                        for n in levels]

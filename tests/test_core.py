@@ -230,10 +230,11 @@ def test_start_repairs_regions_from_the_store(parts):
 def test_failed_commit_leaves_no_region(parts, monkeypatch):
     a = parts.arbiter()
 
-    def boom(new, evicted):
+    def boom(db, new, evicted):
         raise OSError("disk on fire")
 
-    monkeypatch.setattr(parts.store, "commit_allocation", boom)
+    # The write both the batched and the synchronous commit run.
+    monkeypatch.setattr(parts.store, "_write_allocation", boom)
     with pytest.raises(OSError):
         a.allocate(req("a"))
     assert list(a.regions.root.iterdir()) == [] and a.slices() == []

@@ -7,16 +7,13 @@ LD_PRELOAD=build/libvgpu.so on a private simulated GPU and reads its JSON lines.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-
 from conftest import LIBVGPU, TEST_BIN, run
 
 MiB = 1 << 20

@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import TEST_BIN, run
 
 CLIENT = str(TEST_BIN / "cuda_client")
@@ -33,7 +32,8 @@ def free_of(env: dict[str, str], index: int = 0) -> int:
     return client(env, "info")["devices"][index]["free"]
 
 
-def start_hold(env: dict[str, str], nbytes: int, path: str = "mem") -> tuple[subprocess.Popen, dict]:
+def start_hold(env: dict[str, str], nbytes: int,
+               path: str = "mem") -> tuple[subprocess.Popen, dict]:
     """A process that allocates nbytes and sleeps; returns it with its report."""
     p = subprocess.Popen([CLIENT, "hold", str(nbytes), path], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
@@ -123,7 +123,8 @@ def test_killed_process_gives_its_memory_back(simgpu_env: dict[str, str], path: 
     holder.wait(timeout=10)  # reaped: a zombie would still look alive
     deadline = time.monotonic() + 1.0
     while free_of(simgpu_env) != 16 * GiB:
-        assert time.monotonic() < deadline, "memory of a SIGKILLed process was not reclaimed within 1 s"
+        assert time.monotonic() < deadline, \
+            "memory of a SIGKILLed process was not reclaimed within 1 s"
         time.sleep(0.05)
 
 

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, SIMGPU_DIR, TEST_BIN, run
 
 CLIENT = TEST_BIN / "procaddr_client"
@@ -58,7 +57,8 @@ RESOLVES = [
     ("cuInit-ptds-flag-no-variant", "cuInit", 12000, PTDS, "cuInit"),
     ("cuGetProcAddress@11030-v1", "cuGetProcAddress", 11030, DEFAULT, "cuGetProcAddress"),
     ("cuGetProcAddress@12000-v2", "cuGetProcAddress", 12000, DEFAULT, "cuGetProcAddress_v2"),
-    ("cuTexRefSetAddress2D@4010-v3", "cuTexRefSetAddress2D", 4010, DEFAULT, "cuTexRefSetAddress2D_v3"),
+    ("cuTexRefSetAddress2D@4010-v3", "cuTexRefSetAddress2D", 4010, DEFAULT,
+     "cuTexRefSetAddress2D_v3"),
     # exceptions to the base/base_v2/... numbering (see tools/gen_cuda_procs.py)
     ("cuGraphInstantiate@11000-v2", "cuGraphInstantiate", 11000, DEFAULT, "cuGraphInstantiate_v2"),
     ("cuGraphInstantiate@12000-WithFlags", "cuGraphInstantiate", 12000, DEFAULT,
@@ -139,7 +139,8 @@ def test_preloaded_definition_does_not_replace_simgpus_entry_point(simgpu_env, t
     env = dict(simgpu_env, LD_PRELOAD=str(pre))
     r = procaddr(env, "cuGraphicsMapResources", 12000, DEFAULT, call=True)
     assert r["call_result"] == CUDA_ERROR_NOT_SUPPORTED, (
-        f"{r}: the table's pointer was interposed (link libcuda.so.1 with -Wl,-Bsymbolic-functions)")
+        f"{r}: the table's pointer was interposed "
+        "(link libcuda.so.1 with -Wl,-Bsymbolic-functions)")
 
 
 @pytest.mark.skipif(not Path("/usr/local/cuda/include/cudaTypedefs.h").exists(),

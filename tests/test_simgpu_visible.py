@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import TEST_BIN, run
 
 GiB = 1 << 30

@@ -25,7 +25,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import SIMGPU_DIR, run
 
 pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings not installed")
