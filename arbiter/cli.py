@@ -625,14 +625,8 @@ def cmd_info(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
             h = c.call("Health", pb.HealthRequest())
             daemon = {"reachable": True, "status": h.status, "version": h.version,
                       "devices": h.devices, "slices": h.slices,
-                      "uptime_seconds": round(h.uptime_seconds, 1)}
-            # Health carries no paths; a slice's region dir (<run_dir>/slices/<id>) shows
-            # the run dir vgpud really uses.
-            slices = c.call("List", pb.ListRequest()).slices
-            for s in slices:
-                if s.region_dir:
-                    daemon["run_dir"] = str(Path(s.region_dir).parent.parent)
-                    break
+                      "uptime_seconds": round(h.uptime_seconds, 1),
+                      "paths": dict(h.paths)}
     except CliError as e:
         cause = str(e).removeprefix(f"cannot reach vgpud at {sock}: ")
         daemon = {"reachable": False, "error": cause}
@@ -653,8 +647,8 @@ def cmd_info(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
         rows.append(("vgpud", f"{daemon['status']}, version {daemon['version']}, "
                               f"{daemon['devices']} GPUs, {daemon['slices']} slices, "
                               f"up {daemon['uptime_seconds']:g}s"))
-        if "run_dir" in daemon:
-            rows.append(("vgpud run dir", daemon["run_dir"]))
+        for key, value in sorted(daemon["paths"].items()):
+            rows.append((f"vgpud {key.replace('_', ' ')}", value or "(none)"))
     else:
         rows.append(("vgpud", f"not reachable: {daemon['error']}"))
     width = max(len(k) for k, _ in rows)

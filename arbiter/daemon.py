@@ -146,7 +146,11 @@ class Daemon:
         self.server = grpc.server(ThreadPoolExecutor(max_workers=_WORKERS,
                                                      thread_name_prefix="vgpud-rpc"),
                                   options=[("grpc.so_reuseport", 0)])
-        vgpu_pb2_grpc.add_ArbiterServicer_to_server(ArbiterService(self.arbiter), self.server)
+        paths = {"config": str(c.source or ""), "socket": str(c.socket),
+                 "state_dir": str(c.state_dir), "run_dir": str(c.run_dir),
+                 "event_log": str(c.event_log), "metrics_address": c.metrics_address}
+        vgpu_pb2_grpc.add_ArbiterServicer_to_server(ArbiterService(self.arbiter, paths),
+                                                    self.server)
         old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
         try:
             port = self.server.add_insecure_port(f"unix:{c.socket}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -95,8 +95,9 @@ def _rpc(verb: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
 class ArbiterService(vgpu_pb2_grpc.ArbiterServicer):  # type: ignore[misc]
     """vgpu.v1.Arbiter served from one Arbiter."""
 
-    def __init__(self, arbiter: Arbiter) -> None:
+    def __init__(self, arbiter: Arbiter, paths: Mapping[str, str] | None = None) -> None:
         self.arbiter = arbiter
+        self.paths = dict(paths or {})
 
     def _slice(self, s: Slice, *, with_usage: bool = True) -> pb.Slice:
         a = self.arbiter
@@ -153,4 +154,5 @@ class ArbiterService(vgpu_pb2_grpc.ArbiterServicer):  # type: ignore[misc]
         """Liveness and counts."""
         h = self.arbiter.health()
         return pb.HealthResponse(status=h.status, version=_VERSION, devices=h.devices,
-                                 slices=h.slices, uptime_seconds=h.uptime_seconds)
+                                 slices=h.slices, uptime_seconds=h.uptime_seconds,
+                                 paths=self.paths)

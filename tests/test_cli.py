@@ -225,7 +225,8 @@ class FakeArbiter(vgpu_pb2_grpc.ArbiterServicer):
 
     def Health(self, request, context):  # noqa: N802 - gRPC names
         return pb.HealthResponse(status="ok", version="9.9", devices=2,
-                                 slices=len(self.slices), uptime_seconds=3.25)
+                                 slices=len(self.slices), uptime_seconds=3.25,
+                                 paths={"run_dir": "/run/vgpu", "state_dir": "/var/lib/vgpu"})
 
     def Release(self, request, context):  # noqa: N802 - gRPC names
         self.requests.append(request)
@@ -324,7 +325,7 @@ def test_info_reports_daemon(fake, capsys):
     info = json.loads(out)
     assert code == 0 and info["socket"] == fake.socket
     assert info["vgpud"]["reachable"] and info["vgpud"]["version"] == "9.9"
-    assert info["vgpud"]["run_dir"] == "/run/vgpu"
+    assert info["vgpud"]["paths"] == {"run_dir": "/run/vgpu", "state_dir": "/var/lib/vgpu"}
     assert info["libvgpu"] == str(ROOT / "build" / "libvgpu.so")
 
 

@@ -149,7 +149,10 @@ def test_ls_smi_json_while_running(vgpud):
         assert both["slices"][0]["id"] == s["id"] and both["devices"][0]["slices"] == 1
         info = json.loads(vgpud.vgpu("info", "--json").stdout)
         assert info["vgpud"]["reachable"] and info["vgpud"]["slices"] == 1
-        assert info["vgpud"]["run_dir"] == str(vgpud.tmp / "run")
+        paths = info["vgpud"]["paths"]
+        assert paths["run_dir"] == str(vgpud.tmp / "run")
+        assert paths["socket"] == info["socket"]
+        assert paths["state_dir"] == str(vgpud.tmp / "state")
     finally:
         kill_quietly(pid)
         p.wait(30)
