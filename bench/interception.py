@@ -56,7 +56,8 @@ def compare(tmp: Path, op: str, key: str, procs: int, rounds: int) -> tuple[floa
     base, hooked = [], []
     for r in range(rounds):
         base.append(measure(environment(tmp / "state", None), op, key, procs))
-        hooked.append(measure(environment(tmp / "state", tmp / f"region-{procs}-{r}"), op, key, procs))
+        region = tmp / f"region-{procs}-{r}"
+        hooked.append(measure(environment(tmp / "state", region), op, key, procs))
     return statistics.median(base), statistics.median(hooked)
 
 
@@ -75,15 +76,17 @@ def main() -> None:
         for procs in (1, args.procs):
             for label, op, key, target in (
                 ("cuLaunchKernel", f"bench_launch:{args.launches}", "ns_per_call", 100.0),
-                ("cuMemAlloc_v2+cuMemFree_v2", f"bench_alloc:{1 << 20}:{args.allocs}", "ns_per_pair", 2000.0),
+                ("cuMemAlloc_v2+cuMemFree_v2", f"bench_alloc:{1 << 20}:{args.allocs}",
+                 "ns_per_pair", 2000.0),
             ):
                 base, hooked = compare(tmp, op, key, procs, args.rounds)
                 rows.append((label, procs, base, hooked, hooked - base, target))
-    print(f"{'call':<28} {'procs':>5} {'simgpu ns':>10} {'+libvgpu ns':>12} {'added ns':>9} {'ratio':>6} {'target':>8}")
+    print(f"{'call':<28} {'procs':>5} {'simgpu ns':>10} {'+libvgpu ns':>12} {'added ns':>9}"
+          f" {'ratio':>6} {'target':>8}")
     for label, procs, base, hooked, added, target in rows:
         verdict = "ok" if added <= target else "MISS"
-        print(f"{label:<28} {procs:>5} {base:>10.1f} {hooked:>12.1f} {added:>9.1f} {hooked / base:>6.3f}"
-              f" {'<=' + format(target, '.0f'):>6} {verdict}")
+        print(f"{label:<28} {procs:>5} {base:>10.1f} {hooked:>12.1f} {added:>9.1f}"
+              f" {hooked / base:>6.3f} {'<=' + format(target, '.0f'):>6} {verdict}")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,24 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""vgpu demo: two processes with different memory slices share one GPU.
+"""vgpu demo: vgpud hands out slices of one GPU; two processes run in them.
 
 On a machine without an NVIDIA GPU it runs on simgpu (build/simgpu), a
-simulated driver with one 8 GiB device. Process A gets a 1 GiB slice and
-process B a 3 GiB slice (VGPU_MEMORY_LIMIT, libvgpu preloaded); each sees its
-slice as the whole GPU, fills it, and is refused past it, while the physical
-device holds the sum.
+simulated driver with one 8 GiB device. vgpud starts on a private socket and
+state, `vgpu run` starts process A in a 1 GiB slice and process B in a 3 GiB
+slice (libvgpu preloaded); each sees its slice as the whole GPU, fills it and is
+refused past it. `vgpu smi` shows both slices on the GPU; when the processes
+end their slices are released.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,63 +30,92 @@ def has_real_gpu() -> bool:
     return shutil.which("nvidia-smi") is not None and os.path.exists("/dev/nvidia0")
 
 
-def env_for(state: Path, limit: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPU_", "SIMGPU_"))}
+def environment(state: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("VGPU_", "SIMGPU_")) and k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = str(ROOT)
     if not has_real_gpu():
         env["SIMGPU_STATE"] = str(state)
         env["SIMGPU_DEVICES"] = "8Gi"
         env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "simgpu")
-    if limit:
-        env["LD_PRELOAD"] = str(ROOT / "build" / "libvgpu.so")
-        env["VGPU_MEMORY_LIMIT"] = limit
     return env
 
 
-def start(name: str, env: dict[str, str]) -> tuple[subprocess.Popen[str], dict]:
-    """Start a probe that fills its slice in 256 MiB steps, then holds it."""
-    p = subprocess.Popen([str(PROBE), "info", f"fill:mem:{256 * MiB}", "info", "hold"],
-                         env=env, stdout=subprocess.PIPE, text=True)
-    seen: dict = {"name": name, "info": []}
+def start_vgpud(tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    config = tmp / "config.yaml"
+    nodes = "" if has_real_gpu() else "devices:\n  nodes: {'*': [/dev/null]}\n"
+    config.write_text("metrics:\n  address: ''\n" + nodes)
+    log = (tmp / "vgpud.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "arbiter.daemon", "--config", str(config),
+         "--socket", str(tmp / "vgpud.sock"), "--state-dir", str(tmp / "state"),
+         "--run-dir", str(tmp / "run")], env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 30
+    while not (tmp / "vgpud.sock").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"demo: vgpud did not start:\n{(tmp / 'vgpud.log').read_text()}")
+        time.sleep(0.1)
+    return proc
+
+
+def vgpu(env: dict[str, str], *args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "arbiter.cli", *args], env=env, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def run_in_slice(name: str, memory: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`vgpu run` a probe that fills its slice in 256 MiB steps, then holds it."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "arbiter.cli", "run", "--memory", memory, "--compute", "30",
+         "--", str(PROBE), "info", f"fill:mem:{256 * MiB}", "info", "hold"],
+        env=env, stdout=subprocess.PIPE, text=True)
+    infos, fill = [], {}
     assert p.stdout is not None
     for line in p.stdout:
         entry = json.loads(line)
         if entry["op"] == "info":
-            seen["info"].append(entry)
+            infos.append(entry)
         elif entry["op"] == "fill":
-            seen["fill"] = entry
+            fill = entry
         elif entry["op"] == "hold":
             break
-    return p, seen
+    first, full = infos
+    print(f"$ vgpu run --memory {memory} --compute 30 -- <CUDA program {name}>")
+    print(f"  cuMemGetInfo at start: total {first['total'] // MiB} MiB, "
+          f"free {first['free'] // MiB} MiB")
+    print(f"  allocated {fill['count']} x 256 MiB, then {fill['result']}")
+    print(f"  cuMemGetInfo when full: total {full['total'] // MiB} MiB, "
+          f"free {full['free'] // MiB} MiB\n")
+    return p
 
 
 def main() -> None:
-    gpu = "real NVIDIA GPU" if has_real_gpu() else "simgpu (simulated 8 GiB GPU, no NVIDIA GPU here)"
+    gpu = ("a real NVIDIA GPU" if has_real_gpu()
+           else "simgpu (a simulated 8 GiB GPU; no NVIDIA GPU here)")
     print(f"vgpu demo on {gpu}\n")
-    with tempfile.TemporaryDirectory(prefix="vgpu-demo-") as tmp:
-        state = Path(tmp) / "simgpu.state"
-        procs = []
+    with tempfile.TemporaryDirectory(prefix="vgpu-demo-") as d:
+        tmp = Path(d)
+        env = environment(tmp / "simgpu.state")
+        daemon = start_vgpud(tmp, env)
+        env["VGPU_SOCKET"] = str(tmp / "vgpud.sock")
+        runs: list[subprocess.Popen[str]] = []
         try:
-            for name, limit in (("A", "1Gi"), ("B", "3Gi")):
-                p, seen = start(name, env_for(state, limit))
-                procs.append(p)
-                first, full = seen["info"]
-                print(f"process {name} (pid {p.pid}), VGPU_MEMORY_LIMIT={limit}:")
-                print(f"  cuMemGetInfo at start: total {first['total'] // MiB} MiB, "
-                      f"free {first['free'] // MiB} MiB")
-                print(f"  allocated {seen['fill']['count']} x 256 MiB, then "
-                      f"{seen['fill']['result']}")
-                print(f"  cuMemGetInfo when full: total {full['total'] // MiB} MiB, "
-                      f"free {full['free'] // MiB} MiB\n")
-            out = subprocess.run([str(PROBE), "info"], env=env_for(state, None),
-                                 capture_output=True, text=True, check=True).stdout
-            info = [json.loads(x) for x in out.splitlines() if '"info"' in x][-1]
-            used = (info["total"] - info["free"]) // MiB
-            print(f"the physical device, seen without vgpu: total {info['total'] // MiB} MiB, "
-                  f"used {used} MiB (A + B)")
+            print(f"vgpud is serving {env['VGPU_SOCKET']}\n\n$ vgpu devices")
+            print(vgpu(env, "devices"))
+            runs = [run_in_slice("A", "1Gi", env), run_in_slice("B", "3Gi", env)]
+            print("$ vgpu smi")
+            print(vgpu(env, "smi"))
+            for p in runs:
+                p.send_signal(signal.SIGTERM)  # vgpu run passes it on, then releases
+                p.wait(timeout=30)
+            print("both programs ended; their slices are released:\n$ vgpu ls")
+            print(vgpu(env, "ls") or "(no slices)")
         finally:
-            for p in procs:
-                p.kill()
-                p.wait()
+            for p in runs:
+                if p.poll() is None:
+                    p.kill()
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=30)
 
 
 if __name__ == "__main__":
