@@ -21,7 +21,7 @@ TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))
 
 LIBS := $(B)/libvgpu.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
 
-.PHONY: all clean demo test bench deps proto
+.PHONY: all clean demo test bench deps lint proto proto
 all: $(LIBS) $(B)/simgpu/libcuda.so $(B)/simgpu/libnvidia-ml.so $(TEST_BIN)
 
 $(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
@@ -67,3 +67,9 @@ test: deps all
 
 bench: all
 	./scripts/py bench/interception.py
+	./scripts/py bench/arbiter.py
+
+# Style and types (pip install ruff mypy types-PyYAML types-jsonschema grpc-stubs).
+lint:
+	ruff check .
+	mypy
