@@ -30,6 +30,7 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from arbiter import inventory
+from arbiter.attribution import SlicePids
 from arbiter.config import Config, config_path, load_config
 from arbiter.core import Arbiter, Settings
 from arbiter.errors import ConfigError, VgpuError
@@ -177,11 +178,21 @@ class Daemon:
             return Snapshot(gpus=[], slices=[])
         slices = a.slices()
         samples = a.sample()
+        owners = SlicePids(a.regions.pids, self.proc)
+        compute_used: dict[str, list[int]] = {}
+        for s in slices:
+            pids_of = owners.of(s)
+            per_vgpu = []
+            for i, g in enumerate(s.grants):
+                util = getattr(samples.get(g.gpu_index), "process_util", None) or {}
+                per_vgpu.append(min(100, sum(util.get(p, 0) for p in pids_of[i])))
+            compute_used[s.id] = per_vgpu
         return Snapshot(
             gpus=list(a.gpus), slices=slices,
             gpu_used={i: smp.used for i, smp in samples.items()},
             gpu_util={i: smp.utilization or 0 for i, smp in samples.items()},
             slice_used={s.id: a.usage(s) for s in slices},
+            slice_compute_used=compute_used,
         )
 
     def _serve_metrics(self, address: str) -> None:

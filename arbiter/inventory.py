@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ class DeviceSample:
     total: int                        # bytes of device memory
     utilization: int | None           # % of time a kernel ran lately; None: not supported
     processes: Mapping[int, int] = field(default_factory=dict)  # pid -> bytes in use
+    process_util: Mapping[int, int] = field(default_factory=dict)  # pid -> SM % over the window
 
 
 def _text(value: str | bytes) -> str:
@@ -146,6 +148,9 @@ def sample(gpus: Iterable[Gpu]) -> dict[int, DeviceSample]:
         except pynvml.NVMLError:
             continue
         processes: dict[int, int] = {}
+        util: dict[int, int] = {}
+        for smp in _process_samples(handle):
+            util[int(smp.pid)] = max(util.get(int(smp.pid), 0), int(smp.smUtil))
         for proc in running:
             # usedGpuMemory is None where the driver cannot tell (e.g. under WDDM/MIG).
             used = getattr(proc, "usedGpuMemory", None)
@@ -156,5 +161,19 @@ def sample(gpus: Iterable[Gpu]) -> dict[int, DeviceSample]:
             total=int(memory.total),
             utilization=int(rates.gpu) if rates is not None else None,
             processes=processes,
+            process_util=util,
         )
     return out
+
+
+#: How far back per-process utilisation samples are read.
+UTIL_WINDOW_S = 1.0
+
+
+def _process_samples(handle: Any) -> list[Any]:
+    """NVML's per-process utilisation samples of the last UTIL_WINDOW_S ([] when none)."""
+    since_us = int((time.time() - UTIL_WINDOW_S) * 1_000_000)
+    try:
+        return list(pynvml.nvmlDeviceGetProcessUtilization(handle, since_us))
+    except pynvml.NVMLError:  # NOT_FOUND: nothing ran lately; NOT_SUPPORTED: no such counter
+        return []

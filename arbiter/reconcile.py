@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbiter.attribution import SlicePids
 from arbiter.core import Arbiter
 from arbiter.model import OwnerKind, Slice
 from arbiter.region import pid_alive
@@ -137,25 +138,13 @@ class Reconciler:
         samples = self._sample()
         if not samples:
             return
-        own_ns = _pid_ns(self.proc, "self")
-        ns_members: dict[str, set[int]] | None = None
+        owners = SlicePids(self.arbiter.regions.pids, self.proc)
         for s in slices:
-            pids_by_vgpu = self.arbiter.regions.pids(s)
-            extra: set[int] = set()
-            if s.owner_pid:
-                extra.add(s.owner_pid)
-                if s.owner_kind == OwnerKind.CONTAINER:
-                    ns = _pid_ns(self.proc, str(s.owner_pid))
-                    # A host process as owner shares our namespace: that is not its container.
-                    if ns and ns != own_ns:
-                        if ns_members is None:
-                            ns_members = _pids_by_ns(self.proc)
-                        extra |= ns_members.get(ns, set())
+            pids_of = owners.of(s)
             for i, g in enumerate(s.grants):
                 smp = samples.get(g.gpu_index)
                 per_pid: Mapping[int, int] = getattr(smp, "processes", None) or {}
-                pids = (pids_by_vgpu.get(i, set()) | extra) - {os.getpid()}
-                offenders = {p: per_pid[p] for p in pids if per_pid.get(p, 0) > 0}
+                offenders = {p: per_pid[p] for p in pids_of[i] if per_pid.get(p, 0) > 0}
                 used = sum(offenders.values())
                 if used <= g.memory:
                     continue
@@ -201,23 +190,3 @@ class Reconciler:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-
-
-def _pid_ns(proc: Path, pid: str) -> str:
-    try:
-        return os.readlink(proc / pid / "ns" / "pid")
-    except OSError:
-        return ""
-
-
-def _pids_by_ns(proc: Path) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {}
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return out
-    for e in entries:
-        ns = _pid_ns(proc, e)
-        if ns:
-            out.setdefault(ns, set()).add(int(e))
-    return out

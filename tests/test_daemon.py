@@ -387,6 +387,38 @@ def test_metrics_serve_per_gpu_and_per_slice_series(vgpud):
     assert 'vgpu_allocations_total{outcome="ok"} 1.0' in text
 
 
+def test_slice_compute_used_counts_the_slices_own_kernels(vgpud, simgpu_env):
+    """NVML's per-process utilisation of the slice's processes, and of nobody else."""
+    s = alloc(vgpud, "c1", 256 * MiB, compute_percent=30).slice
+    idle = alloc(vgpud, "c2", 256 * MiB, compute_percent=30).slice
+    env = dict(simgpu_env, SIMGPU_DEVICES="16Gi,16Gi", LD_PRELOAD=str(LIBVGPU),
+               VGPU_REGION_DIR=s.region_dir)
+    # 1500 kernels of 1 ms keep the engine busy for 1.5 s after they are queued.
+    p = subprocess.Popen([PROBE, f"alloc:mem:{MiB}", "launch:busy_1000us:1500", "hold"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None
+        for line in p.stdout:
+            if '"hold"' in line:
+                break
+
+        def used(slice_id: str) -> float:
+            for line in scrape(vgpud).splitlines():
+                if line.startswith("vgpu_slice_compute_used_percent{") and slice_id in line:
+                    return float(line.rsplit(" ", 1)[1])
+            raise AssertionError(f"no compute series for {slice_id}")
+
+        # Queued kernels count once they run: wait for the engine to be busy a while.
+        deadline = time.monotonic() + 1.2
+        while used(s.id) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert 0 < used(s.id) <= 100
+        assert used(idle.id) == 0
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_config_error_is_one_line_and_exit_2(daemons):
     v = daemons()
     v.config_file.write_text("placement:\n  policy: binpack\n  polcy: spread\n")

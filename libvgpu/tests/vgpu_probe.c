@@ -8,7 +8,7 @@
  *   vgpu_probe [--via direct|dlsym|procaddr] [--device N] OP...
  *   OP: alloc:KIND:BYTES  free  freeall  info  count  fill:KIND:BYTES
  *       churn:KIND:BYTES:N  ctx:create  ctx:destroy  device:N  nvml
- *       hold  sleep:MS  bench_launch:N  bench_alloc:BYTES:N
+ *       hold  sleep:MS  launch:KERNEL:N  bench_launch:N  bench_alloc:BYTES:N
  *   KIND: mem pitch managed vmm async pool array array3d mipmap
  */
 #include <dlfcn.h>
@@ -389,6 +389,17 @@ int main(int argc, char **argv)
                 pause();
         } else if (sscanf(op, "sleep:%llu", &n) == 1) {
             usleep((useconds_t)(n * 1000));
+        } else if (sscanf(op, "launch:%15[^:]:%llu", kind, &n) == 2) {
+            /* N launches of KERNEL (simgpu: busy_<N>us occupies the engine N us), queued. */
+            CUmodule mod;
+            CUfunction f;
+            static const char image[] = "simgpu";
+            if ((r = cu.ModuleLoadData(&mod, image)) != CUDA_SUCCESS || (r = cu.ModuleGetFunction(&f, mod, kind)))
+                die("module", r);
+            for (unsigned long long j = 0; j < n; j++)
+                if ((r = cu.LaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)) != CUDA_SUCCESS)
+                    die("launch", r);
+            printf("{\"op\":\"launch\",\"kernel\":\"%s\",\"n\":%llu}\n", kind, n);
         } else if (sscanf(op, "bench_launch:%llu", &n) == 1) {
             CUmodule mod;
             CUfunction f;
