@@ -100,8 +100,11 @@ class Daemon:
         """Take the socket's lock file, refusing when another vgpud holds it or serves there."""
         sock = self.config.socket
         try:
-            sock.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(sock.parent, 0o755)
+            # Only a directory we make gets our mode: the socket may live in a
+            # shared directory (/tmp) whose mode is not ours to change.
+            if not sock.parent.is_dir():
+                sock.parent.mkdir(parents=True, exist_ok=True)
+                os.chmod(sock.parent, 0o755)
         except OSError as e:
             raise DaemonError(f"cannot make socket directory {sock.parent}: {e.strerror}") from e
         lock = sock.with_name(sock.name + ".lock")

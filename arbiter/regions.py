@@ -58,8 +58,12 @@ class Regions:
     # -- paths -----------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Make <run_dir> and <run_dir>/slices, world-readable (mode 0755)."""
+        """Make <run_dir> and <run_dir>/slices, world-readable (mode 0755).
+
+        Directories that exist keep their mode: the operator chose it."""
         for d in (self.run_dir, self.root):
+            if d.is_dir():
+                continue
             try:
                 d.mkdir(parents=True, exist_ok=True)
                 os.chmod(d, _DIR_MODE)

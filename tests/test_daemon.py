@@ -479,3 +479,15 @@ def test_drift_measured_by_nvml_is_killed(daemons, simgpu_env):
     drift = v.events("reconcile.drift")[0]
     assert (drift["slice"], drift["limit"], drift["pids"]) == (s.id, 16 * MiB, [hog.pid])
     assert drift["used"] >= 64 * MiB
+
+
+def test_existing_socket_directory_keeps_its_mode(daemons, tmp_path):
+    """vgpud in a shared directory (like /tmp, mode 1777) must not change its mode."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    v = daemons()
+    v.socket = shared / "vgpud.sock"
+    v.start()
+    assert (os.stat(shared).st_mode & 0o7777) == 0o1777
+    assert (os.stat(v.socket).st_mode & 0o777) == 0o600
