@@ -38,6 +38,9 @@ import grpc  # noqa: E402
 from arbiter.proto import vgpu_pb2 as pb  # noqa: E402
 from arbiter.proto import vgpu_pb2_grpc  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from vgpud_proc import start_vgpud  # noqa: E402
+
 MiB = 1 << 20
 TARGET_RATE = 500.0   # pairs/s at 8 clients
 TARGET_P99_MS = 20.0  # at 8 clients
@@ -65,40 +68,6 @@ class Result:
             return float("nan")
         xs = sorted(self.latencies)
         return 1000 * xs[min(len(xs) - 1, max(0, round(q * len(xs)) - 1))]
-
-
-def start_vgpud(tmp: Path, run_dir: Path) -> tuple[subprocess.Popen[bytes], Path]:
-    """vgpud on a private simgpu; returns the process and its socket."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPU_", "SIMGPU_"))}
-    env.pop("LD_PRELOAD", None)
-    env["SIMGPU_STATE"] = str(tmp / "simgpu.state")
-    env["SIMGPU_DEVICES"] = "16Gi,16Gi,16Gi,16Gi"
-    env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "simgpu")
-    config = tmp / "config.yaml"
-    # The reconciler's interval stays long: it must not take the bench's slices for dead.
-    config.write_text("metrics:\n  address: ''\nreconcile:\n  interval_s: 3600\n"
-                      "devices:\n  nodes: {'*': [/dev/null]}\n")
-    sock = tmp / "vgpud.sock"
-    log = open(tmp / "vgpud.log", "wb")  # noqa: SIM115 - lives as long as vgpud
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "arbiter.daemon", "--config", str(config), "--socket", str(sock),
-         "--state-dir", str(tmp / "state"), "--run-dir", str(run_dir),
-         "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"bench: vgpud exited {proc.returncode}:\n"
-                     f"{(tmp / 'vgpud.log').read_text()}")
-        if sock.exists():
-            with grpc.insecure_channel(f"unix:{sock}") as ch:
-                try:
-                    vgpu_pb2_grpc.ArbiterStub(ch).Health(pb.HealthRequest(), timeout=2)
-                    return proc, sock
-                except grpc.RpcError:
-                    pass
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("bench: vgpud did not start")
 
 
 def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:

@@ -1,0 +1,60 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A private vgpud on simgpu for the benchmarks (every path in a temporary tree)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+
+from arbiter.proto import vgpu_pb2 as pb  # noqa: E402
+from arbiter.proto import vgpu_pb2_grpc  # noqa: E402
+
+
+def simgpu_env(tmp: Path, devices: str) -> dict[str, str]:
+    """The environment of a process that sees the benchmark's simulated GPUs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VGPU_", "SIMGPU_"))}
+    env.pop("LD_PRELOAD", None)
+    env["SIMGPU_STATE"] = str(tmp / "simgpu.state")
+    env["SIMGPU_DEVICES"] = devices
+    env["LD_LIBRARY_PATH"] = str(ROOT / "build" / "simgpu")
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start_vgpud(tmp: Path, run_dir: Path,
+                devices: str = "16Gi,16Gi,16Gi,16Gi") -> tuple[subprocess.Popen[bytes], Path]:
+    """vgpud on a private simgpu; returns the process and its socket."""
+    env = simgpu_env(tmp, devices)
+    config = tmp / "config.yaml"
+    # The reconciler's interval stays long: it must not take the bench's slices for dead.
+    config.write_text("metrics:\n  address: ''\nreconcile:\n  interval_s: 3600\n"
+                      "devices:\n  nodes: {'*': [/dev/null]}\n")
+    sock = tmp / "vgpud.sock"
+    log = open(tmp / "vgpud.log", "wb")  # noqa: SIM115 - lives as long as vgpud
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "arbiter.daemon", "--config", str(config), "--socket", str(sock),
+         "--state-dir", str(tmp / "state"), "--run-dir", str(run_dir),
+         "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"bench: vgpud exited {proc.returncode}:\n"
+                     f"{(tmp / 'vgpud.log').read_text()}")
+        if sock.exists():
+            with grpc.insecure_channel(f"unix:{sock}") as ch:
+                try:
+                    vgpu_pb2_grpc.ArbiterStub(ch).Health(pb.HealthRequest(), timeout=2)
+                    return proc, sock
+                except grpc.RpcError:
+                    pass
+        time.sleep(0.1)
+    proc.kill()
+    sys.exit("bench: vgpud did not start")
