@@ -409,6 +409,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="say on stderr which slice the command runs in")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
                    help="the command and its arguments")
+
+    from shim import install
+
+    p = add("install", "register vgpu with docker, containerd or podman (edits their config)")
+    install.add_arguments(p)
     return parser
 
 
@@ -826,6 +831,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_info(args, env, out)
         if args.command == "run":
             return cmd_run(args, env, err)
+        if args.command == "install":
+            from shim import install
+
+            return install.run(args, out)
         with connect(resolve_socket(args, env), args.timeout) as c:
             return handlers[args.command](args, c, out)
     except VgpuError as e:

@@ -2,7 +2,7 @@
 """vgpud's configuration: /etc/vgpu/config.yaml, checked against configs/vgpud.schema.json.
 
 The file is YAML with one section per concern (paths, placement, defaults,
-reconcile, metrics, devices, hook, nvml); `Config` flattens it into one frozen
+reconcile, metrics, devices, hook, nvml, runtime); `Config` flattens it into one frozen
 dataclass. Every key is optional and defaults to the value documented in
 configs/vgpu.yaml. Any problem (unreadable file, bad YAML, unknown key, wrong
 value) raises ConfigError with one line that names the file, the line, the
@@ -85,6 +85,8 @@ class Config:
     hook_wait_s: float = 10.0
     allow_env_requests: bool = True
     nvml_library: Path | None = None
+    #: OCI runtime vgpu-runtime execs: a name searched on PATH, or an absolute path.
+    runtime_lower: str = "runc"
     #: The file this config came from (None: built-in defaults); not part of equality.
     source: Path | None = field(default=None, compare=False)
 
@@ -137,8 +139,9 @@ def _validator() -> jsonschema.protocols.Validator:
         schema = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ConfigError(path, f"cannot read the config schema: {e}") from e
+    # The schema itself is checked by tests/test_config.py, not on every load:
+    # check_schema costs ~30 ms, paid by every container start (runtime and hook).
     cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
     validator: jsonschema.protocols.Validator = cls(schema)
     return validator
 
@@ -412,4 +415,5 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("hook", "wait_s"): "hook_wait_s",
     ("hook", "allow_env_requests"): "allow_env_requests",
     ("nvml", "library"): "nvml_library",
+    ("runtime", "lower"): "runtime_lower",
 }

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Install what building and testing vgpu needs; safe to run again (installs only what is missing).
-#   Debian packages: gcc, make, libc6-dev (apt-get, only when one is missing)
+#   Debian packages: gcc, make, libc6-dev (apt-get, only when one is missing);
+#                    for the end-to-end tests runc, containerd, docker.io and
+#                    busybox-static (an engine counts as present when its command
+#                    is on PATH, however it was installed: docker-ce's dockerd will do)
 #   Python packages: the project's runtime dependencies and its `test` extra, read from
 #                    pyproject.toml (the tests import the packages from the checkout)
 set -euo pipefail
@@ -20,12 +23,27 @@ if [[ -x .venv/bin/python ]] || externally_managed; then
     DEB_PACKAGES+=(python3-venv)
 fi
 
+# command -> Debian package, for the container engines the end-to-end tests drive.
+ENGINE_PACKAGES=(runc:runc containerd:containerd ctr:containerd
+                 containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io)
+
+deb_installed() {
+    dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
+}
 missing=()
 for pkg in "${DEB_PACKAGES[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    deb_installed "$pkg" || missing+=("$pkg")
+done
+for entry in "${ENGINE_PACKAGES[@]}"; do
+    cmd=${entry%%:*} pkg=${entry#*:}
+    if ! command -v "$cmd" >/dev/null && [[ " ${missing[*]} " != *" $pkg "* ]]; then
         missing+=("$pkg")
     fi
 done
+# The test images need a static busybox (it is copied into a rootfs without libraries).
+if ! deb_installed busybox-static && ! { [[ -x /bin/busybox ]] && file -L /bin/busybox 2>/dev/null | grep -q "statically linked"; }; then
+    missing+=(busybox-static)
+fi
 if ((${#missing[@]})); then
     echo "install-deps: apt-get install ${missing[*]}"
     SUDO=()
@@ -36,7 +54,7 @@ if ((${#missing[@]})); then
     "${SUDO[@]}" apt-get update -q
     DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
-    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]})"
+    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc containerd docker.io busybox-static)"
 fi
 
 if ((USE_VENV)); then

@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Errors raised by the shim package; each message is one user-facing line."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from arbiter.errors import VgpuError
+
+__all__ = ["AllocateError", "InstallError", "LowerRuntimeError", "ShimError", "SpecError"]
+
+
+class ShimError(VgpuError):
+    """Base of the shim's errors."""
+
+
+class SpecError(ShimError):
+    """A bundle's config.json that cannot be read, parsed or written back."""
+
+    def __init__(self, path: Path, verb: str, reason: str) -> None:
+        self.path = path
+        self.verb = verb
+        self.reason = reason
+        super().__init__(f"failed to {verb} {path}: {reason}")
+
+
+class LowerRuntimeError(ShimError, FileNotFoundError):
+    """The runtime to hand over to cannot be found, or would be vgpu-runtime itself."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"failed to find the lower runtime {name!r}: {reason}")
+
+
+class AllocateError(ShimError):
+    """vgpud refused or could not be asked for the container's slice."""
+
+    def __init__(self, container_id: str, reason: str) -> None:
+        self.container_id = container_id
+        self.reason = reason
+        super().__init__(reason)
+
+
+class InstallError(ShimError):
+    """A runtime config file that `vgpu install` cannot read, understand or write."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"failed to configure {path}: {reason}")
