@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent
 LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
 PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
 # configs/ files an installed vgpud reads (arbiter.config.schema_path looks in arbiter/configs/).
-CONFIG_FILES = ("vgpud.schema.json", "vgpu.yaml")
+CONFIG_FILES = ("vgpud.schema.json", "vgpu.yaml", "request.schema.json")
 
 
 def make_libvgpu() -> Path:

@@ -1,0 +1,162 @@
+# SPDX-License-Identifier: Apache-2.0
+"""oci_hook.mounts against hostile images: every target stays inside the rootfs.
+
+The mounts are made for real, by MountHelper, in the mount namespace of a process started
+with `unshare --mount` (what runc's init is during prestart); the assertions look at the
+host paths an escape would have written to, and at that namespace through /proc/<pid>/root.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import LIBVGPU
+
+from oci_hook.client import SliceView, VGpuView
+from oci_hook.errors import MountError
+from oci_hook.mounts import CONTAINER_LIBVGPU, MountHelper, plan_mounts
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="needs root and unshare")
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A small rootfs, a host dir an escape would reach, a region file, a bundle dir."""
+    rootfs = tmp_path / "bundle" / "rootfs"
+    for d in ("etc", "dev", "usr/lib", "proc"):
+        (rootfs / d).mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    region = tmp_path / "region" / "vgpu0"
+    region.parent.mkdir()
+    region.write_bytes(b"R" * 64)
+    return rootfs, outside, region
+
+
+@pytest.fixture
+def ns():
+    """A process alone in a private mount namespace; its pid."""
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    mnt = f"/proc/{p.pid}/ns/mnt"
+    while os.readlink(mnt) == os.readlink("/proc/self/ns/mnt"):
+        pass  # unshare has not exec'd sleep yet
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+def plan_for(rootfs: Path, region: Path, nodes: tuple[str, ...] = ("/dev/null",)):
+    s = SliceView(id="s1", owner="c1", region_dir=str(region.parent),
+                  vgpus=(VGpuView(0, "GPU-0", str(region), nodes),))
+    return plan_mounts(s, rootfs=rootfs, libvgpu=LIBVGPU,
+                       preload_host=rootfs.parent / "vgpu-ld.so.preload")
+
+
+def apply(pid: int, plan) -> None:
+    helper = MountHelper.start(pid)
+    helper.apply(plan, timeout=10)
+
+
+def inside(pid: int, rootfs: Path, path: str) -> Path:
+    """`path` of the container as the namespace sees it."""
+    return Path(f"/proc/{pid}/root{rootfs}{path}")
+
+
+def read_in(pid: int, rootfs: Path, path: str) -> bytes:
+    """`path` read in the namespace with the rootfs as / (symlinks resolve inside it)."""
+    code = ("import os, sys; os.chroot(sys.argv[1]); os.chdir('/'); "
+            "sys.stdout.buffer.write(open(sys.argv[2], 'rb').read())")
+    return subprocess.run(["nsenter", f"--mount=/proc/{pid}/ns/mnt", sys.executable, "-c",
+                           code, str(rootfs), path], capture_output=True, check=True).stdout
+
+
+def mounts_of(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
+
+
+def test_plain_image_gets_every_mount(tree, ns):
+    rootfs, _, region = tree
+    (rootfs / "etc/ld.so.preload").write_text("/lib/own.so\n")
+    apply(ns, plan_for(rootfs, region))
+    assert inside(ns, rootfs, "/dev/vgpu0").read_bytes() == region.read_bytes()
+    assert inside(ns, rootfs, CONTAINER_LIBVGPU).read_bytes() == LIBVGPU.read_bytes()
+    assert inside(ns, rootfs, "/etc/ld.so.preload").read_text() == \
+        f"{CONTAINER_LIBVGPU}\n/lib/own.so\n"
+    # Only in the namespace: the host sees the image's own file and empty mount points.
+    assert (rootfs / "etc/ld.so.preload").read_text() == "/lib/own.so\n"
+    assert (rootfs / "dev/vgpu0").stat().st_size == 0
+    # Read-only where it should be, read-write for the region.
+    with pytest.raises(OSError):
+        inside(ns, rootfs, "/etc/ld.so.preload").write_text("x")
+    inside(ns, rootfs, "/dev/vgpu0").write_bytes(b"W" * 64)
+    assert region.read_bytes() == b"W" * 64
+
+
+def test_second_run_changes_nothing(tree, ns):
+    rootfs, _, region = tree
+    apply(ns, plan_for(rootfs, region))
+    before = mounts_of(ns)
+    apply(ns, plan_for(rootfs, region))
+    assert mounts_of(ns) == before
+    assert inside(ns, rootfs, "/etc/ld.so.preload").read_text() == f"{CONTAINER_LIBVGPU}\n"
+
+
+HOSTILE = ["etc-absolute-symlink", "etc-relative-escape", "dev-vgpu0-symlink",
+           "usr-lib-vgpu-symlink", "dangling-chain", "preload-fifo"]
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_hostile_image_never_writes_outside_the_rootfs(tree, ns, case):
+    rootfs, outside, region = tree
+    escape = rootfs.parent.parent.parent  # where ../../.. from the rootfs's /etc would land
+    before = sorted(os.listdir(escape))
+    if case == "etc-absolute-symlink":
+        shutil.rmtree(rootfs / "etc")
+        (rootfs / "etc").symlink_to(outside)
+    elif case == "etc-relative-escape":
+        shutil.rmtree(rootfs / "etc")
+        (rootfs / "etc").symlink_to("../../..")
+    elif case == "dev-vgpu0-symlink":
+        (rootfs / "dev/vgpu0").symlink_to(outside / "vgpu0")
+    elif case == "usr-lib-vgpu-symlink":
+        (rootfs / "usr/lib/vgpu").symlink_to(outside / "lib")
+    elif case == "dangling-chain":
+        (rootfs / "usr/lib/vgpu").symlink_to("/a")
+        (rootfs / "a").symlink_to(f"{outside}/b")
+    elif case == "preload-fifo":
+        os.mkfifo(rootfs / "etc/ld.so.preload")
+    apply(ns, plan_for(rootfs, region))
+    assert os.listdir(outside) == []
+    assert sorted(os.listdir(escape)) == before
+    # The mounts are there, inside the rootfs, wherever the image's links led.
+    assert read_in(ns, rootfs, "/dev/vgpu0") == region.read_bytes()
+    assert read_in(ns, rootfs, CONTAINER_LIBVGPU) == LIBVGPU.read_bytes()
+    assert read_in(ns, rootfs, "/etc/ld.so.preload").startswith(CONTAINER_LIBVGPU.encode())
+
+
+def test_failure_undoes_the_mounts_made(tree, ns):
+    rootfs, _, region = tree
+    (rootfs / "etc/ld.so.preload").mkdir()  # the last mount cannot be made
+    before = mounts_of(ns)
+    with pytest.raises(MountError) as info:
+        apply(ns, plan_for(rootfs, region))
+    assert "/etc/ld.so.preload" in str(info.value) and "\n" not in str(info.value)
+    assert mounts_of(ns) == before
+
+
+def test_missing_source_fails_clearly(tree, ns):
+    rootfs, _, region = tree
+    with pytest.raises(MountError, match="/dev/nvidia-missing"):
+        apply(ns, plan_for(rootfs, region, nodes=("/dev/nvidia-missing",)))
+
+
+def test_abort_reaps_the_child(ns):
+    helper = MountHelper.start(ns)
+    helper.abort()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(helper.pid, 0)
