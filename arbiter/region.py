@@ -41,7 +41,9 @@ __all__ = [
     "create_region",
     "open_region",
     "pid_alive",
+    "pid_namespace_inode",
     "proc_start_time",
+    "visible_pid",
 ]
 
 REGION_MAGIC = 0x55504756  # "VGPU" little-endian
@@ -50,6 +52,9 @@ REGION_SLOTS = 1024
 REGION_UUID_LEN = 96
 FLAG_ARBITER = 0x1  # made by vgpud: env vars never override it
 SLOT_REAPING = 0x80000000  # slot pid field while a reaper clears the slot
+
+#: Inode of the initial pid namespace (the kernel's PROC_PID_INIT_INO).
+PID_NS_INIT = 0xEFFFFFFC
 
 _U32_MAX = (1 << 32) - 1
 _U64_MAX = (1 << 64) - 1
@@ -80,7 +85,8 @@ class VgSlot(ctypes.Structure):
         ("used", ctypes.c_uint64),
         ("busy_ns", ctypes.c_uint64),
         ("last_active_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 3),
+        ("pid_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 2),
     ]
 
 
@@ -128,38 +134,94 @@ class ProcessUsage(NamedTuple):
     used: int
 
 
-def proc_start_time(pid: int, proc: Path = Path("/proc")) -> int:
-    """Start time of pid (field 22 of /proc/<pid>/stat, clock ticks), 0 when unknown."""
+def _proc_stat(pid: int, proc: Path) -> tuple[int, str]:
+    """(start time, state) of pid from /proc/<pid>/stat: fields 22 and 3; (0, "?") unknown."""
     try:
         data = (proc / str(pid) / "stat").read_bytes()
     except OSError:
-        return 0
+        return 0, "?"
     # comm may hold spaces and parentheses: fields restart after the last ')'.
     _, sep, rest = data.rpartition(b")")
     fields = rest.split()
     if not sep or len(fields) < 20:
-        return 0
+        return 0, "?"
     try:
-        return int(fields[19])  # rest starts at field 3 (state)
-    except ValueError:
+        return int(fields[19]), fields[0].decode()  # rest starts at field 3 (state)
+    except (ValueError, UnicodeDecodeError):
+        return 0, "?"
+
+
+def proc_start_time(pid: int, proc: Path = Path("/proc")) -> int:
+    """Start time of pid (field 22 of /proc/<pid>/stat, clock ticks), 0 when unknown."""
+    return _proc_stat(pid, proc)[0]
+
+
+def _running_since(pid: int, start_time: int, proc: Path) -> bool:
+    """pid runs (a zombie holds no memory: gone) and started at start_time (0: any)."""
+    now, state = _proc_stat(pid, proc)
+    if state in ("Z", "X", "x"):
+        return False
+    # /proc may be unreadable (hidepid); then trust that the pid exists.
+    return start_time == 0 or now == 0 or now == start_time
+
+
+def pid_namespace_inode(pid: int | str, proc: Path = Path("/proc")) -> int:
+    """Inode of /proc/<pid>/ns/pid ("self" works), 0 when unreadable."""
+    try:
+        return os.stat(proc / str(pid) / "ns" / "pid").st_ino
+    except OSError:
         return 0
 
 
-def pid_alive(pid: int, start_time: int, proc: Path = Path("/proc")) -> bool:
-    """True when pid runs and, unless start_time is 0, started at start_time (vg_pid_alive)."""
+def _find_in_namespace(pid_ns: int, start_time: int, proc: Path) -> int:
+    """Our pid of the process of namespace pid_ns started at start_time.
+
+    >0 found, 0 gone, -1 cannot tell (no process of that namespace in our /proc).
+    The twin of vg_slots.c's foreign_lookup.
+    """
+    seen = False
+    try:
+        entries = [e for e in os.listdir(proc) if e.isdigit()]
+    except OSError:
+        return -1
+    for e in entries:
+        if pid_namespace_inode(e, proc) != pid_ns:
+            continue
+        seen = True
+        if _running_since(int(e), start_time, proc):
+            return int(e)
+    # The initial namespace's /proc shows everyone: nobody there means gone.
+    return 0 if seen or pid_namespace_inode("self", proc) == PID_NS_INIT else -1
+
+
+def pid_alive(pid: int, start_time: int, proc: Path = Path("/proc"), pid_ns: int = 0) -> bool:
+    """True when pid runs and, unless start_time is 0, started at start_time (vg_pid_alive).
+
+    pid_ns is the inode of the pid namespace pid is numbered in (0: ours). A process of
+    another namespace (a container's, seen from the host) is found by namespace and start
+    time; where /proc cannot tell, it counts as alive.
+    """
     if pid == 0 or pid & SLOT_REAPING:
         return False
+    mine = pid_namespace_inode("self", proc)
+    if pid_ns and mine and pid_ns != mine:
+        return _find_in_namespace(pid_ns, start_time, proc) != 0
     try:
         os.kill(pid, 0)
     except PermissionError:
         pass  # alive, someone else's
     except OSError:
         return False
-    if start_time == 0:
-        return True
-    now = proc_start_time(pid, proc)
-    # /proc may be unreadable (hidepid); then trust kill().
-    return now == 0 or now == start_time
+    return _running_since(pid, start_time, proc)
+
+
+def visible_pid(pid: int, start_time: int, proc: Path = Path("/proc"), pid_ns: int = 0) -> int:
+    """The slot owner's pid as our namespace numbers it (host pid of a container process), 0
+    when gone or not visible (vg_pid_visible)."""
+    mine = pid_namespace_inode("self", proc)
+    if pid_ns and mine and pid_ns != mine:
+        return max(0, _find_in_namespace(pid_ns, start_time, proc))
+    return pid if pid_alive(pid, start_time, proc) else 0
 
 
 def _check_limits(
@@ -277,13 +339,14 @@ class Region:
         off, fmt = _field(VgpuRegion, name)
         struct.pack_into(fmt, self._mm, off, value)
 
-    def _slot(self, index: int) -> tuple[int, int, int]:
-        """(pid, start_time, used) of slot index."""
+    def _slot(self, index: int) -> tuple[int, int, int, int]:
+        """(pid, start_time, used, pid_ns) of slot index."""
         base = _SLOTS_OFFSET + index * SLOT_SIZE
         pid = struct.unpack_from("I", self._mm, base + VgSlot.pid.offset)[0]
         start = struct.unpack_from("Q", self._mm, base + VgSlot.start_time.offset)[0]
         used = struct.unpack_from("Q", self._mm, base + VgSlot.used.offset)[0]
-        return pid, start, used
+        pid_ns = struct.unpack_from("Q", self._mm, base + VgSlot.pid_ns.offset)[0]
+        return pid, start, used, pid_ns
 
     # -- header ----------------------------------------------------------------
 
@@ -389,18 +452,22 @@ class Region:
         """Device memory charged to the slice; live_only skips slots of dead processes."""
         total = 0
         for i in self._slot_indices():
-            pid, start, used = self._slot(i)
-            if not live_only or pid_alive(pid, start, self._proc):
+            pid, start, used, pid_ns = self._slot(i)
+            if not live_only or pid_alive(pid, start, self._proc, pid_ns):
                 total += used
         return total
 
     def processes(self) -> list[ProcessUsage]:
-        """The live processes that hold a slot, with their charged memory."""
+        """The live processes that hold a slot, with their charged memory.
+
+        pids are as this process's namespace numbers them: a container's processes
+        seen from the host have their host pids."""
         out = []
         for i in self._slot_indices():
-            pid, start, used = self._slot(i)
-            if pid_alive(pid, start, self._proc):
-                out.append(ProcessUsage(pid, used))
+            pid, start, used, pid_ns = self._slot(i)
+            visible = visible_pid(pid, start, self._proc, pid_ns)
+            if visible:
+                out.append(ProcessUsage(visible, used))
         return out
 
     # -- lifetime --------------------------------------------------------------

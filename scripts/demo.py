@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""vgpu demo: vgpud hands out slices of one GPU; two processes run in them.
+"""vgpu demo: vgpud hands out slices of one GPU; two containers run in them.
 
 On a machine without an NVIDIA GPU it runs on simgpu (build/simgpu), a
 simulated driver with one 8 GiB device. vgpud starts on a private socket and
-state, `vgpu run` starts process A in a 1 GiB slice and process B in a 3 GiB
-slice (libvgpu preloaded); each sees its slice as the whole GPU, fills it and is
-refused past it. `vgpu smi` shows both slices on the GPU; when the processes
-end their slices are released.
+state; container A asks for 1 GiB (annotation vgpu.io/memory=1Gi) and container
+B for 3 GiB, both started by runc through vgpu-runtime; each sees its slice as
+the whole GPU, fills it and is refused past it. `vgpu smi` shows both slices on
+the GPU; when the containers stop their slices are released. Without runc (or
+root) the same is shown with two host processes started by `vgpu run`.
 """
 from __future__ import annotations
 
@@ -69,6 +70,36 @@ def run_in_slice(name: str, memory: str, env: dict[str, str]) -> subprocess.Pope
         [sys.executable, "-m", "arbiter.cli", "run", "--memory", memory, "--compute", "30",
          "--", str(PROBE), "info", f"fill:mem:{256 * MiB}", "info", "hold"],
         env=env, stdout=subprocess.PIPE, text=True)
+    report(f"$ vgpu run --memory {memory} --compute 30 -- <CUDA program {name}>", p)
+    return p
+
+
+def runc_usable() -> bool:
+    return shutil.which("runc") is not None and os.geteuid() == 0
+
+
+def run_container(name: str, memory: str, tmp: Path, env: dict[str, str]
+                  ) -> tuple[subprocess.Popen[str], str]:
+    """A container asking for `memory`, through vgpu-runtime and runc, running the probe."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from images import make_bundle
+
+    cid = f"vgpu-demo-{name}-{os.getpid()}"
+    sim = Path(env["SIMGPU_STATE"]).parent if "SIMGPU_STATE" in env else None
+    bundle = make_bundle(
+        tmp / cid, args=["/usr/bin/vgpu_probe", "info", f"fill:mem:{256 * MiB}", "info", "hold"],
+        annotations={"vgpu.io/memory": memory, "vgpu.io/compute": "30"},
+        env=[f"SIMGPU_STATE={sim / 'simgpu.state'}"] if sim else [],
+        mounts=[{"destination": str(sim), "type": "bind", "source": str(sim),
+                 "options": ["rbind", "rw"]}] if sim else [])
+    p = subprocess.Popen([sys.executable, "-m", "shim", "run", "-b", str(bundle), cid],
+                         env=env, stdout=subprocess.PIPE, text=True)
+    report(f"$ vgpu-runtime run  (container {name}, annotation vgpu.io/memory={memory})", p)
+    return p, cid
+
+
+def report(title: str, p: subprocess.Popen[str]) -> None:
+    """Print what the probe saw, once it holds its slice."""
     infos, fill = [], {}
     assert p.stdout is not None
     for line in p.stdout:
@@ -80,13 +111,12 @@ def run_in_slice(name: str, memory: str, env: dict[str, str]) -> subprocess.Pope
         elif entry["op"] == "hold":
             break
     first, full = infos
-    print(f"$ vgpu run --memory {memory} --compute 30 -- <CUDA program {name}>")
+    print(title)
     print(f"  cuMemGetInfo at start: total {first['total'] // MiB} MiB, "
           f"free {first['free'] // MiB} MiB")
     print(f"  allocated {fill['count']} x 256 MiB, then {fill['result']}")
     print(f"  cuMemGetInfo when full: total {full['total'] // MiB} MiB, "
           f"free {full['free'] // MiB} MiB\n")
-    return p
 
 
 def main() -> None:
@@ -99,16 +129,31 @@ def main() -> None:
         daemon = start_vgpud(tmp, env)
         env["VGPU_SOCKET"] = str(tmp / "vgpud.sock")
         runs: list[subprocess.Popen[str]] = []
+        containers: list[str] = []
         try:
             print(f"vgpud is serving {env['VGPU_SOCKET']}\n\n$ vgpu devices")
             print(vgpu(env, "devices"))
-            runs = [run_in_slice("A", "1Gi", env), run_in_slice("B", "3Gi", env)]
+            if runc_usable():
+                config = tmp / "runtime.yaml"
+                config.write_text(f"paths:\n  socket: {env['VGPU_SOCKET']}\n"
+                                  f"  run_dir: {tmp / 'run'}\nruntime:\n  lower: runc\n")
+                env["VGPU_CONFIG"] = str(config)
+                for name, memory in (("A", "1Gi"), ("B", "3Gi")):
+                    p, cid = run_container(name, memory, tmp, env)
+                    runs.append(p)
+                    containers.append(cid)
+            else:
+                runs = [run_in_slice("A", "1Gi", env), run_in_slice("B", "3Gi", env)]
             print("$ vgpu smi")
             print(vgpu(env, "smi"))
+            for cid in containers:
+                subprocess.run(["runc", "kill", cid, "KILL"], check=False)
             for p in runs:
-                p.send_signal(signal.SIGTERM)  # vgpu run passes it on, then releases
+                if not containers:
+                    p.send_signal(signal.SIGTERM)  # vgpu run passes it on, then releases
                 p.wait(timeout=30)
-            print("both programs ended; their slices are released:\n$ vgpu ls")
+            what = "containers" if containers else "programs"
+            print(f"both {what} ended; their slices are released:\n$ vgpu ls")
             print(vgpu(env, "ls") or "(no slices)")
         finally:
             for p in runs:

@@ -2,6 +2,7 @@
 /* vg_slots.c - lock-free per-process accounting; see vg_slots.h. */
 #include "vg_slots.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -10,11 +11,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-uint64_t vg_proc_start_time(pid_t pid)
+/* Start time (field 22 of /proc/<pid>/stat) and state (field 3); 0 when unknown. */
+static uint64_t proc_stat(pid_t pid, char *state)
 {
     char path[64], buf[1024];
+    *state = '?';
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -26,8 +30,9 @@ uint64_t vg_proc_start_time(pid_t pid)
     buf[n] = '\0';
     /* comm may contain spaces and parentheses: fields restart after the last ')'. */
     char *p = strrchr(buf, ')');
-    if (!p)
+    if (!p || p[1] != ' ')
         return 0;
+    *state = p[2];
     /* After ") " comes field 3 (state); starttime is field 22. */
     int field = 2;
     for (p++; *p && field < 22; p++)
@@ -36,17 +41,92 @@ uint64_t vg_proc_start_time(pid_t pid)
     return strtoull(p, NULL, 10);
 }
 
-int vg_pid_alive(uint32_t pid, uint64_t start_time)
+uint64_t vg_proc_start_time(pid_t pid)
+{
+    char state;
+    return proc_stat(pid, &state);
+}
+
+/* A zombie (or a task being torn down) holds no memory: it counts as gone. */
+static int running_since(pid_t pid, uint64_t start_time)
+{
+    char state;
+    uint64_t now = proc_stat(pid, &state);
+    if (state == 'Z' || state == 'X' || state == 'x')
+        return 0;
+    /* /proc may be unreadable (hidepid); then trust that the pid exists. */
+    return start_time == 0 || now == 0 || now == start_time;
+}
+
+/* Inode of the initial pid namespace (PROC_PID_INIT_INO in the kernel): its /proc
+ * shows every process of every namespace. */
+#define VG_PID_NS_INIT 0xEFFFFFFCull
+
+uint64_t vg_pid_ns_self(void)
+{
+    /* Cached: a process never changes pid namespace (setns/unshare only affect children). */
+    static _Atomic uint64_t cached;
+    uint64_t ns = atomic_load(&cached);
+    if (ns == 0) {
+        struct stat sb;
+        ns = stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+        atomic_store(&cached, ns);
+    }
+    return ns;
+}
+
+/* The pid, in our namespace, of the process of namespace ns that started at
+ * start_time: >0 found, 0 gone, -1 cannot tell (no process of ns in our /proc). */
+static long foreign_lookup(uint64_t ns, uint64_t start_time)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return -1;
+    long found = 0;
+    int seen_ns = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9')
+            continue;
+        char path[300]; /* d_name is up to 255 bytes */
+        struct stat sb;
+        snprintf(path, sizeof(path), "/proc/%s/ns/pid", e->d_name);
+        if (stat(path, &sb) != 0 || (uint64_t)sb.st_ino != ns)
+            continue;
+        seen_ns = 1;
+        long pid = atol(e->d_name);
+        if (running_since((pid_t)pid, start_time)) {
+            found = pid;
+            break;
+        }
+    }
+    closedir(d);
+    /* Nobody of that namespace in our /proc: either it is gone, or our /proc
+     * cannot show it (sibling containers). Only the host view is conclusive. */
+    if (found)
+        return found;
+    return seen_ns || vg_pid_ns_self() == VG_PID_NS_INIT ? 0 : -1;
+}
+
+uint32_t vg_pid_visible(uint32_t pid, uint64_t start_time, uint64_t pid_ns)
+{
+    uint64_t mine = vg_pid_ns_self();
+    if (pid_ns == 0 || mine == 0 || pid_ns == mine)
+        return vg_pid_alive(pid, start_time, pid_ns) ? pid : 0;
+    long found = foreign_lookup(pid_ns, start_time);
+    return found > 0 ? (uint32_t)found : 0;
+}
+
+int vg_pid_alive(uint32_t pid, uint64_t start_time, uint64_t pid_ns)
 {
     if (pid == 0 || (pid & VG_SLOT_REAPING))
         return 0;
+    uint64_t mine = vg_pid_ns_self();
+    if (pid_ns != 0 && mine != 0 && pid_ns != mine)
+        return foreign_lookup(pid_ns, start_time) != 0; /* -1 (cannot tell) counts as alive */
     if (kill((pid_t)pid, 0) != 0 && errno != EPERM)
         return 0;
-    if (start_time == 0)
-        return 1;
-    uint64_t now = vg_proc_start_time((pid_t)pid);
-    /* /proc may be unreadable (hidepid); then trust kill(). */
-    return now == 0 || now == start_time;
+    return running_since((pid_t)pid, start_time);
 }
 
 static void slot_clear(struct vg_slot *s, uint32_t marker)
@@ -55,6 +135,7 @@ static void slot_clear(struct vg_slot *s, uint32_t marker)
     atomic_store(&s->busy_ns, 0);
     atomic_store(&s->last_active_ns, 0);
     atomic_store(&s->start_time, 0);
+    atomic_store(&s->pid_ns, 0);
     uint32_t expect = marker;
     atomic_compare_exchange_strong(&s->pid, &expect, 0);
 }
@@ -65,6 +146,7 @@ static void slot_take(struct vg_slot *s, uint32_t me, uint64_t start)
     atomic_store(&s->busy_ns, 0);
     atomic_store(&s->last_active_ns, 0);
     atomic_store(&s->start_time, start);
+    atomic_store(&s->pid_ns, vg_pid_ns_self());
     (void)me;
 }
 
@@ -80,12 +162,14 @@ unsigned vg_slots_reap(struct vg_slot *slots, _Atomic uint32_t *high_water)
             continue;
         if (pid & VG_SLOT_REAPING) {
             /* A reaper that died half-way: finish its job. */
-            if (vg_pid_alive(pid & ~VG_SLOT_REAPING, 0))
+            if (vg_pid_alive(pid & ~VG_SLOT_REAPING, 0, atomic_load(&s->pid_ns)))
                 continue;
-        } else if (vg_pid_alive(pid, atomic_load(&s->start_time))) {
+        } else if (vg_pid_alive(pid, atomic_load(&s->start_time), atomic_load(&s->pid_ns))) {
             continue;
         }
         if (atomic_compare_exchange_strong(&s->pid, &pid, marker)) {
+            /* The marker's pid is ours now: judge it in our namespace if we die here. */
+            atomic_store(&s->pid_ns, vg_pid_ns_self());
             slot_clear(s, marker);
             freed++;
         }
@@ -97,11 +181,14 @@ int vg_slots_claim(struct vg_slot *slots, uint32_t capacity, _Atomic uint32_t *h
 {
     uint32_t me = (uint32_t)getpid();
     uint64_t start = vg_proc_start_time((pid_t)me);
+    uint64_t ns = vg_pid_ns_self();
     for (int pass = 0; pass < 2; pass++) {
         uint32_t hw = atomic_load(high_water);
-        /* Our own slot from before an exec: the old image's memory died with it. */
+        /* Our own slot from before an exec: the old image's memory died with it.
+         * Same pid, namespace and start time: pid 1 of two containers differ. */
         for (uint32_t i = 0; i < hw; i++) {
-            if (atomic_load(&slots[i].pid) == me) {
+            if (atomic_load(&slots[i].pid) == me && atomic_load(&slots[i].pid_ns) == ns &&
+                atomic_load(&slots[i].start_time) == start) {
                 slot_take(&slots[i], me, start);
                 return (int)i;
             }

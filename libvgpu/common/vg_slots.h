@@ -26,13 +26,22 @@ struct vg_slot {
     _Atomic uint64_t used;           /* device memory charged to this process, bytes */
     _Atomic uint64_t busy_ns;        /* device time consumed by this process */
     _Atomic uint64_t last_active_ns; /* CLOCK_MONOTONIC of the last submission */
-    uint64_t reserved[3];
+    _Atomic uint64_t pid_ns;         /* inode of the owner's pid namespace (0 = unknown) */
+    uint64_t reserved[2];
 };
 
 /* Start time of pid from /proc (field 22 of stat), 0 when unknown. */
 uint64_t vg_proc_start_time(pid_t pid);
-/* 1 when pid is running and (start_time == 0 or) started at start_time. */
-int vg_pid_alive(uint32_t pid, uint64_t start_time);
+/* Inode of the calling process's pid namespace (0 when /proc is unreadable). */
+uint64_t vg_pid_ns_self(void);
+/* 1 when the slot's owner runs: pid (as seen in pid namespace pid_ns) started at
+ * start_time. An owner in another namespace (a container seen from the host) is
+ * looked up by namespace and start time in /proc; where that cannot be told (a
+ * sibling container's /proc), it counts as alive: never reap what we cannot see. */
+int vg_pid_alive(uint32_t pid, uint64_t start_time, uint64_t pid_ns);
+/* The slot owner's pid as the caller's namespace numbers it (what NVML reports:
+ * host pids for container processes, seen from the host); 0 when gone or unseen. */
+uint32_t vg_pid_visible(uint32_t pid, uint64_t start_time, uint64_t pid_ns);
 
 /* Claim the slot of the calling process (reusing its own slot after exec).
  * Returns the slot index, or -1 when the table is full of live processes. */

@@ -23,7 +23,9 @@ static unsigned collect(struct simgpu_device *d, struct proc_entry *out)
         uint64_t last = atomic_load(&s->last_active_ns);
         if (used == 0 && last + NVML_SIM_WINDOW_NS < now)
             continue;
-        if (!vg_pid_alive(pid, atomic_load(&s->start_time)))
+        /* NVML names processes by the caller's pids (host pids, seen from the host). */
+        pid = vg_pid_visible(pid, atomic_load(&s->start_time), atomic_load(&s->pid_ns));
+        if (pid == 0)
             continue;
         out[n++] = (struct proc_entry){.pid = pid, .used = used};
     }

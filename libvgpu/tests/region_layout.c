@@ -46,6 +46,7 @@ int main(void)
     FIELD(struct vg_slot, used, 0);
     FIELD(struct vg_slot, busy_ns, 0);
     FIELD(struct vg_slot, last_active_ns, 0);
+    FIELD(struct vg_slot, pid_ns, 0);
     FIELD(struct vg_slot, reserved, 1);
     printf("    }\n  },\n");
     printf("  \"constants\": {\n");
