@@ -14,7 +14,6 @@ import subprocess
 import time
 
 import pytest
-
 from conftest import LIBVGPU, TEST_BIN, run
 
 pytestmark = pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
