@@ -25,8 +25,9 @@ PROBE = str(TEST_BIN / "vgpu_probe")
 
 def holder_in_new_pid_ns(env: dict[str, str], *ops: str) -> tuple[subprocess.Popen[str], int]:
     """A probe as pid 1 of a fresh pid namespace; returns (unshare, the probe's host pid)."""
-    p = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", PROBE, *ops, "hold"],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", PROBE, *ops, "hold"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None
     for line in p.stdout:
         entry = json.loads(line)
