@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, SIMGPU_DIR, clean_env
+from vgpud_harness import Vgpud
 
 __all__ = ["Containerd", "Dockerd", "require", "vgpu_bin_dir"]
 
@@ -44,6 +45,39 @@ def vgpu_bin_dir(dest: Path) -> Path:
                           f"exec {sys.executable} -m {module} \"$@\"\n")
         script.chmod(0o755)
     return dest
+
+
+def simulated_host(tmp: Path, runtime_state_roots: list[str],
+                   devices: str = "1Gi,1Gi") -> tuple[Path, Vgpud]:
+    """A simgpu state directory (to bind-mount into containers) and a vgpud on it.
+
+    vgpud is not started; its reconciler looks for container state under
+    runtime_state_roots, where the engine's runc keeps it.
+    """
+    sim_dir = tmp / "simgpu"
+    sim_dir.mkdir()
+    env = clean_env()
+    env["SIMGPU_STATE"] = str(sim_dir / "simgpu.state")
+    env["LD_LIBRARY_PATH"] = str(SIMGPU_DIR)
+    (tmp / "vgpud").mkdir()
+    vgpud = Vgpud(tmp / "vgpud", env, devices=devices, config={
+        "hook": {"wait_s": 10},
+        "reconcile": {"runtime_state_roots": runtime_state_roots},
+    })
+    return sim_dir, vgpud
+
+
+def engine_env(bindir: Path) -> dict[str, str]:
+    """A clean environment for an engine, with this checkout's vgpu commands first on PATH."""
+    env = clean_env()
+    env["PATH"] = f"{bindir}:{env['PATH']}"
+    return env
+
+
+def point_at(env: dict[str, str], vgpud: Vgpud) -> None:
+    """Make the vgpu commands an engine starts use this vgpud."""
+    env["VGPU_CONFIG"] = str(vgpud.config_file)
+    env["VGPU_SOCKET"] = str(vgpud.socket)
 
 
 def _umount_under(path: Path) -> None:

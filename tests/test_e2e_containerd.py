@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SIMGPU_DIR, clean_env
-from engines import Containerd, require, vgpu_bin_dir
+from engines import Containerd, engine_env, point_at, require, simulated_host, vgpu_bin_dir
 from images import build_oci_archive
-from vgpud_harness import Vgpud, pb
+from vgpud_harness import pb
 
 require("containerd", "ctr", "containerd-shim-runc-v2", "runc")
 
@@ -28,23 +27,11 @@ MI = 1 << 20
 class World:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.sim_dir = tmp / "simgpu"
-        self.sim_dir.mkdir()
-        env = clean_env()
-        env["SIMGPU_STATE"] = str(self.sim_dir / "simgpu.state")
-        env["LD_LIBRARY_PATH"] = str(SIMGPU_DIR)
-        (tmp / "vgpud").mkdir()
-        self.vgpud = Vgpud(tmp / "vgpud", env, devices="1Gi,1Gi", config={
-            "hook": {"wait_s": 10},
-            "reconcile": {"runtime_state_roots": ["/run/containerd/runc"]},
-        })
-        bindir = vgpu_bin_dir(tmp / "bin")
-        engine_env = clean_env()
-        engine_env["PATH"] = f"{bindir}:{engine_env['PATH']}"
-        engine_env["VGPU_CONFIG"] = str(self.vgpud.config_file)
-        engine_env["VGPU_SOCKET"] = str(self.vgpud.socket)
+        self.sim_dir, self.vgpud = simulated_host(tmp, ["/run/containerd/runc"])
+        env = engine_env(vgpu_bin_dir(tmp / "bin"))
+        point_at(env, self.vgpud)
         (tmp / "containerd").mkdir()
-        self.containerd = Containerd(tmp / "containerd", engine_env)
+        self.containerd = Containerd(tmp / "containerd", env)
         self.n = 0
 
     def start(self) -> World:

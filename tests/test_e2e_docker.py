@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SIMGPU_DIR, clean_env
-from engines import Containerd, Dockerd, require, vgpu_bin_dir
+from engines import Containerd, Dockerd, engine_env, point_at, require, simulated_host, vgpu_bin_dir
 from images import build_tarball
-from vgpud_harness import Vgpud, pb
+from vgpud_harness import pb
 
 require("dockerd", "docker", "containerd", "containerd-shim-runc-v2", "runc")
 
@@ -27,28 +26,18 @@ MI = 1 << 20
 class World:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.sim_dir = tmp / "simgpu"
-        self.sim_dir.mkdir()
-        env = clean_env()
-        env["SIMGPU_STATE"] = str(self.sim_dir / "simgpu.state")
-        env["LD_LIBRARY_PATH"] = str(SIMGPU_DIR)
-        for d in ("vgpud", "containerd", "dockerd"):
+        for d in ("containerd", "dockerd"):
             (tmp / d).mkdir()
         bindir = vgpu_bin_dir(tmp / "bin")
-        engine_env = clean_env()
-        engine_env["PATH"] = f"{bindir}:{engine_env['PATH']}"
-        self.containerd = Containerd(tmp / "containerd", engine_env)
-        self.dockerd = Dockerd(tmp / "dockerd", engine_env, self.containerd,
+        env = engine_env(bindir)
+        self.containerd = Containerd(tmp / "containerd", env)
+        self.dockerd = Dockerd(tmp / "dockerd", env, self.containerd,
                                {"runtimes": {"vgpu": {"path": str(bindir / "vgpu-runtime")}}})
-        self.vgpud = Vgpud(tmp / "vgpud", env, devices="1Gi,1Gi", config={
-            "hook": {"wait_s": 10},
-            # Where runc keeps dockerd's containers: a slice whose container is still
-            # there survives vgpud's reconciliation at restart.
-            "reconcile": {"runtime_state_roots": [str(self.dockerd.runc_root)]},
-        })
+        # Where runc keeps dockerd's containers: a slice whose container is still
+        # there survives vgpud's reconciliation at restart.
+        self.sim_dir, self.vgpud = simulated_host(tmp, [str(self.dockerd.runc_root)])
         for e in (self.containerd.env, self.dockerd.env):
-            e["VGPU_CONFIG"] = str(self.vgpud.config_file)
-            e["VGPU_SOCKET"] = str(self.vgpud.socket)
+            point_at(e, self.vgpud)
 
     def start(self) -> World:
         self.vgpud.start()
