@@ -35,6 +35,7 @@ __all__ = [
     "Policy",
     "Priority",
     "ProcessUsage",
+    "ProcessView",
     "Region",
     "VgSlot",
     "VgpuRegion",
@@ -173,55 +174,79 @@ def pid_namespace_inode(pid: int | str, proc: Path = Path("/proc")) -> int:
         return 0
 
 
-def _find_in_namespace(pid_ns: int, start_time: int, proc: Path) -> int:
-    """Our pid of the process of namespace pid_ns started at start_time.
+class ProcessView:
+    """One look at /proc for many liveness questions (a region's slots, say).
 
-    >0 found, 0 gone, -1 cannot tell (no process of that namespace in our /proc).
-    The twin of vg_slots.c's foreign_lookup.
+    The calling process's pid namespace is read once, and the map of namespaces to
+    their processes is built at most once, on the first question about a process of
+    another namespace (a container's, seen from the host). The twin of vg_slots.c's
+    foreign_lookup / vg_pid_alive / vg_pid_visible.
     """
-    seen = False
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return -1
-    for e in entries:
-        if pid_namespace_inode(e, proc) != pid_ns:
-            continue
-        seen = True
-        if _running_since(int(e), start_time, proc):
-            return int(e)
-    # The initial namespace's /proc shows everyone: nobody there means gone.
-    return 0 if seen or pid_namespace_inode("self", proc) == PID_NS_INIT else -1
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = Path(proc)
+        self.mine = pid_namespace_inode("self", self.proc)
+        self._by_ns: dict[int, list[int]] | None = None
+
+    def _foreign(self, pid_ns: int) -> bool:
+        return bool(pid_ns and self.mine and pid_ns != self.mine)
+
+    def find(self, pid_ns: int, start_time: int) -> int:
+        """Our pid of the process of namespace pid_ns started at start_time.
+
+        >0 found, 0 gone, -1 cannot tell (no process of that namespace in our /proc).
+        """
+        if self._by_ns is None:
+            self._by_ns = {}
+            try:
+                entries = [e for e in os.listdir(self.proc) if e.isdigit()]
+            except OSError:
+                return -1
+            for e in entries:
+                ns = pid_namespace_inode(e, self.proc)
+                if ns:
+                    self._by_ns.setdefault(ns, []).append(int(e))
+        members = self._by_ns.get(pid_ns, [])
+        for pid in members:
+            if _running_since(pid, start_time, self.proc):
+                return pid
+        # The initial namespace's /proc shows everyone: nobody there means gone.
+        return 0 if members or self.mine == PID_NS_INIT else -1
+
+    def alive(self, pid: int, start_time: int, pid_ns: int = 0) -> bool:
+        """True when pid runs and, unless start_time is 0, started at start_time.
+
+        pid_ns is the inode of the pid namespace pid is numbered in (0: ours); where
+        /proc cannot tell about another namespace, the process counts as alive.
+        """
+        if pid == 0 or pid & SLOT_REAPING:
+            return False
+        if self._foreign(pid_ns):
+            return self.find(pid_ns, start_time) != 0
+        try:
+            os.kill(pid, 0)
+        except PermissionError:
+            pass  # alive, someone else's
+        except OSError:
+            return False
+        return _running_since(pid, start_time, self.proc)
+
+    def visible(self, pid: int, start_time: int, pid_ns: int = 0) -> int:
+        """The owner's pid as our namespace numbers it (host pid of a container process),
+        0 when gone or not visible."""
+        if self._foreign(pid_ns):
+            return max(0, self.find(pid_ns, start_time))
+        return pid if self.alive(pid, start_time) else 0
 
 
 def pid_alive(pid: int, start_time: int, proc: Path = Path("/proc"), pid_ns: int = 0) -> bool:
-    """True when pid runs and, unless start_time is 0, started at start_time (vg_pid_alive).
-
-    pid_ns is the inode of the pid namespace pid is numbered in (0: ours). A process of
-    another namespace (a container's, seen from the host) is found by namespace and start
-    time; where /proc cannot tell, it counts as alive.
-    """
-    if pid == 0 or pid & SLOT_REAPING:
-        return False
-    mine = pid_namespace_inode("self", proc)
-    if pid_ns and mine and pid_ns != mine:
-        return _find_in_namespace(pid_ns, start_time, proc) != 0
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        pass  # alive, someone else's
-    except OSError:
-        return False
-    return _running_since(pid, start_time, proc)
+    """True when pid runs and, unless start_time is 0, started at start_time (vg_pid_alive)."""
+    return ProcessView(proc).alive(pid, start_time, pid_ns)
 
 
 def visible_pid(pid: int, start_time: int, proc: Path = Path("/proc"), pid_ns: int = 0) -> int:
-    """The slot owner's pid as our namespace numbers it (host pid of a container process), 0
-    when gone or not visible (vg_pid_visible)."""
-    mine = pid_namespace_inode("self", proc)
-    if pid_ns and mine and pid_ns != mine:
-        return max(0, _find_in_namespace(pid_ns, start_time, proc))
-    return pid if pid_alive(pid, start_time, proc) else 0
+    """The slot owner's pid as our namespace numbers it, 0 when gone (vg_pid_visible)."""
+    return ProcessView(proc).visible(pid, start_time, pid_ns)
 
 
 def _check_limits(
@@ -451,9 +476,10 @@ class Region:
     def used_bytes(self, live_only: bool = True) -> int:
         """Device memory charged to the slice; live_only skips slots of dead processes."""
         total = 0
+        view = ProcessView(self._proc)
         for i in self._slot_indices():
             pid, start, used, pid_ns = self._slot(i)
-            if not live_only or pid_alive(pid, start, self._proc, pid_ns):
+            if not live_only or view.alive(pid, start, pid_ns):
                 total += used
         return total
 
@@ -463,9 +489,10 @@ class Region:
         pids are as this process's namespace numbers them: a container's processes
         seen from the host have their host pids."""
         out = []
+        view = ProcessView(self._proc)
         for i in self._slot_indices():
             pid, start, used, pid_ns = self._slot(i)
-            visible = visible_pid(pid, start, self._proc, pid_ns)
+            visible = view.visible(pid, start, pid_ns)
             if visible:
                 out.append(ProcessUsage(visible, used))
         return out
