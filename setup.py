@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Build hook: compile libvgpu.so with make and ship it inside the arbiter package."""
+"""Build hook: compile libvgpu.so and the compiled vgpu-runtime / vgpu-hook with make and
+ship them inside the arbiter package (arbiter/native/, arbiter/native/bin/)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import Distribution, setup
@@ -13,14 +15,17 @@ from setuptools.errors import ExecError
 ROOT = Path(__file__).resolve().parent
 LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
 PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
+# The fast path (arbiter.native.program_path looks in arbiter/native/bin/).
+PROGRAMS = ("build/bin/vgpu-runtime", "build/bin/vgpu-hook")
+PROGRAM_DIR = ("arbiter", "native", "bin")
 # configs/ files an installed vgpud reads (arbiter.config.schema_path looks in arbiter/configs/).
 CONFIG_FILES = ("vgpud.schema.json", "vgpu.yaml", "request.schema.json")
 
 
 def make_libvgpu() -> Path:
-    """Run `make build/libvgpu.so` in the source tree and return the library's path."""
+    """Run `make build/libvgpu.so` (and the programs) in the source tree; the library's path."""
     try:
-        subprocess.run(["make", "-C", str(ROOT), LIBRARY], check=True)
+        subprocess.run(["make", "-C", str(ROOT), LIBRARY, *PROGRAMS], check=True)
     except (OSError, subprocess.CalledProcessError) as e:
         raise ExecError(f"failed to build libvgpu.so: {e} (needs gcc and make)") from e
     return ROOT / LIBRARY
@@ -42,6 +47,13 @@ class build_py_with_libvgpu(build_py):  # noqa: N801 - setuptools command naming
             configs.mkdir(parents=True, exist_ok=True)
             for name in CONFIG_FILES:
                 self.copy_file(str(ROOT / "configs" / name), str(configs / name))
+            bindir = Path(self.build_lib, *PROGRAM_DIR)
+            bindir.mkdir(parents=True, exist_ok=True)
+            for program in PROGRAMS:
+                self.copy_file(str(ROOT / program), str(bindir / Path(program).name))
+            # The programs' Python fallback runs the interpreter building this (pip
+            # builds with the interpreter it installs into); $VGPU_PYTHON overrides it.
+            (bindir / "vgpu-python").write_text(sys.executable + "\n", encoding="utf-8")
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
         """Declare the copied library and config files among the outputs."""
@@ -49,6 +61,8 @@ class build_py_with_libvgpu(build_py):  # noqa: N801 - setuptools command naming
         if not self.editable_mode:
             outputs.append(str(Path(self.build_lib, *PACKAGED)))
             outputs += [str(Path(self.build_lib, "arbiter", "configs", n)) for n in CONFIG_FILES]
+            outputs += [str(Path(self.build_lib, *PROGRAM_DIR, n)) for n in
+                        (*(Path(p).name for p in PROGRAMS), "vgpu-python")]
         return outputs
 
 

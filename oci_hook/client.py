@@ -46,7 +46,8 @@ class SliceView:
 class Vgpud:
     """A channel to vgpud's unix socket; every call has a deadline."""
 
-    def __init__(self, socket: str) -> None:
+    def __init__(self, socket: str, stub: Any = None) -> None:
+        """A channel to `socket`; or, with `stub` (vgpud's in-process one), no channel."""
         import grpc
 
         from arbiter.proto import vgpu_pb2, vgpu_pb2_grpc
@@ -54,12 +55,14 @@ class Vgpud:
         self.socket = socket
         self._grpc: Any = grpc
         self.pb: Any = vgpu_pb2
-        self._channel = grpc.insecure_channel(f"unix:{socket}", options=_CHANNEL_OPTIONS)
-        self._stub = vgpu_pb2_grpc.ArbiterStub(self._channel)
+        self._channel = None if stub is not None else grpc.insecure_channel(
+            f"unix:{socket}", options=_CHANNEL_OPTIONS)
+        self._stub = stub if stub is not None else vgpu_pb2_grpc.ArbiterStub(self._channel)
 
     def close(self) -> None:
         """Close the channel (before the process forks or exits)."""
-        self._channel.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def _call(self, verb: str, method: str, request: Any, timeout: float,
               wait: bool) -> Any:

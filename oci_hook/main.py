@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from oci_hook.errors import HookError, StateError, VgpudError
@@ -31,8 +32,13 @@ if TYPE_CHECKING:
     from arbiter.config import Config
     from arbiter.model import Request
     from oci_hook.client import SliceView, Vgpud
+    from oci_hook.mounts import Plan
 
-__all__ = ["PHASES", "main", "run"]
+__all__ = ["PHASES", "Prestart", "main", "plan_for", "poststop", "prepare", "rollback", "run"]
+
+#: The generated ld.so.preload in the bundle (oci_hook.mounts.PRELOAD_HOST_NAME; not
+#: imported from there: poststop without a request must stay cheap).
+PRELOAD_HOST_NAME = "vgpu-ld.so.preload"
 
 PRESTART = "prestart"
 CREATE_RUNTIME = "createRuntime"
@@ -48,9 +54,10 @@ _MOUNT_TIMEOUT_S = 10.0
 class _Settings:
     """Socket and waits: $VGPU_SOCKET, else the config, read only when needed (it costs)."""
 
-    def __init__(self, env: Mapping[str, str], timeouts: Sequence[int]) -> None:
+    def __init__(self, env: Mapping[str, str], timeouts: Sequence[int],
+                 config: Config | None = None) -> None:
         self.env = env
-        self._config: Config | None = None
+        self._config: Config | None = config
         # Stay inside the runtime's hook timeout (runc kills the hook when it passes).
         self.cap = min(timeouts) * 0.75 if timeouts else float("inf")
 
@@ -104,13 +111,26 @@ def _request(state: HookState, spec: Spec | None,
     return raw, annotations
 
 
-def prestart(state: HookState, phase: str, env: Mapping[str, str]) -> int:
-    """Give the container its slice: allocate (or find) it, then mount it."""
+@dataclass(frozen=True)
+class Prestart:
+    """A prestart with a request: what the slice and the mounts are decided from."""
+
+    state: HookState
+    spec: Spec
+    settings: _Settings
+    raw: dict[str, str]
+    annotations: Mapping[str, str]
+    req: Request | None   # parsed up front unless the runtime's slice id is there
+
+
+def prepare(state: HookState, phase: str, env: Mapping[str, str], *,
+            config: Config | None = None) -> Prestart | None:
+    """Read the spec and the request; None when the container asks for no vGPU."""
     spec = load_spec(state.bundle)
-    settings = _Settings(env, spec.hook_timeouts.get(phase, ()))
+    settings = _Settings(env, spec.hook_timeouts.get(phase, ()), config)
     raw, annotations = _request(state, spec, settings)
     if raw is None:
-        return 0
+        return None
     if state.pid <= 0:
         raise StateError("the OCI state on stdin",
                          f"no container pid (run vgpu-hook as a {PRESTART} or "
@@ -118,7 +138,28 @@ def prestart(state: HookState, phase: str, env: Mapping[str, str]) -> int:
     # A bad request fails before anything starts; with the runtime's slice id it was
     # checked already (and most likely is not needed).
     req = None if annotations.get(SLICE_ANNOTATION) else _parse(raw, state)
-    from oci_hook.mounts import MountHelper, plan_mounts
+    return Prestart(state, spec, settings, raw, annotations, req)
+
+
+def plan_for(p: Prestart, client: Vgpud) -> Plan:
+    """The container's slice (allocated, or the one it has) and the mounts that give it.
+
+    On failure the caller releases (rollback): the Allocate may have succeeded.
+    """
+    from arbiter.native import libvgpu_path
+    from oci_hook.mounts import plan_mounts
+
+    s = _slice(client, p.settings, p.state, p.raw, p.annotations, p.req)
+    return plan_mounts(s, rootfs=p.spec.rootfs, libvgpu=libvgpu_path(),
+                       preload_host=p.state.bundle / PRELOAD_HOST_NAME)
+
+
+def prestart(state: HookState, phase: str, env: Mapping[str, str]) -> int:
+    """Give the container its slice: allocate (or find) it, then mount it."""
+    p = prepare(state, phase, env)
+    if p is None:
+        return 0
+    from oci_hook.mounts import MountHelper
 
     # Fork first, while this process has one thread (gRPC starts more).
     helper = MountHelper.start(state.pid)
@@ -126,17 +167,13 @@ def prestart(state: HookState, phase: str, env: Mapping[str, str]) -> int:
     try:
         from oci_hook.client import Vgpud
 
-        client = Vgpud(settings.socket)
-        s = _slice(client, settings, state, raw, annotations, req)
-        from arbiter.native import libvgpu_path
-
-        plan = plan_mounts(s, rootfs=spec.rootfs, libvgpu=libvgpu_path(),
-                           preload_host=state.bundle / "vgpu-ld.so.preload")
-        helper.apply(plan, timeout=min(_MOUNT_TIMEOUT_S, settings.cap))
+        client = Vgpud(p.settings.socket)
+        plan = plan_for(p, client)
+        helper.apply(plan, timeout=min(_MOUNT_TIMEOUT_S, p.settings.cap))
     except BaseException:
         helper.abort()
         if client is not None:
-            _rollback(client, settings, state.id)
+            rollback(client, p.settings, state.id)
         raise
     finally:
         if client is not None:
@@ -173,28 +210,34 @@ def _slice(client: Vgpud, settings: _Settings, state: HookState, raw: dict[str, 
     return allocated
 
 
-def _rollback(client: Vgpud, settings: _Settings, owner: str) -> None:
+def rollback(client: Vgpud, settings: _Settings, owner: str) -> None:
     """Release the container's slice after a failed prestart; best effort, bounded."""
     # On failure the reconciler frees it once the container is gone.
     with contextlib.suppress(VgpudError):
         client.release(owner, timeout=min(2.0, settings.cap), wait=False)
 
 
-def poststop(state: HookState, env: Mapping[str, str]) -> int:
-    """Release the container's slice; vgpud down: say so and succeed."""
+def poststop(state: HookState, env: Mapping[str, str], *, config: Config | None = None,
+             connect: Callable[[str], Vgpud] | None = None) -> int:
+    """Release the container's slice; vgpud down: say so and succeed.
+
+    vgpud's lifecycle socket runs this too, with its config and in-process client.
+    """
     try:
         spec: Spec | None = load_spec(state.bundle)
     except StateError:
         spec = None  # the bundle may be gone: the state's annotations still tell
-    settings = _Settings(env, spec.hook_timeouts.get(POSTSTOP, ()) if spec else ())
+    settings = _Settings(env, spec.hook_timeouts.get(POSTSTOP, ()) if spec else (), config)
     raw, annotations = _request(state, spec, settings)
     if raw is None and SLICE_ANNOTATION not in annotations:
         return 0
     with contextlib.suppress(OSError):
-        (state.bundle / "vgpu-ld.so.preload").unlink(missing_ok=True)
-    from oci_hook.client import Vgpud
+        (state.bundle / PRELOAD_HOST_NAME).unlink(missing_ok=True)
+    if connect is None:
+        from oci_hook.client import Vgpud
 
-    client = Vgpud(settings.socket)
+        connect = Vgpud
+    client = connect(settings.socket)
     try:
         _call(settings, lambda **kw: client.release(state.id, **kw), most=_POSTSTOP_WAIT_S)
     except VgpudError as e:

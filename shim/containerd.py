@@ -28,14 +28,30 @@ RUNC_SHIM = "containerd-shim-runc-v2"
 
 
 def shim_environ(environ: dict[str, str], bin_dir: Path = BIN_DIR,
-                 python: str = sys.executable) -> dict[str, str]:
-    """The runc shim's environment: bin_dir first on PATH, our interpreter and packages."""
+                 python: str = sys.executable,
+                 runtime: Path | bool | None = True) -> dict[str, str]:
+    """The runc shim's environment: bin_dir first on PATH, our interpreter and packages.
+
+    `runtime`: the compiled vgpu-runtime bin_dir's `runc` runs (True: the one built
+    or shipped, if any; None: the Python one). The compiled runtime skips bin_dir
+    ($VGPU_SHIM_BIN) on PATH and runs $VGPU_PYTHON where it falls back.
+    """
     env = dict(environ)
     path = env.get("PATH", os.defpath)
     entries = [p for p in path.split(os.pathsep) if p and os.path.realpath(p)
                != os.path.realpath(bin_dir)]
     env["PATH"] = os.pathsep.join([str(bin_dir), *entries])
     env["VGPU_SHIM_PYTHON"] = python
+    env["VGPU_PYTHON"] = python
+    env["VGPU_SHIM_BIN"] = str(bin_dir)
+    if runtime is True:
+        from arbiter.native import program_path
+
+        runtime = program_path("vgpu-runtime")
+    if isinstance(runtime, Path):
+        env["VGPU_RUNTIME"] = str(runtime)
+    else:
+        env.pop("VGPU_RUNTIME", None)
     package_root = str(Path(__file__).resolve().parent.parent)
     if not any(part in package_root for part in ("site-packages", "dist-packages")):
         old = env.get("PYTHONPATH")

@@ -7,12 +7,14 @@ write and their new text) applied by one function that backs a file up once
 unrelated setting, does nothing when the file already says what we would write,
 prints a unified diff instead with --dry-run, and says which service to restart.
 
-- docker: daemon.json `runtimes.vgpu.path` = vgpu-runtime (`docker run --runtime=vgpu`).
+- docker: daemon.json `runtimes.vgpu.path` = vgpu-runtime (`docker run --runtime=vgpu`),
+  the compiled one (arbiter/native/bin/) where it is shipped.
 - containerd: a drop-in `<config dir>/conf.d/vgpu.toml` with the CRI runtime `vgpu`
   (runtime_type io.containerd.vgpu.v2, pod_annotations ["vgpu.io/*"]) and the
   `imports` line for it in the main config; `ctr run --runtime io.containerd.vgpu.v2`
   needs only containerd-shim-vgpu-v2 on containerd's PATH.
-- podman: an OCI hooks.d file (Podman, CRI-O) that runs vgpu-hook.
+- podman: an OCI hooks.d file (Podman, CRI-O) that runs vgpu-hook (the compiled one
+  where it is shipped).
 """
 from __future__ import annotations
 
@@ -265,9 +267,16 @@ def apply(changes: Sequence[Change], *, dry_run: bool, out: Callable[[str], None
 
 
 def _program(name: str, explicit: str | None) -> str:
-    """The absolute path of one of our programs: given, beside this one, or on PATH."""
+    """The absolute path of one of our programs: given, the compiled one (shipped in the
+    package or built in the checkout: it starts containers without a Python process),
+    beside this one, or on PATH."""
     if explicit:
         return str(Path(explicit).absolute())
+    from arbiter.native import program_path
+
+    native = program_path(name)
+    if native is not None:
+        return str(native)
     beside = Path(sys.argv[0]).resolve().parent / name if sys.argv and sys.argv[0] else None
     if beside is not None and beside.is_file():
         return str(beside)

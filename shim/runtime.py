@@ -14,6 +14,9 @@ config.json once and execs.
 A bad or refused request fails the call with one line on stderr (and in runc's
 --log file, where containerd and Docker read the runtime's error from), and leaves
 no slice behind.
+
+The compiled vgpu-runtime (shim/native/) is what engines run: vgpud runs give_vgpu
+for it in-process (shim/fastpath.py), and it execs this module whenever it cannot.
 """
 from __future__ import annotations
 
@@ -140,8 +143,14 @@ def report(inv: Invocation, message: str) -> None:
 
 
 def _hook_settings(config_file: str, environ: Mapping[str, str], wait_s: float) -> Any:
-    """How config.json runs vgpu-hook: this interpreter with `-m oci_hook`, env for it."""
+    """How config.json runs vgpu-hook, with env for it.
+
+    The compiled vgpu-hook (arbiter.native.program_path) where it is built or shipped:
+    it asks vgpud's lifecycle socket, and runs this interpreter with `-m oci_hook`
+    ($VGPU_PYTHON) whenever it cannot. Without it, this interpreter directly.
+    """
     import oci_hook
+    from arbiter.native import program_path
     from shim.modifiers import HookSettings
 
     env: dict[str, str] = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -152,8 +161,13 @@ def _hook_settings(config_file: str, environ: Mapping[str, str], wait_s: float) 
     package_root = str(Path(oci_hook.__file__).resolve().parent.parent)
     if not any(part in package_root for part in ("site-packages", "dist-packages")):
         env["PYTHONPATH"] = package_root
+    timeout = math.ceil(wait_s) + _HOOK_MARGIN_S
+    native = program_path("vgpu-hook")
+    if native is not None:
+        env["VGPU_PYTHON"] = sys.executable
+        return HookSettings(path=str(native), args=(str(native),), env=env, timeout=timeout)
     return HookSettings(path=sys.executable, args=(sys.executable, "-m", "oci_hook"),
-                        env=env, timeout=math.ceil(wait_s) + _HOOK_MARGIN_S)
+                        env=env, timeout=timeout)
 
 
 def _rpc_reason(e: Any, socket: str, wait_s: float) -> str:
@@ -170,15 +184,16 @@ def _rpc_reason(e: Any, socket: str, wait_s: float) -> str:
 class _Vgpud:
     """The two calls vgpu-runtime makes to vgpud, with bounded waits."""
 
-    def __init__(self, socket: str, wait_s: float) -> None:
+    def __init__(self, socket: str, wait_s: float, stub: Any = None) -> None:
         import grpc
 
         from arbiter.proto import vgpu_pb2_grpc
 
         self.socket = socket
         self.wait_s = wait_s
-        self.channel = grpc.insecure_channel(f"unix:{socket}")
-        self.stub = vgpu_pb2_grpc.ArbiterStub(self.channel)
+        # vgpud's lifecycle socket passes its in-process stub: no channel then.
+        self.channel = None if stub is not None else grpc.insecure_channel(f"unix:{socket}")
+        self.stub = stub if stub is not None else vgpu_pb2_grpc.ArbiterStub(self.channel)
 
     def allocate(self, request: Any) -> Any:
         """The slice for `request` (a model Request); AllocateError with vgpud's reason."""
@@ -207,16 +222,20 @@ class _Vgpud:
                   "(vgpud's reconciler frees it)", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        self.channel.close()
+        if self.channel is not None:
+            self.channel.close()
 
 
-def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str, str]
-              ) -> tuple[str, Callable[[], None] | None]:
+def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str, str], *,
+              config: Any = None, connect: Callable[[str, float], _Vgpud] = _Vgpud,
+              self_paths: Sequence[Path] = ()) -> tuple[str, Callable[[], None] | None]:
     """The vGPU path: validate, allocate, modify and flush the spec.
 
     Returns the lower runtime's path and a function that releases the slice again
     (for a failed exec); (path, None) with the spec untouched when the exact request
     test finds no request. On any failure after the Allocate, releases the slice.
+    vgpud's lifecycle socket runs this too: with the config it has loaded, `connect`
+    giving its in-process client, and the compiled runtime's path as `self_paths`.
     """
     from arbiter.config import config_path, load_config
     from arbiter.convert import policy_from_name, priority_from_name
@@ -229,8 +248,9 @@ def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str
     from shim.modifiers import SliceInfo, for_slice
 
     config_file = str(config_path(None, environ))
-    config = load_config(Path(config_file))
-    lower = find_lower(config.runtime_lower, environ)
+    if config is None:
+        config = load_config(Path(config_file))
+    lower = find_lower(config.runtime_lower, environ, self_paths=self_paths)
     annotations = spec.get("annotations") or {}
     process = spec.get("process") or {}
     raw = find_request(annotations, process.get("env") or [],
@@ -244,7 +264,7 @@ def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str
         config.default_compute, priority_from_name(config.default_priority),
         policy_from_name(config.default_policy)))
     socket = environ.get("VGPU_SOCKET") or str(config.socket)
-    vgpud = _Vgpud(socket, config.hook_wait_s)
+    vgpud = connect(socket, config.hook_wait_s)
     try:
         granted = vgpud.allocate(request)
         try:
@@ -261,7 +281,7 @@ def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str
         vgpud.close()
 
     def undo() -> None:
-        again = _Vgpud(socket, _RELEASE_TIMEOUT_S)
+        again = connect(socket, _RELEASE_TIMEOUT_S)
         try:
             again.release(request.owner)
         finally:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, SIMGPU_DIR, clean_env
+from conftest import NATIVE_BIN, ROOT, SIMGPU_DIR, clean_env
 from vgpud_harness import Vgpud
 
 __all__ = ["Containerd", "Dockerd", "require", "vgpu_bin_dir"]
@@ -39,14 +39,16 @@ def require(*binaries: str) -> None:
 
 
 def vgpu_bin_dir(dest: Path) -> Path:
-    """A bin directory with containerd-shim-vgpu-v2 and vgpu-runtime running this checkout."""
+    """A bin directory with this checkout's programs: the compiled vgpu-runtime and
+    vgpu-hook of build/bin (links: they find build/bin/vgpu-python beside themselves
+    for their Python fallback) and containerd-shim-vgpu-v2 (Python)."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name, module in (("containerd-shim-vgpu-v2", "shim.containerd"),
-                         ("vgpu-runtime", "shim"), ("vgpu-hook", "oci_hook")):
-        script = dest / name
-        script.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} "
-                          f"exec {sys.executable} -m {module} \"$@\"\n")
-        script.chmod(0o755)
+    script = dest / "containerd-shim-vgpu-v2"
+    script.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} "
+                      f"exec {sys.executable} -m shim.containerd \"$@\"\n")
+    script.chmod(0o755)
+    for name in ("vgpu-runtime", "vgpu-hook"):
+        (dest / name).symlink_to(NATIVE_BIN / name)
     return dest
 
 

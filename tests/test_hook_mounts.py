@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""oci_hook.mounts against hostile images: every target stays inside the rootfs.
+"""Mounting a slice against hostile images: every target stays inside the rootfs.
 
-The mounts are made for real, by MountHelper, in the mount namespace of a process started
-with `unshare --mount` (what runc's init is during prestart); the assertions look at the
+Both implementations run every test: oci_hook.mounts' MountHelper (Python), and the
+compiled vgpu-hook (shim/native/vg_mount.c), which gets the same Plan from a lifecycle
+socket (a LifecycleServer that answers it, as vgpud does) and mounts it itself.
+The mounts are made for real, in the mount namespace of a process started with
+`unshare --mount` (what runc's init is during prestart); the assertions look at the
 host paths an escape would have written to, and at that namespace through /proc/<pid>/root.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,8 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LIBVGPU
+from conftest import LIBVGPU, NATIVE_BIN
 
+from arbiter.lifecycle import LifecycleServer, Reply
 from oci_hook.client import SliceView, VGpuView
 from oci_hook.errors import MountError
 from oci_hook.mounts import CONTAINER_LIBVGPU, MountHelper, plan_mounts
@@ -57,7 +62,64 @@ def plan_for(rootfs: Path, region: Path, nodes: tuple[str, ...] = ("/dev/null",)
                        preload_host=rootfs.parent / "vgpu-ld.so.preload")
 
 
+class CompiledHook:
+    """The compiled vgpu-hook, fed `plan` by a lifecycle socket; records releases."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.socket = tmp / "test.lifecycle"
+        self.plan = None
+        self.released: list[str] = []
+        self.server = LifecycleServer(self.socket, {"prestart": self._prestart,
+                                                    "release": self._release})
+        self.server.start()
+
+    def _prestart(self, req):
+        state = json.loads(req.get("state"))
+        return Reply.of("mount", ("id", state["id"]), ("pid", str(state["pid"])),
+                        *self.plan.to_fields())
+
+    def _release(self, req):
+        self.released.append(req.get("id"))
+        return Reply.of("ok")
+
+    def apply(self, pid: int, plan) -> None:
+        self.plan = plan
+        state = json.dumps({"id": "c1", "pid": pid, "bundle": str(Path(plan.rootfs).parent),
+                            "status": "created"})
+        env = {"PATH": os.environ["PATH"], "VGPU_LIFECYCLE_SOCKET": str(self.socket),
+               "VGPU_PYTHON": "/nonexistent"}   # a fallback to Python would fail loudly
+        p = subprocess.run([str(NATIVE_BIN / "vgpu-hook"), "prestart"], input=state, env=env,
+                           capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            assert p.stderr.count("\n") == 1, p.stderr
+            assert self.released == ["c1"], "a failed mount gives the slice back"
+            prefix = "vgpu: failed to set up the vGPU mounts: "
+            assert p.stderr.startswith(prefix), p.stderr
+            raise MountError("set up", "the vGPU mounts", p.stderr[len(prefix):].strip())
+        assert p.stderr == ""
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.fixture(params=["python", "compiled"], autouse=True)
+def implementation(request, tmp_path):
+    """Run the test with MountHelper and with the compiled vgpu-hook."""
+    global _compiled
+    _compiled = CompiledHook(tmp_path) if request.param == "compiled" else None
+    yield request.param
+    if _compiled is not None:
+        _compiled.close()
+    _compiled = None
+
+
+_compiled: CompiledHook | None = None
+
+
 def apply(pid: int, plan) -> None:
+    if _compiled is not None:
+        _compiled.apply(pid, plan)
+        return
     helper = MountHelper.start(pid)
     helper.apply(plan, timeout=10)
 
@@ -155,7 +217,9 @@ def test_missing_source_fails_clearly(tree, ns):
         apply(ns, plan_for(rootfs, region, nodes=("/dev/nvidia-missing",)))
 
 
-def test_abort_reaps_the_child(ns):
+def test_abort_reaps_the_child(ns, implementation):
+    if implementation != "python":
+        pytest.skip("MountHelper only")
     helper = MountHelper.start(ns)
     helper.abort()
     with pytest.raises(ChildProcessError):

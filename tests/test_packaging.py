@@ -23,9 +23,16 @@ def test_wheel_ships_libvgpu_and_types(tmp_path: Path) -> None:
         names = set(zf.namelist())
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         lib = zf.read("arbiter/native/libvgpu.so")
+        programs = {n: zf.read(f"arbiter/native/bin/{n}") for n in ("vgpu-runtime", "vgpu-hook")}
+        modes = {n: zf.getinfo(f"arbiter/native/bin/{n}").external_attr >> 16 for n in programs}
+        sidecar = zf.read("arbiter/native/bin/vgpu-python").decode()
         entry_points = zf.read(
             next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
     assert lib.startswith(b"\x7fELF")
+    # The compiled fast path, executable, and the interpreter its Python fallback runs.
+    assert all(p.startswith(b"\x7fELF") for p in programs.values())
+    assert all(m & 0o111 for m in modes.values()), modes
+    assert sidecar == sys.executable + "\n"
     for name in ("arbiter/py.typed", "oci_hook/py.typed", "shim/py.typed",
                  "arbiter/native/__init__.py", "arbiter/configs/vgpud.schema.json",
                  "arbiter/configs/vgpu.yaml", "arbiter/proto/vgpu_pb2.py"):

@@ -2,7 +2,9 @@
 """vgpu-runtime as a process: config.json changes, the exec of the lower runtime, refusals.
 
 The lower runtime is a recording script (argv, and config.json as runc would read
-it); vgpud is real (tests/vgpud_harness.Vgpud on simgpu).
+it); vgpud is real (tests/vgpud_harness.Vgpud on simgpu). Every test runs both
+implementations: the Python one (`python -m shim`) and the compiled one
+(build/bin/vgpu-runtime, which asks vgpud's lifecycle socket): same results.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import NATIVE_BIN, ROOT
 from vgpud_harness import Vgpud, pb
 
 RECORDER = """#!/bin/sh
@@ -30,6 +32,19 @@ BASE_SPEC = {
     "root": {"path": "rootfs"},
     "linux": {"namespaces": [{"type": "mount"}]},
 }
+
+
+RUNTIMES = {"python": [sys.executable, "-m", "shim"],
+            "compiled": [str(NATIVE_BIN / "vgpu-runtime")]}
+_runtime_cmd: list[str] = RUNTIMES["python"]
+
+
+@pytest.fixture(autouse=True, params=sorted(RUNTIMES))
+def implementation(request) -> str:
+    """Run the test with each vgpu-runtime."""
+    global _runtime_cmd
+    _runtime_cmd = RUNTIMES[request.param]
+    return request.param
 
 
 @pytest.fixture
@@ -74,7 +89,7 @@ def runtime(args: list[str], vgpud: Vgpud | None, bundle: Path, *, config: Path 
     if config is not None:
         env["VGPU_CONFIG"] = str(config)
     env.update(extra_env or {})
-    return subprocess.run([sys.executable, "-m", "shim", *args], env=env, capture_output=True,
+    return subprocess.run([*_runtime_cmd, *args], env=env, capture_output=True,
                           text=True, timeout=60, cwd=bundle)
 
 
@@ -169,8 +184,11 @@ def test_annotation_request_modifies_spec_and_execs_lower(tmp_path, vgpud, recor
     assert set(hooks) == {"prestart", "poststop"}
     for phase in ("prestart", "poststop"):
         [h] = hooks[phase]
-        assert h["path"] == sys.executable
-        assert h["args"] == [sys.executable, "-m", "oci_hook", phase]
+        # The compiled hook (both runtimes inject it where it is built), and the Python
+        # it falls back to.
+        assert h["path"] == str(NATIVE_BIN / "vgpu-hook")
+        assert h["args"] == [h["path"], phase]
+        assert f"VGPU_PYTHON={sys.executable}" in h["env"]
         assert f"VGPU_CONFIG={vgpud.config_file}" in h["env"]
         assert f"VGPU_SOCKET={vgpud.socket}" in h["env"]
         assert f"PYTHONPATH={ROOT}" in h["env"]
@@ -303,3 +321,21 @@ def test_lower_found_on_path_skips_the_shim_bin_dir(tmp_path, recorder):
                 extra_env={"PATH": f"{BIN_DIR}:{bindir}:{os.environ['PATH']}"})
     assert p.returncode == 0, p.stderr
     assert recorded(bindir / "runc")[0] == ["state", "c8"]
+
+
+def test_lower_runtime_that_cannot_be_exec_d_gives_the_slice_back(tmp_path, simgpu_env):
+    broken = tmp_path / "broken-runtime"
+    broken.write_bytes(b"\x00\x01 not a program")
+    broken.chmod(0o755)
+    d = Vgpud(tmp_path, simgpu_env, config={"runtime": {"lower": str(broken)}})
+    d.start()
+    try:
+        bundle = make_bundle(tmp_path, annotations={"vgpu.io/memory": "64Mi"})
+        p = runtime(["create", "--bundle", str(bundle), "c9"], d, bundle)
+        assert p.returncode == 1
+        assert f"failed to find the lower runtime '{broken}': cannot exec it" in p.stderr
+        assert len(p.stderr.splitlines()) == 1, p.stderr
+        assert slices(d) == []
+        assert len(d.events("allocate")) == len(d.events("release")) == 1
+    finally:
+        d.close()

@@ -1,14 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Where libvgpu.so is: shipped inside the package, or built in a source checkout."""
+"""Where the native parts are: libvgpu.so and the compiled vgpu-runtime / vgpu-hook,
+shipped inside the package or built in a source checkout."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from arbiter.errors import LibraryNotFoundError
 
-__all__ = ["LIBRARY_NAME", "libvgpu_path"]
+__all__ = ["LIBRARY_NAME", "PROGRAMS", "libvgpu_path", "program_path"]
 
 LIBRARY_NAME = "libvgpu.so"
+#: The compiled fast path (shim/native/): `make` builds them into build/bin/.
+PROGRAMS = ("vgpu-runtime", "vgpu-hook")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 # arbiter/native/ -> arbiter/ -> repository root (only meaningful in a checkout).
 _CHECKOUT_ROOT = _PACKAGE_DIR.parent.parent
@@ -23,3 +27,22 @@ def libvgpu_path(
         if candidate.is_file():
             return candidate
     raise LibraryNotFoundError(candidates)
+
+
+def program_path(name: str, package_dir: Path = _PACKAGE_DIR,
+                 checkout_root: Path = _CHECKOUT_ROOT) -> Path | None:
+    """The packaged (arbiter/native/bin/) else the checkout's (build/bin/) program `name`.
+
+    None when neither exists (the Python implementation then does the work).
+    """
+    for candidate in (package_dir / "bin" / name, checkout_root / "build" / "bin" / name):
+        if not candidate.is_file():
+            continue
+        if not os.access(candidate, os.X_OK):
+            # Wheels may drop the executable bit of package data.
+            try:
+                candidate.chmod(candidate.stat().st_mode | 0o111)
+            except OSError:
+                continue
+        return candidate
+    return None

@@ -1,0 +1,262 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vgpud's container-lifecycle socket: the compiled vgpu-runtime and vgpu-hook ask here.
+
+Starting a Python process per runtime call and per hook costs ~100 ms of interpreter
+start and imports; vgpud is already warm (config, schema, placement in memory), so the
+small C programs (shim/native/) hand it the work and only exec, mount, or report.
+
+The socket is `<gRPC socket>.lifecycle` (beside `<gRPC socket>.lock`), mode 0600:
+root only, like the gRPC socket. Clients find it the way they find vgpud itself
+($VGPU_SOCKET, else the config's paths.socket), so a test tree's vgpud is never
+confused with the host's.
+
+Framing (both directions): a 4-byte big-endian length, then that many bytes of
+`key=value` fields, each ended by a NUL byte. Keys may repeat; order matters only
+where a reply says so (a `mount=` field starts a new mount). No escaping is needed
+(paths and JSON hold no NUL), so a C client reads it with strchr. Every message
+carries `v=<version>`: a peer that does not speak the version answers
+`status=fallback` (or the client sees no `v=1`), and the client runs the Python
+implementation instead, so hosts can be upgraded with containers running.
+
+Replies: `status=` one of
+  exec      runtime-create: `lower=` the lower runtime to exec with the original argv
+  ok        nothing (more) to do
+  mount     prestart: the mount plan (see plan_fields)
+  error     `message=` the one line to show the user (the Python path prints the same)
+  fallback  `reason=`: run the Python implementation, which is complete
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "MAX_FRAME",
+    "VERSION",
+    "Fields",
+    "LifecycleServer",
+    "Reply",
+    "decode",
+    "encode",
+    "lifecycle_socket",
+    "read_frame",
+    "request",
+    "write_frame",
+]
+
+log = logging.getLogger("vgpud")
+
+VERSION = "1"
+#: A request is an OCI state or a few paths; anything bigger is not one of ours.
+MAX_FRAME = 1 << 20
+#: A client that connects must send its request at once (it has it ready).
+_READ_TIMEOUT_S = 5.0
+_HEADER = struct.Struct(">I")
+
+
+def lifecycle_socket(grpc_socket: str | Path) -> Path:
+    """The lifecycle socket of the vgpud serving gRPC on `grpc_socket`."""
+    return Path(f"{grpc_socket}.lifecycle")
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a lifecycle message."""
+
+
+@dataclass
+class Fields:
+    """A decoded message: the (key, value) pairs in order, with lookups."""
+
+    items: list[tuple[str, str]] = field(default_factory=list)
+
+    def get(self, key: str, default: str = "") -> str:
+        """The first value of `key`."""
+        for k, v in self.items:
+            if k == key:
+                return v
+        return default
+
+    def as_dict(self) -> dict[str, str]:
+        """The first value of every key."""
+        out: dict[str, str] = {}
+        for k, v in self.items:
+            out.setdefault(k, v)
+        return out
+
+
+def encode(items: Iterable[tuple[str, str]]) -> bytes:
+    """One frame of `key=value\\0` fields."""
+    parts = []
+    for k, v in items:
+        if "\0" in k or "=" in k or "\0" in v:
+            raise ProtocolError(f"field {k!r} cannot be framed (NUL or '=' in the key)")
+        parts.append(f"{k}={v}\0".encode())
+    body = b"".join(parts)
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body)} bytes is over {MAX_FRAME}")
+    return _HEADER.pack(len(body)) + body
+
+
+def decode(body: bytes) -> Fields:
+    """The fields of one frame's body."""
+    if body and not body.endswith(b"\0"):
+        raise ProtocolError("the last field is not NUL-terminated")
+    out = Fields()
+    for raw in body.split(b"\0")[:-1]:
+        key, sep, value = raw.partition(b"=")
+        if not sep or not key:
+            raise ProtocolError(f"field {raw[:40]!r} is not key=value")
+        try:
+            out.items.append((key.decode(), value.decode()))
+        except UnicodeDecodeError as e:
+            raise ProtocolError(f"field {raw[:40]!r} is not UTF-8") from e
+    return out
+
+
+def _read_exact(sock: socket.socket, n: int) -> bytes:
+    chunks: list[bytes] = []
+    while n:
+        chunk = sock.recv(min(n, 65536))
+        if not chunk:
+            raise ProtocolError("the peer closed the connection mid-frame")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(sock: socket.socket) -> Fields:
+    """Read one frame from `sock`."""
+    (size,) = _HEADER.unpack(_read_exact(sock, _HEADER.size))
+    if size > MAX_FRAME:
+        raise ProtocolError(f"frame of {size} bytes is over {MAX_FRAME}")
+    return decode(_read_exact(sock, size))
+
+
+def write_frame(sock: socket.socket, items: Iterable[tuple[str, str]]) -> None:
+    """Write one frame to `sock`."""
+    sock.sendall(encode(items))
+
+
+@dataclass
+class Reply:
+    """What an op answers, and what to undo when the answer cannot be delivered."""
+
+    items: list[tuple[str, str]]
+    undo: Callable[[], None] | None = None
+
+    @classmethod
+    def of(cls, status: str, *items: tuple[str, str],
+           undo: Callable[[], None] | None = None) -> Reply:
+        """A reply with `status` and more fields."""
+        return cls([("v", VERSION), ("status", status), *items], undo)
+
+    @classmethod
+    def error(cls, message: str) -> Reply:
+        """The one line the user sees."""
+        line = " ".join(message.split())
+        return cls.of("error", ("message", line if line.startswith("vgpu: ") else
+                                f"vgpu: {line}"))
+
+    @classmethod
+    def fallback(cls, reason: str) -> Reply:
+        """Ask the client to run the Python implementation."""
+        return cls.of("fallback", ("reason", reason))
+
+
+#: An op: the request's fields in, the reply out.
+Op = Callable[[Fields], Reply]
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.settimeout(_READ_TIMEOUT_S)
+        try:
+            request = read_frame(sock)
+        except (OSError, ProtocolError) as e:
+            log.warning("lifecycle: bad request: %s", e)
+            return
+        reply = self.server.owner.dispatch(request)
+        try:
+            write_frame(sock, reply.items)
+        except (OSError, ProtocolError) as e:
+            # The client is gone (killed, or timed out): it will not act on the answer,
+            # so nothing it was given may stay allocated.
+            log.warning("lifecycle: %s: could not answer (%s); undoing", request.get("op"), e)
+            if reply.undo is not None:
+                try:
+                    reply.undo()
+                except Exception:
+                    log.exception("lifecycle: undo failed (the reconciler frees it)")
+
+
+class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    owner: LifecycleServer
+
+
+class LifecycleServer:
+    """The lifecycle socket, served by threads of vgpud's process."""
+
+    def __init__(self, path: Path, ops: Mapping[str, Op]) -> None:
+        self.path = Path(path)
+        self.ops = dict(ops)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def dispatch(self, request: Fields) -> Reply:
+        """Answer one request; never raises."""
+        if request.get("v") != VERSION:
+            return Reply.fallback(f"protocol version {request.get('v')!r} is not {VERSION}")
+        op = self.ops.get(request.get("op"))
+        if op is None:
+            return Reply.fallback(f"unknown op {request.get('op')!r}")
+        try:
+            return op(request)
+        except Exception as e:
+            log.exception("lifecycle: %s failed", request.get("op"))
+            return Reply.error(f"internal error: {type(e).__name__}: {e}")
+
+    def start(self) -> None:
+        """Listen (the socket is born 0600) and serve in a thread."""
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # vgpud holds the socket's lock: a file here is stale
+        old = os.umask(0o177)
+        try:
+            server = _Server(str(self.path), _Handler, bind_and_activate=True)
+        finally:
+            os.umask(old)
+        server.owner = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="vgpud-lifecycle", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop accepting, remove the socket (answers in flight finish on their threads)."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def request(path: str | Path, items: Sequence[tuple[str, str]], timeout: float = 10.0) -> Fields:
+    """One round trip (tests and tools; the C programs speak the same frames)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        write_frame(s, [("v", VERSION), *items])
+        return read_frame(s)
