@@ -68,8 +68,40 @@ test: deps all
 bench: all
 	./scripts/py bench/interception.py
 	./scripts/py bench/arbiter.py
+	./scripts/py bench/compute.py
 
 # Style and types (pip install ruff mypy types-PyYAML types-jsonschema grpc-stubs).
 lint:
 	ruff check .
 	mypy
+
+# The compiled fast path of vgpu-runtime and vgpu-hook (shim/native/): they ask vgpud's
+# lifecycle socket and run the Python implementation whenever they cannot.
+# build/bin/vgpu-python names that Python (line 1) and the checkout (line 2, PYTHONPATH).
+NATIVE_DIR    := shim/native
+NATIVE_COMMON := $(NATIVE_DIR)/vg_common.c $(NATIVE_DIR)/vg_msg.c
+NATIVE_HDRS   := $(wildcard $(NATIVE_DIR)/*.h) Makefile
+NATIVE_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -D_GNU_SOURCE
+NATIVE_BIN    := $(B)/bin/vgpu-runtime $(B)/bin/vgpu-hook $(B)/bin/vgpu-python
+
+.PHONY: native
+all: native
+native: $(NATIVE_BIN)
+
+$(B)/bin/vgpu-runtime: $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_COMMON) $(NATIVE_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(NATIVE_CFLAGS) -o $@ $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_COMMON)
+
+$(B)/bin/vgpu-hook: $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_COMMON) $(NATIVE_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(NATIVE_CFLAGS) -o $@ $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_COMMON)
+
+# Rewritten when the interpreter scripts/py picks changes (a .venv made later).
+$(B)/bin/vgpu-python: scripts/py FORCE
+	@mkdir -p $(@D)
+	@python=$$(./scripts/py -c 'import sys; print(sys.executable)'); \
+	 printf '%s\n%s\n' "$$python" "$(CURDIR)" > $@.tmp; \
+	 if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
+
+.PHONY: FORCE
+FORCE:

@@ -621,6 +621,14 @@ def cmd_info(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     except VgpuError as e:
         info["libvgpu"] = None
         info["libvgpu_error"] = str(e)
+    from arbiter.lifecycle import lifecycle_socket
+    from arbiter.native import program_path
+
+    # The compiled fast path (None: not built; the Python programs do the work).
+    for name in ("vgpu-runtime", "vgpu-hook"):
+        found = program_path(name)
+        info[name.replace("-", "_")] = str(found) if found else None
+    info["lifecycle_socket"] = str(lifecycle_socket(sock))
     local = _config_paths(config)
     info.update(local)
     daemon: dict[str, Any] = {}
@@ -644,7 +652,10 @@ def cmd_info(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
             ("config", config + ("" if info["config_exists"] else " (absent: defaults)")),
             *([("config socket", str(local["config_socket"]))]
               if local.get("config_socket") not in (None, sock) else []),
-            ("libvgpu.so", info["libvgpu"] or f"not found: {info['libvgpu_error']}")]
+            ("libvgpu.so", info["libvgpu"] or f"not found: {info['libvgpu_error']}"),
+            ("vgpu-runtime", info["vgpu_runtime"] or "not built (the Python one runs)"),
+            ("vgpu-hook", info["vgpu_hook"] or "not built (the Python one runs)"),
+            ("lifecycle socket", info["lifecycle_socket"])]
     for key in ("state_dir", "run_dir", "event_log", "metrics_address", "config_error"):
         if key in local:
             rows.append((key.replace("_", " "), str(local[key]) or "(disabled)"))
@@ -691,17 +702,21 @@ def run_owner(pid: int | None = None, host: str | None = None) -> str:
 
 
 def child_env(env: Mapping[str, str], library: str, region_dir: str,
-              gpu_uuids: Sequence[str] = ()) -> dict[str, str]:
+              gpu_uuids: Sequence[str] = (), sched_dir: str = "") -> dict[str, str]:
     """The child's environment: libvgpu preloaded first, the slice's region dir named.
 
     CUDA_VISIBLE_DEVICES lists the slice's GPUs in vGPU order, by UUID (CUDA's own
     enumeration order may differ from NVML's): libvgpu checks that CUDA device i is
-    the GPU of region file vgpu<i>.
+    the GPU of region file vgpu<i>. VGPU_SCHED_DIR names vgpud's per-GPU scheduling
+    regions, so that the child shares each GPU's compute with the containers on it
+    (without it, the child would schedule alone and ignore their shares).
     """
     result = dict(env)
     preload = result.get("LD_PRELOAD", "").strip()
     result["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
     result["VGPU_REGION_DIR"] = region_dir
+    if sched_dir:
+        result["VGPU_SCHED_DIR"] = sched_dir
     if gpu_uuids and all(gpu_uuids):
         result["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_uuids)
     return result
@@ -773,6 +788,8 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], err: Out) -> int:
                     raise
                 granted = True
                 s = r.slice
+                # An older vgpud reports no sched_dir: the child then schedules alone.
+                sched_dir = c.call("Health", pb.HealthRequest()).paths.get("sched_dir", "")
                 if args.verbose:
                     err(f"vgpu: running in slice {s.id} "
                         f"({len(s.vgpus)} vGPU, {format_bytes(args.memory)} each)")
@@ -783,7 +800,8 @@ def cmd_run(args: argparse.Namespace, env: Mapping[str, str], err: Out) -> int:
                     pid = os.posix_spawnp(
                         args.cmd[0], args.cmd, child_env(
                             env, library, s.region_dir,
-                            [v.gpu_uuid for v in sorted(s.vgpus, key=lambda v: v.index)]),
+                            [v.gpu_uuid for v in sorted(s.vgpus, key=lambda v: v.index)],
+                            sched_dir),
                         setsigmask=(), setsigdef=_RESET_IN_CHILD)
                 except OSError as e:
                     err(f"vgpu: failed to run {args.cmd[0]}: {e.strerror or e}")

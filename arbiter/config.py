@@ -51,6 +51,7 @@ RELOADABLE = frozenset({
     "default_compute",
     "default_priority",
     "default_policy",
+    "priority_floor",
     "reconcile_interval_s",
     "drift_action",
 })
@@ -72,6 +73,7 @@ class Config:
     default_compute: int = 10
     default_priority: str = "normal"
     default_policy: str = "fixed"
+    priority_floor: int = 0                        # % of the GPU, 0..100
     context_reserve: int = 0                       # bytes
     reconcile_interval_s: float = 10.0
     drift_action: str = "flag"
@@ -405,6 +407,7 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("defaults", "compute"): "default_compute",
     ("defaults", "priority"): "default_priority",
     ("defaults", "policy"): "default_policy",
+    ("defaults", "priority_floor"): "priority_floor",
     ("defaults", "context_reserve"): "context_reserve",
     ("reconcile", "interval_s"): "reconcile_interval_s",
     ("reconcile", "drift_action"): "drift_action",

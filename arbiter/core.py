@@ -62,6 +62,8 @@ class Settings:
     default_compute: int = 10
     default_priority: str = "normal"
     default_policy: str = "fixed"
+    #: % of the GPU a lower-priority slice keeps while a higher one runs; every slice's regions.
+    priority_floor: int = 0
 
     @classmethod
     def from_config(cls, config: Any) -> Settings:
@@ -126,6 +128,8 @@ class Arbiter:
         """Load the store and make the region directories agree with it (crash repair)."""
         with self._lock:
             self._slices = {s.id: s for s in self.store.slices()}
+            # reconcile_dirs then rewrites regions whose floor the config changed meanwhile.
+            self.regions.priority_floor = self.settings.priority_floor
             report = self.regions.reconcile_dirs(self._slices.values())
             for s in self._slices.values():
                 if s.owner_pid:
@@ -138,9 +142,11 @@ class Arbiter:
                        regions_removed=list(report.removed))
 
     def reload(self, settings: Settings) -> None:
-        """Apply new reloadable settings."""
+        """Apply new reloadable settings; a new priority floor reaches running slices in place."""
         with self._lock:
             self.settings = settings
+            if settings.priority_floor != self.regions.priority_floor:
+                self.regions.set_priority_floor(settings.priority_floor, self._slices.values())
 
     # -- queries ---------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
@@ -35,10 +36,12 @@ from arbiter.config import Config, config_path, load_config
 from arbiter.core import Arbiter, Settings
 from arbiter.errors import ConfigError, VgpuError
 from arbiter.events import EventLog
+from arbiter.lifecycle import LifecycleServer, lifecycle_socket
 from arbiter.metrics import Metrics, Snapshot, parse_address
 from arbiter.proto import vgpu_pb2_grpc
 from arbiter.reconcile import Reconciler
 from arbiter.regions import Regions
+from arbiter.sched import SCHED_DIR_NAME, SchedSummary, open_sched, prepare_sched_dir, slice_gpu_ns
 from arbiter.service import ArbiterService
 from arbiter.state import Store
 
@@ -93,6 +96,8 @@ class Daemon:
         self.events: EventLog | None = None
         self.arbiter: Arbiter | None = None
         self.reconciler: Reconciler | None = None
+        self.sched_files: dict[str, Path] = {}  # GPU uuid -> its scheduling region
+        self.lifecycle: LifecycleServer | None = None
 
     # -- start -----------------------------------------------------------------
 
@@ -131,6 +136,9 @@ class Daemon:
         gpus = inventory.discover(c)
         regions = Regions(c.run_dir, context_reserve=c.context_reserve, proc=self.proc)
         regions.prepare()
+        # Before any slice exists (and before the hook can ask for one to mount):
+        # a file that is already there is kept, same inode, for running containers.
+        self.sched_files = prepare_sched_dir(c.run_dir / SCHED_DIR_NAME, [g.uuid for g in gpus])
         self.store = Store(c.state_dir)
         self.events = EventLog(c.event_log)
         self.metrics = self._make_metrics()
@@ -152,9 +160,11 @@ class Daemon:
                                   options=[("grpc.so_reuseport", 0)])
         paths = {"config": str(c.source or ""), "socket": str(c.socket),
                  "state_dir": str(c.state_dir), "run_dir": str(c.run_dir),
-                 "event_log": str(c.event_log), "metrics_address": c.metrics_address}
-        vgpu_pb2_grpc.add_ArbiterServicer_to_server(ArbiterService(self.arbiter, paths),
-                                                    self.server)
+                 "sched_dir": str(c.run_dir / SCHED_DIR_NAME),
+                 "event_log": str(c.event_log), "metrics_address": c.metrics_address,
+                 "lifecycle_socket": str(lifecycle_socket(c.socket))}
+        service = ArbiterService(self.arbiter, paths)
+        vgpu_pb2_grpc.add_ArbiterServicer_to_server(service, self.server)
         old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
         try:
             port = self.server.add_insecure_port(f"unix:{c.socket}")
@@ -164,10 +174,24 @@ class Daemon:
             raise DaemonError(f"cannot listen on unix:{c.socket}")
         self.server.start()
         os.chmod(c.socket, 0o600)
+        self._serve_lifecycle(service)
         if c.metrics_address:
             self._serve_metrics(c.metrics_address)
         log.info("vgpud serving on unix:%s with %d GPU(s), %d slice(s)", c.socket, len(gpus),
                  len(self.arbiter.slices()))
+
+    def _serve_lifecycle(self, service: ArbiterService) -> None:
+        """The compiled vgpu-runtime / vgpu-hook's socket; without it they run Python."""
+        from shim.fastpath import FastPath
+
+        path = lifecycle_socket(self.config.socket)
+        server = LifecycleServer(path, FastPath(service, self.config.socket).ops())
+        try:
+            server.start()
+        except OSError as e:  # slower container starts, not a reason to refuse to serve
+            log.warning("not serving the lifecycle socket %s: %s", path, e.strerror or e)
+            return
+        self.lifecycle = server
 
     def _make_metrics(self) -> Metrics:
         metrics = Metrics(CollectorRegistry())
@@ -190,13 +214,31 @@ class Daemon:
                 util = getattr(samples.get(g.gpu_index), "process_util", None) or {}
                 per_vgpu.append(min(100, sum(util.get(p, 0) for p in pids_of[i])))
             compute_used[s.id] = per_vgpu
+        scheds = self._sched_summaries()
+        gpu_ns = {s.id: slice_gpu_ns(zip([g.gpu_uuid for g in s.grants],
+                                         a.regions.slice_keys(s), strict=True), scheds)
+                  for s in slices}
         return Snapshot(
             gpus=list(a.gpus), slices=slices,
             gpu_used={i: smp.used for i, smp in samples.items()},
             gpu_util={i: smp.utilization or 0 for i, smp in samples.items()},
             slice_used={s.id: a.usage(s) for s in slices},
             slice_compute_used=compute_used,
+            slice_gpu_ns=gpu_ns,
+            gpu_handoffs={g.index: scheds[g.uuid].handoffs for g in a.gpus if g.uuid in scheds},
         )
+
+    def _sched_summaries(self) -> dict[str, SchedSummary]:
+        """Each GPU's scheduling region now, by GPU uuid (unreadable ones left out)."""
+        now = time.monotonic_ns()
+        out = {}
+        for uuid, path in self.sched_files.items():
+            try:
+                with open_sched(path) as sched:
+                    out[uuid] = sched.summary(now)
+            except VgpuError as e:
+                log.warning("metrics: %s", e)
+        return out
 
     def _serve_metrics(self, address: str) -> None:
         assert self.metrics is not None
@@ -252,6 +294,8 @@ class Daemon:
 
     def close(self) -> None:
         """Drain and stop everything that started (safe after a partial start)."""
+        if self.lifecycle is not None:
+            self.lifecycle.close()
         if self.server is not None:
             self.server.stop(_DRAIN_S).wait()
         if self.reconciler is not None:

@@ -12,6 +12,7 @@ __all__ = [
     "QuantityError",
     "RegionError",
     "RequestError",
+    "SchedError",
     "VgpuError",
 ]
 
@@ -33,11 +34,19 @@ class QuantityError(VgpuError, ValueError):
 class RegionError(VgpuError):
     """A slice region file that cannot be made, opened, updated or trusted."""
 
+    noun = "region file"
+
     def __init__(self, path: str | Path, verb: str, reason: str) -> None:
         self.path = Path(path)
         self.verb = verb
         self.reason = reason
-        super().__init__(f"failed to {verb} region file {self.path}: {reason}")
+        super().__init__(f"failed to {verb} {self.noun} {self.path}: {reason}")
+
+
+class SchedError(RegionError):
+    """A GPU's scheduling region file that cannot be made, opened or trusted."""
+
+    noun = "scheduling region"
 
 
 class LibraryNotFoundError(VgpuError, FileNotFoundError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -38,7 +38,10 @@ class Snapshot:
 
     gpu_used/gpu_util: per GPU index, bytes in use and % busy (NVML). slice_used and
     slice_compute_used: per slice id, one value per grant (same order as
-    Slice.grants): bytes in use (libvgpu's region) and % of the GPU used.
+    Slice.grants): bytes in use (libvgpu's region) and % of the GPU used (NVML).
+    slice_gpu_ns: per slice id, per grant, the GPU time libvgpu charged to the
+    slice in its GPU's scheduling region (None: the slice has no entry there).
+    gpu_handoffs: per GPU index, times the scheduling token changed holder.
     Missing entries are simply not exported.
     """
 
@@ -48,6 +51,8 @@ class Snapshot:
     gpu_util: dict[int, int] = field(default_factory=dict)
     slice_used: dict[str, list[int]] = field(default_factory=dict)
     slice_compute_used: dict[str, list[int]] = field(default_factory=dict)
+    slice_gpu_ns: dict[str, list[int | None]] = field(default_factory=dict)
+    gpu_handoffs: dict[int, int] = field(default_factory=dict)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -105,6 +110,12 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
                      "A slice's guaranteed compute share on one GPU, %.", _SLICE_LABELS)
     s_cused = _gauge("vgpu_slice_compute_used_percent",
                      "A slice's compute use on one GPU, %.", _SLICE_LABELS)
+    s_seconds = CounterMetricFamily(
+        "vgpu_slice_gpu_seconds", "GPU time a slice's processes held one GPU, seconds "
+        "(libvgpu's scheduling region: exact, not sampled).", labels=list(_SLICE_LABELS))
+    g_handoffs = CounterMetricFamily(
+        "vgpu_gpu_token_handoffs", "Times the GPU's scheduling token changed holder.",
+        labels=list(_GPU_LABELS))
     s_info = InfoMetricFamily("vgpu_slice", "A slice's owner, priority and policy.",
                               labels=["slice", "owner", "priority", "policy"])
 
@@ -117,6 +128,7 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
                            Policy(sl.policy).name.lower()], {})
         used = snap.slice_used.get(sl.id, [])
         cused = snap.slice_compute_used.get(sl.id, [])
+        gpu_ns = snap.slice_gpu_ns.get(sl.id, [])
         for ordinal, grant in enumerate(sl.grants):
             labels = [str(grant.gpu_index), grant.gpu_uuid, sl.id, sl.owner]
             s_limit.add_metric(labels, grant.memory)
@@ -125,6 +137,9 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
                 s_used.add_metric(labels, used[ordinal])
             if ordinal < len(cused):
                 s_cused.add_metric(labels, cused[ordinal])
+            ns = gpu_ns[ordinal] if ordinal < len(gpu_ns) else None
+            if ns is not None:
+                s_seconds.add_metric(labels, ns / 1e9)
             allocated[grant.gpu_index] = allocated.get(grant.gpu_index, 0) + grant.memory
             compute[grant.gpu_index] = compute.get(grant.gpu_index, 0) + grant.compute
         for index in {g.gpu_index for g in sl.grants}:
@@ -140,9 +155,11 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
             g_used.add_metric(labels, snap.gpu_used[gpu.index])
         if gpu.index in snap.gpu_util:
             g_cused.add_metric(labels, snap.gpu_util[gpu.index])
+        if gpu.index in snap.gpu_handoffs:
+            g_handoffs.add_metric(labels, snap.gpu_handoffs[gpu.index])
 
-    yield from (g_total, g_alloc, g_used, g_calloc, g_cused, g_slices,
-                s_limit, s_used, s_share, s_cused, s_info)
+    yield from (g_total, g_alloc, g_used, g_calloc, g_cused, g_slices, g_handoffs,
+                s_limit, s_used, s_share, s_cused, s_seconds, s_info)
 
 
 class Metrics:

@@ -17,6 +17,7 @@ import enum
 import errno
 import mmap
 import os
+import secrets
 import struct
 import tempfile
 from pathlib import Path
@@ -40,6 +41,7 @@ __all__ = [
     "VgSlot",
     "VgpuRegion",
     "create_region",
+    "new_slice_key",
     "open_region",
     "pid_alive",
     "pid_namespace_inode",
@@ -111,7 +113,8 @@ class VgpuRegion(ctypes.Structure):
         ("generation", ctypes.c_uint64),
         ("slot_high_water", ctypes.c_uint32),
         ("reserved32", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 24),
+        ("slice_key", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 23),
         ("slots", VgSlot * REGION_SLOTS),
     ]
 
@@ -272,6 +275,11 @@ def _check_limits(
         raise ValueError(f"context_reserve {context_reserve} is not a 64-bit byte count")
 
 
+def new_slice_key() -> int:
+    """A random non-zero slice key (0 means "no key" to libvgpu)."""
+    return secrets.randbits(64) | 1
+
+
 def create_region(
     path: str | Path,
     *,
@@ -286,14 +294,21 @@ def create_region(
     arbiter: bool = True,
     mode: int = 0o644,
     replace: bool = False,
+    slice_key: int | None = None,
 ) -> Path:
     """Make a region file atomically: nobody ever sees it half made.
 
     The file is written under a temporary name in the same directory, magic
     last, then linked into place; an existing file is an error unless replace.
+    slice_key names the slice in the GPU's scheduling region (arbiter.sched);
+    None draws a random non-zero one.
     """
     path = Path(path)
     _check_limits(memory_limit, compute_share, priority, policy, priority_floor, context_reserve)
+    if slice_key is None:
+        slice_key = new_slice_key()
+    if not 0 <= slice_key <= _U64_MAX:
+        raise ValueError(f"slice_key {slice_key} is not a 64-bit value")
     uuid_bytes = uuid.encode()
     if len(uuid_bytes) >= REGION_UUID_LEN or b"\0" in uuid_bytes:
         raise ValueError(f"uuid {uuid!r} is not a string of under {REGION_UUID_LEN} bytes")
@@ -314,6 +329,7 @@ def create_region(
     header.priority = int(priority)
     header.policy = int(policy)
     header.priority_floor = priority_floor
+    header.slice_key = slice_key
 
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -431,6 +447,16 @@ class Region:
     def generation(self) -> int:
         """Bumped on every limit change."""
         return self._load("generation")
+
+    @property
+    def slice_key(self) -> int:
+        """The slice's name in the GPU's scheduling region (arbiter.sched); 0 = none yet.
+
+        Set once, by whoever makes the file; a region made without one (by an older
+        vgpud) is named by the first libvgpu process that uses it, with a
+        compare-and-swap: the arbiter never writes it after creation, so that the two
+        can never race."""
+        return self._load("slice_key")
 
     @property
     def slot_high_water(self) -> int:

@@ -48,11 +48,13 @@ def region_name(ordinal: int) -> str:
 class Regions:
     """Region directories of all slices under one run dir."""
 
-    def __init__(self, run_dir: Path, *, context_reserve: int = 0,
+    def __init__(self, run_dir: Path, *, context_reserve: int = 0, priority_floor: int = 0,
                  proc: Path = Path("/proc")) -> None:
         self.run_dir = Path(run_dir)
         self.root = self.run_dir / "slices"
         self.context_reserve = context_reserve
+        #: % of the GPU a lower-priority slice keeps while a higher one runs (every slice).
+        self.priority_floor = priority_floor
         self.proc = Path(proc)
 
     # -- paths -----------------------------------------------------------------
@@ -106,15 +108,41 @@ class Regions:
     def _create_file(self, path: Path, s: Slice, g: Grant) -> None:
         create_region(path, uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
                       compute_share=g.compute, priority=s.priority, policy=s.policy,
+                      priority_floor=self.priority_floor,
                       context_reserve=self.context_reserve, arbiter=True,
                       mode=REGION_FILE_MODE, replace=True)
 
     def update(self, s: Slice) -> None:
-        """Write the slice's limits into its region files in place (running processes see them)."""
+        """Write the slice's limits into its region files in place (running processes see them).
+
+        The files stay the same inodes (containers have them bind-mounted) and keep
+        their slice keys; libvgpu reads the limits on every check."""
         for i, g in enumerate(s.grants):
             with open_region(self.region_path(s.id, i), proc=self.proc) as r:
                 r.set_limits(memory_limit=g.memory, compute_share=g.compute,
-                             priority=s.priority, policy=s.policy)
+                             priority=s.priority, policy=s.policy,
+                             priority_floor=self.priority_floor)
+
+    def set_priority_floor(self, floor: int, slices: Iterable[Slice]) -> list[str]:
+        """Use floor for every slice from now on, rewriting existing regions in place.
+
+        Returns the ids of slices whose regions could not be updated (logged; the
+        next start's reconcile_dirs repairs them)."""
+        if not 0 <= floor <= 100:
+            raise ValueError(f"priority_floor {floor} is outside 0..100")
+        self.priority_floor = floor
+        failed = []
+        for s in slices:
+            for i in range(len(s.grants)):
+                try:
+                    with open_region(self.region_path(s.id, i), proc=self.proc) as r:
+                        if r.priority_floor != floor:
+                            r.set_limits(priority_floor=floor)
+                except RegionError as e:
+                    log.warning("%s", e)
+                    failed.append(s.id)
+                    break
+        return failed
 
     def remove(self, slice_id: str) -> bool:
         """Delete a slice's directory; False when there was none."""
@@ -147,6 +175,17 @@ class Regions:
                 out.append(0)
         return out
 
+    def slice_keys(self, s: Slice) -> list[int]:
+        """Each vGPU's slice key (its name in the GPU's scheduling region); 0 when unreadable."""
+        out = []
+        for i in range(len(s.grants)):
+            try:
+                with open_region(self.region_path(s.id, i), writable=False, proc=self.proc) as r:
+                    out.append(r.slice_key)
+            except RegionError:
+                out.append(0)
+        return out
+
     def pids(self, s: Slice) -> dict[int, set[int]]:
         """Live processes registered in each vGPU's region, by vGPU ordinal."""
         out: dict[int, set[int]] = {}
@@ -166,7 +205,8 @@ class Regions:
         Leftover temporary directories go; a directory without a stored slice
         goes; a stored slice without a (whole) directory gets one; a region
         whose limits differ from the store (a crash between an update's
-        commit and its rewrite) is rewritten.
+        commit and its rewrite) or from the config (priority_floor) is
+        rewritten in place (its slice key stays).
         """
         self.prepare()
         wanted = {s.id: s for s in slices}
@@ -204,13 +244,15 @@ class Regions:
             path = d / region_name(i)
             try:
                 with open_region(path, proc=self.proc) as r:
-                    if (r.memory_limit, r.compute_share, r.priority, r.policy, r.device_index,
-                            r.uuid) == (g.memory, g.compute, int(s.priority), int(s.policy),
-                                        g.gpu_index, g.gpu_uuid):
+                    if (r.memory_limit, r.compute_share, r.priority, r.policy,
+                            r.priority_floor, r.device_index, r.uuid) == (
+                            g.memory, g.compute, int(s.priority), int(s.policy),
+                            self.priority_floor, g.gpu_index, g.gpu_uuid):
                         continue
                     if (r.device_index, r.uuid) == (g.gpu_index, g.gpu_uuid):
                         r.set_limits(memory_limit=g.memory, compute_share=g.compute,
-                                     priority=s.priority, policy=s.policy)
+                                     priority=s.priority, policy=s.policy,
+                                     priority_floor=self.priority_floor)
                         ok = False
                         continue
             except RegionError as e:

@@ -37,16 +37,20 @@ if TYPE_CHECKING:
 __all__ = [
     "CONTAINER_LIBVGPU",
     "CONTAINER_PRELOAD",
+    "CONTAINER_SCHED_DIR",
     "PRELOAD_HOST_NAME",
     "Mount",
     "MountHelper",
     "Plan",
     "apply_plan",
     "plan_mounts",
+    "sched_file",
 ]
 
 #: Where libvgpu.so appears in the container, and the line ld.so.preload gets.
 CONTAINER_LIBVGPU = "/usr/lib/vgpu/libvgpu.so"
+#: Where libvgpu in a container looks for its GPUs' scheduling regions (vgpu_sched.h).
+CONTAINER_SCHED_DIR = "/run/vgpu/sched"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 #: The generated ld.so.preload, in the bundle (the engine removes it with the bundle;
 #: the slice's region dir is vgpud's, whose reconciler removes files it did not make).
@@ -99,12 +103,35 @@ class Plan:
         """The plan as the child reads it from the pipe."""
         return json.dumps(asdict(self)).encode()
 
+    def to_fields(self) -> list[tuple[str, str]]:
+        """The plan as vgpud's lifecycle socket answers it to the compiled vgpu-hook.
+
+        Data-driven like the plan itself: each `mount=` field starts one mount, its value
+        the comma-separated exceptions to read-only/nodev/noexec (`rw`, `dev`, `exec`),
+        followed by its `source=` and `target=`. vgpu-hook applies them in order.
+        """
+        fields = [("rootfs", self.rootfs), ("preload_host", self.preload_host),
+                  ("preload_line", self.preload_line)]
+        for m in self.mounts:
+            opts = [o for o, on in (("rw", not m.read_only), ("dev", m.device),
+                                    ("exec", m.executable)) if on]
+            fields += [("mount", ",".join(opts)), ("source", m.source), ("target", m.target)]
+        return fields
+
     @classmethod
     def from_json(cls, data: bytes) -> Plan:
         """The plan the parent wrote."""
         doc = json.loads(data)
         return cls(rootfs=doc["rootfs"], mounts=tuple(Mount(**m) for m in doc["mounts"]),
                    preload_host=doc["preload_host"], preload_line=doc["preload_line"])
+
+
+def sched_file(region_path: str, gpu_uuid: str) -> str | None:
+    """The scheduling region of a slice's GPU, when vgpud made one."""
+    if not gpu_uuid or "/" in gpu_uuid or gpu_uuid.startswith("."):
+        return None
+    path = Path(region_path).parent.parent.parent / "sched" / gpu_uuid
+    return str(path) if path.is_file() else None
 
 
 def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path) -> Plan:
@@ -114,6 +141,14 @@ def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path
     for v in s.vgpus:
         # Read-write: libvgpu in the container writes its usage into the region.
         mounts.append(Mount(v.region_path, f"/dev/vgpu{v.index}", read_only=False))
+    for v in s.vgpus:
+        # The GPU's scheduling region, where the slices on it share the GPU's time
+        # (read-write: they take turns through it). vgpud keeps them in <run_dir>/sched,
+        # beside <run_dir>/slices/<id>/vgpu<i>; one from before compute scheduling
+        # has none, and then the container's processes schedule among themselves.
+        sched = sched_file(v.region_path, v.gpu_uuid)
+        if sched is not None:
+            mounts.append(Mount(sched, f"{CONTAINER_SCHED_DIR}/{v.gpu_uuid}", read_only=False))
     seen: set[str] = set()
     for v in s.vgpus:
         for node in v.device_nodes:

@@ -7,11 +7,15 @@ simulated driver with one 8 GiB device. vgpud starts on a private socket and
 state; container A asks for 1 GiB (annotation vgpu.io/memory=1Gi) and container
 B for 3 GiB, both started by runc through vgpu-runtime; each sees its slice as
 the whole GPU, fills it and is refused past it. `vgpu smi` shows both slices on
-the GPU; when the containers stop their slices are released. Without runc (or
-root) the same is shown with two host processes started by `vgpu run`.
+the GPU; when the containers stop their slices are released. Then two more
+containers with compute shares of 30 % and 70 % (vgpu.io/compute) run a greedy GPU
+load side by side for 3 s, and each one's measured share of the GPU's time is
+shown. Without runc (or root) the same is shown with host processes started by
+`vgpu run`.
 """
 from __future__ import annotations
 
+import array
 import json
 import os
 import shutil
@@ -24,6 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "build" / "tests" / "vgpu_probe"
+LOAD = ROOT / "build" / "tests" / "gpu_load"
+LOAD_SECONDS = 3.0
 MiB = 1 << 20
 
 
@@ -92,10 +98,56 @@ def run_container(name: str, memory: str, tmp: Path, env: dict[str, str]
         env=[f"SIMGPU_STATE={sim / 'simgpu.state'}"] if sim else [],
         mounts=[{"destination": str(sim), "type": "bind", "source": str(sim),
                  "options": ["rbind", "rw"]}] if sim else [])
-    p = subprocess.Popen([sys.executable, "-m", "shim", "run", "-b", str(bundle), cid],
+    # The compiled vgpu-runtime (make builds it; vgpud's lifecycle socket does the work).
+    runtime = ROOT / "build" / "bin" / "vgpu-runtime"
+    cmd = [str(runtime)] if runtime.exists() else [sys.executable, "-m", "shim"]
+    p = subprocess.Popen([*cmd, "run", "-b", str(bundle), cid],
                          env=env, stdout=subprocess.PIPE, text=True)
     report(f"$ vgpu-runtime run  (container {name}, annotation vgpu.io/memory={memory})", p)
     return p, cid
+
+
+def compute_demo(tmp: Path, env: dict[str, str], containers: bool) -> None:
+    """Two greedy loads with compute shares 30 % and 70 % on the one GPU, measured."""
+    sim = Path(env["SIMGPU_STATE"]).parent
+    start = time.monotonic_ns() + 2_000_000_000        # both are up by then
+    until = start + int(LOAD_SECONDS * 1e9)
+    runs = []
+    for name, pct in (("C", 30), ("D", 70)):
+        load = [f"--kernel busy_1000us --start-at {start} --until {until}",
+                f"--trace {sim / f'trace-{name}'}"]
+        if containers:
+            sys.path.insert(0, str(ROOT / "tests"))
+            from images import make_bundle
+
+            cid = f"vgpu-demo-{name}-{os.getpid()}"
+            bundle = make_bundle(
+                tmp / cid, args=["/bin/sh", "-c", "gpu_load " + " ".join(load)],
+                annotations={"vgpu.io/memory": "512Mi", "vgpu.io/compute": str(pct),
+                             "vgpu.io/policy": "fixed"},
+                env=[f"SIMGPU_STATE={sim / 'simgpu.state'}"],
+                mounts=[{"destination": str(sim), "type": "bind", "source": str(sim),
+                         "options": ["rbind", "rw"]}])
+            runtime = ROOT / "build" / "bin" / "vgpu-runtime"
+            cmd = [str(runtime)] if runtime.exists() else [sys.executable, "-m", "shim"]
+            print(f"$ vgpu-runtime run  (container {name}, vgpu.io/compute={pct}, "
+                  "a greedy GPU load)")
+            argv = [*cmd, "run", "-b", str(bundle), cid]
+        else:
+            print(f"$ vgpu run --memory 512Mi --compute {pct} --policy fixed "
+                  f"-- <greedy GPU load {name}>")
+            argv = [sys.executable, "-m", "arbiter.cli", "run", "--memory", "512Mi",
+                    "--compute", str(pct), "--policy", "fixed", "--", str(LOAD),
+                    *" ".join(load).split()]
+        runs.append((name, pct, subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)))
+    print(f"  both run for {LOAD_SECONDS:g} s on the same GPU; share of the GPU's time:")
+    for name, pct, p in runs:
+        p.wait(timeout=60)
+        raw = array.array("Q", (sim / f"trace-{name}").read_bytes())
+        a = start + 500_000_000                         # after both have settled
+        busy = sum(g for t, g in zip(raw[0::3], raw[1::3], strict=False) if a <= t < until)
+        print(f"  {name}: compute {pct:>2} %  ->  measured {busy / (until - a) * 100:5.1f} %")
+    print()
 
 
 def report(title: str, p: subprocess.Popen[str]) -> None:
@@ -155,6 +207,12 @@ def main() -> None:
             what = "containers" if containers else "programs"
             print(f"both {what} ended; their slices are released:\n$ vgpu ls")
             print(vgpu(env, "ls") or "(no slices)")
+            if has_real_gpu():
+                print("(compute shares on a real GPU: python3 tests/gpu/check_compute.py)")
+            else:
+                compute_demo(tmp, env, containers=bool(containers))
+                print("$ vgpu ls")
+                print(vgpu(env, "ls") or "(no slices)")
         finally:
             for p in runs:
                 if p.poll() is None:

@@ -13,6 +13,7 @@ BUILD = ROOT / "build"
 SIMGPU_DIR = BUILD / "simgpu"
 LIBVGPU = BUILD / "libvgpu.so"
 TEST_BIN = BUILD / "tests"
+NATIVE_BIN = BUILD / "bin"   # the compiled vgpu-runtime and vgpu-hook
 
 # Variables that would change what libvgpu or simgpu do; a test starts clean.
 _CONFIG_PREFIXES = ("VGPU_", "SIMGPU_")

@@ -3,7 +3,7 @@
 
 The rootfs holds busybox-static as /bin/sh (and its applets), the glibc libraries
 that vgpu_probe, libvgpu.so and simgpu need (found with ldd), build/tests/vgpu_probe
-at /usr/bin/vgpu_probe, and simgpu's libcuda.so.1 / libnvidia-ml.so.1 in
+and gpu_load in /usr/bin, and simgpu's libcuda.so.1 / libnvidia-ml.so.1 in
 /usr/lib/x86_64-linux-gnu (in production the driver's libraries come from
 nvidia-container-runtime or CDI, not from vgpu). Three forms, each built once per
 test session (per process) and then copied to `dest`:
@@ -70,7 +70,7 @@ def _in_rootfs(host_path: str) -> str:
 def _make_rootfs(root: Path) -> None:
     if not BUSYBOX.is_file():
         raise FileNotFoundError(f"{BUSYBOX} is missing: apt-get install busybox-static")
-    probe = TEST_BIN / "vgpu_probe"
+    probe, load = TEST_BIN / "vgpu_probe", TEST_BIN / "gpu_load"
     cuda, nvml = SIMGPU_DIR / "libcuda.so.1", SIMGPU_DIR / "libnvidia-ml.so.1"
     for d in ("usr/bin", "usr/sbin", "usr/lib64", _LIBDIR, "etc", "dev", "proc", "sys",
               "tmp", "root", "run", "var/tmp"):
@@ -84,11 +84,12 @@ def _make_rootfs(root: Path) -> None:
         link = root / "usr/bin" / applet
         if applet != "busybox" and not link.exists():
             link.symlink_to("busybox")
-    for lib in _ldd([probe, BUILD / "libvgpu.so", cuda, nvml]):
+    for lib in _ldd([probe, load, BUILD / "libvgpu.so", cuda, nvml]):
         target = root / _in_rootfs(lib)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(os.path.realpath(lib), target)
     shutil.copy2(probe, root / "usr/bin/vgpu_probe")
+    shutil.copy2(load, root / "usr/bin/gpu_load")
     for lib in (cuda, nvml):
         shutil.copy2(lib, root / _LIBDIR / lib.name)
         (root / _LIBDIR / lib.name.removesuffix(".1")).symlink_to(lib.name)

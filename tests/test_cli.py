@@ -186,6 +186,10 @@ def test_child_env_prepends_preload_and_sets_region_dir():
     assert env == {"LD_PRELOAD": "/lib/libvgpu.so:/x.so", "A": "b", "VGPU_REGION_DIR": "/r/s1"}
     env = cli.child_env({"CUDA_VISIBLE_DEVICES": "3"}, "/l.so", "/r", ["GPU-b", "GPU-a"])
     assert env["LD_PRELOAD"] == "/l.so" and env["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-a"
+    assert "VGPU_SCHED_DIR" not in env  # an older vgpud names none: the user's value stays
+    env = cli.child_env({"VGPU_SCHED_DIR": "/mine"}, "/l.so", "/r", sched_dir="/run/vgpu/sched")
+    assert env["VGPU_SCHED_DIR"] == "/run/vgpu/sched"
+    assert cli.child_env({"VGPU_SCHED_DIR": "/mine"}, "/l.so", "/r")["VGPU_SCHED_DIR"] == "/mine"
 
 
 def test_run_owner_is_unique_and_names_host_and_pid():
@@ -327,6 +331,9 @@ def test_info_reports_daemon(fake, capsys):
     assert info["vgpud"]["reachable"] and info["vgpud"]["version"] == "9.9"
     assert info["vgpud"]["paths"] == {"run_dir": "/run/vgpu", "state_dir": "/var/lib/vgpu"}
     assert info["libvgpu"] == str(ROOT / "build" / "libvgpu.so")
+    assert info["vgpu_runtime"] == str(ROOT / "build" / "bin" / "vgpu-runtime")
+    assert info["vgpu_hook"] == str(ROOT / "build" / "bin" / "vgpu-hook")
+    assert info["lifecycle_socket"] == f"{fake.socket}.lifecycle"
 
 
 # ---- no daemon -----------------------------------------------------------------

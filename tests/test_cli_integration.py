@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -153,6 +154,9 @@ def test_ls_smi_json_while_running(vgpud):
         assert paths["run_dir"] == str(vgpud.tmp / "run")
         assert paths["socket"] == info["socket"]
         assert paths["state_dir"] == str(vgpud.tmp / "state")
+        assert paths["sched_dir"] == str(vgpud.tmp / "run" / "sched")
+        assert re.search(r"^vgpud sched dir +" + re.escape(str(vgpud.tmp / "run" / "sched")) + "$",
+                         vgpud.vgpu("info").stdout, re.M)
     finally:
         kill_quietly(pid)
         p.wait(30)
@@ -174,11 +178,15 @@ def test_run_limits_the_child_and_releases(vgpud):
 
 def test_run_passes_exit_status_and_env(vgpud):
     r = vgpud.vgpu("run", "--memory", "1", "--", "sh", "-c",
-                   'echo "$LD_PRELOAD|$VGPU_REGION_DIR"; exit 7', check=False)
+                   'echo "$LD_PRELOAD|$VGPU_REGION_DIR|$VGPU_SCHED_DIR"; exit 7', check=False)
     assert r.returncode == 7
-    preload, region_dir = r.stdout.strip().split("|")
+    preload, region_dir, sched_dir = r.stdout.strip().split("|")
     assert preload.split(":")[0] == str(ROOT / "build" / "libvgpu.so")
     assert region_dir.startswith(str(vgpud.tmp / "run" / "slices"))
+    # The host process shares each GPU's compute with the containers on it.
+    assert sched_dir == str(vgpud.tmp / "run" / "sched")
+    assert sorted(p.name for p in Path(sched_dir).iterdir()) == [
+        d["uuid"] for d in json.loads(vgpud.vgpu("devices", "--json").stdout)]
     assert vgpud.slices() == []
 
 

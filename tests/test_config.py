@@ -43,7 +43,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert c.event_log == Path("/var/lib/vgpu/events.jsonl")
     assert (c.placement_policy, c.allow_preemption) == ("binpack", False)
     assert (c.default_compute, c.default_priority, c.default_policy) == (10, "normal", "fixed")
-    assert c.context_reserve == 0
+    assert (c.context_reserve, c.priority_floor) == (0, 0)
     assert (c.reconcile_interval_s, c.drift_action) == (10.0, "flag")
     assert c.metrics_address == "127.0.0.1:9400"
     assert c.devices_include is None and dict(c.device_nodes) == {}
@@ -115,6 +115,9 @@ HAPPY = [
                  {"default_compute": 2, "default_priority": "high", "default_policy": "burst"},
                  id="defaults-edges-low"),
     pytest.param("defaults: {compute: 100}", {"default_compute": 100}, id="compute-100"),
+    pytest.param("defaults: {priority_floor: 0}", {"priority_floor": 0}, id="floor-0"),
+    pytest.param("defaults: {priority_floor: 5}", {"priority_floor": 5}, id="floor-5"),
+    pytest.param("defaults: {priority_floor: 100}", {"priority_floor": 100}, id="floor-100"),
     pytest.param("defaults: {context_reserve: 256Mi}", {"context_reserve": 256 * MI},
                  id="reserve-binary"),
     pytest.param("defaults: {context_reserve: 1G}", {"context_reserve": 10**9},
@@ -204,6 +207,15 @@ SAD = [
     pytest.param("defaults:\n  compute: 12.5\n",
                  "line 2: defaults.compute: 12.5 is not an integer percent from 2 to 100",
                  id="compute-float"),
+    pytest.param("defaults:\n  priority_floor: 101\n",
+                 "line 2: defaults.priority_floor: 101 is not an integer percent from 0 to 100",
+                 id="floor-too-high"),
+    pytest.param("defaults:\n  priority_floor: -1\n",
+                 "line 2: defaults.priority_floor: -1 is not an integer percent from 0 to 100",
+                 id="floor-negative"),
+    pytest.param("defaults:\n  priority_floor: 2.5\n",
+                 "line 2: defaults.priority_floor: 2.5 is not an integer percent from 0 to 100",
+                 id="floor-float"),
     pytest.param("defaults:\n  priority: urgent\n",
                  "line 2: defaults.priority: 'urgent' is not one of ['low', 'normal', 'high']",
                  id="priority"),
@@ -374,7 +386,8 @@ def test_replace_reloadable(tmp_path: Path) -> None:
     old = load_config(None, {"state_dir": str(tmp_path)})
     new = load_config(write(tmp_path, """\
         placement: {policy: spread, allow_preemption: true}
-        defaults: {compute: 20, priority: low, policy: burst, context_reserve: 1Gi}
+        defaults: {compute: 20, priority: low, policy: burst, context_reserve: 1Gi,
+                   priority_floor: 30}
         reconcile: {interval_s: 1, drift_action: kill}
         metrics: {address: ''}
         """))

@@ -3,6 +3,7 @@
 poststop hooks, a real vgpud on simgpu, vgpu_probe inside the container."""
 from __future__ import annotations
 
+import array
 import json
 import os
 import shutil
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 
                                 reason="needs runc and root")
 
 MiB = 1 << 20
+HOOK = ROOT / "build" / "bin" / "vgpu-hook"
 PRELOAD_OWN = "/usr/lib/x86_64-linux-gnu/libc.so.6"  # an image's own preload line (harmless)
 
 
@@ -41,10 +43,10 @@ class Host:
         self.n = 0
 
     def hook(self, phase: str, timeout: int = 20) -> dict[str, object]:
+        """The compiled vgpu-hook (it asks vgpud's lifecycle socket; Python where it cannot)."""
         env = [f"PYTHONPATH={ROOT}", f"VGPU_SOCKET={self.vgpud.socket}",
-               f"VGPU_CONFIG={self.vgpud.config_file}"]
-        return {"path": sys.executable, "args": [sys.executable, "-m", "oci_hook", phase],
-                "env": env, "timeout": timeout}
+               f"VGPU_CONFIG={self.vgpud.config_file}", f"VGPU_PYTHON={sys.executable}"]
+        return {"path": str(HOOK), "args": ["vgpu-hook", phase], "env": env, "timeout": timeout}
 
     def bundle(self, script: str, annotations: dict[str, str] | None = None, *,
                hooks: bool = True, env: list[str] | None = None, prestart_timeout: int = 20,
@@ -106,6 +108,31 @@ def test_limits_inside_and_slice_released_after_exit(host):
     assert (b / "rootfs/etc/ld.so.preload").read_text() == PRELOAD_OWN + "\n"
     [event] = host.vgpud.events("allocate")
     assert event["owner"] == cid and event["grants"][0]["compute"] == 20
+
+
+def test_two_containers_share_the_gpu_by_their_compute_shares(host):
+    """Each container finds its GPU's scheduling region and gets its share of GPU time."""
+    seconds, warm = 3.0, 0.5
+    start = time.monotonic_ns() + 2_000_000_000     # both containers are up by then
+    until = start + int(seconds * 1e9)
+    runs = []
+    for pct in (30, 70):
+        script = (f"ls /run/vgpu/sched/ && gpu_load --kernel busy_1000us --start-at {start} "
+                  f"--until {until} --trace /sim/trace{pct}")
+        b, cid = host.bundle(script, {"vgpu.io/memory": "256Mi", "vgpu.io/compute": str(pct),
+                                      "vgpu.io/policy": "fixed"})
+        runs.append(subprocess.Popen(host.runc("run", "--bundle", str(b), cid),
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=60) for p in runs]
+    for p, (out, err) in zip(runs, outs, strict=False):
+        assert p.returncode == 0, err
+        assert "GPU-" in out            # the GPU's scheduling region is mounted
+    for pct in (30, 70):
+        raw = array.array("Q", (host.sim / f"trace{pct}").read_bytes())
+        a, b = start + int(warm * 1e9), until
+        busy = sum(g for t, g in zip(raw[0::3], raw[1::3], strict=False) if a <= t < b)
+        assert busy / (b - a) * 100 == pytest.approx(pct, abs=3)
+    assert host.slices() == []
 
 
 BAD = [
@@ -178,7 +205,8 @@ def _hook_pids(socket: Path) -> list[int]:
             env = (d / "environ").read_bytes()
         except OSError:
             continue
-        if b"oci_hook" in cmd and b"prestart" in cmd and f"VGPU_SOCKET={socket}".encode() in env:
+        if (b"vgpu-hook" in cmd and b"prestart" in cmd
+                and f"VGPU_SOCKET={socket}".encode() in env):
             pids.append(int(d.name))
     return pids
 

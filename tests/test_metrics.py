@@ -137,6 +137,34 @@ def test_snapshot_gauges(metrics: Metrics) -> None:
                  policy="fixed") == 1
 
 
+def test_gpu_seconds_and_handoffs_from_the_sched_regions(metrics: Metrics) -> None:
+    snap = Snapshot(
+        gpus=GPUS, slices=SLICES,
+        # s1 has run 2.5 s on GPU 0; s2 has an entry on GPU 1 only (none yet on GPU 0).
+        slice_gpu_ns={"s1": [2_500_000_000], "s2": [None, 1_000]},
+        gpu_handoffs={0: 41},                               # GPU 1's region unreadable
+    )
+    metrics.set_source(lambda: snap)
+    text = generate_latest(metrics.registry).decode()
+    assert "# TYPE vgpu_slice_gpu_seconds_total counter" in text
+    assert "# TYPE vgpu_gpu_token_handoffs_total counter" in text
+    s = samples(text)
+    s1 = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s1", "owner": "ctr-1"}
+    s2a = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s2", "owner": "ctr-2"}
+    s2b = {"gpu": "1", "uuid": "GPU-bbbb", "slice": "s2", "owner": "ctr-2"}
+    assert value(s, "vgpu_slice_gpu_seconds_total", **s1) == 2.5
+    assert value(s, "vgpu_slice_gpu_seconds_total", **s2b) == 1e-6
+    assert ("vgpu_slice_gpu_seconds_total", tuple(sorted(s2a.items()))) not in s
+    assert value(s, "vgpu_gpu_token_handoffs_total", gpu="0", uuid="GPU-aaaa") == 41
+    assert ("vgpu_gpu_token_handoffs_total", (("gpu", "1"), ("uuid", "GPU-bbbb"))) not in s
+    # The NVML-based gauge stays alongside.
+    metrics.set_source(lambda: Snapshot(gpus=GPUS, slices=SLICES,
+                                        slice_compute_used={"s1": [25]}))
+    s = scrape(metrics)
+    assert value(s, "vgpu_slice_compute_used_percent", **s1) == 25
+    assert not any(k[0] == "vgpu_slice_gpu_seconds_total" for k in s)
+
+
 def test_released_slice_disappears(metrics: Metrics) -> None:
     current = [SLICES]
     metrics.set_source(lambda: Snapshot(gpus=GPUS, slices=current[0]))

@@ -179,6 +179,30 @@ def test_set_limits_is_seen_live_by_another_mapping(tmp_path: Path) -> None:
     assert rg.open_region(path).memory_limit == GI  # it is in the file, not only the mapping
 
 
+def test_create_sets_a_random_nonzero_slice_key(tmp_path: Path) -> None:
+    keys = set()
+    for i in range(8):
+        with rg.open_region(make(tmp_path / f"vgpu{i}")) as region:
+            keys.add(region.slice_key)
+    assert 0 not in keys and len(keys) == 8
+    raw = VgpuRegion.from_buffer_copy((tmp_path / "vgpu0").read_bytes())
+    assert raw.slice_key in keys and list(raw.reserved) == [0] * 23
+    with rg.open_region(make(tmp_path / "given", slice_key=0x1234)) as region:
+        assert region.slice_key == 0x1234
+    with pytest.raises(ValueError, match="slice_key -1"):
+        make(tmp_path / "bad", slice_key=-1)
+
+
+def test_slice_key_survives_updates(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0")
+    with rg.open_region(path) as region:
+        key = region.slice_key
+        region.set_limits(compute_share=40, priority_floor=7, memory_limit=GI)
+        assert region.slice_key == key
+    with rg.open_region(make(tmp_path / "old", slice_key=0)) as region:
+        assert region.slice_key == 0  # as an older vgpud made it: libvgpu names it
+
+
 # -- bad files -----------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from arbiter.errors import RegionError
 from arbiter.model import Grant, Policy, Priority, Slice
-from arbiter.region import open_region
+from arbiter.region import create_region, open_region
 from arbiter.regions import Regions
 
 MiB = 1 << 20
@@ -119,3 +119,70 @@ def test_reconcile_dirs_makes_the_tree_match_the_store(regions):
     # A second pass has nothing to do.
     again = regions.reconcile_dirs([kept, lost, stale, truncated])
     assert (again.created, again.fixed, again.removed) == ((), (), ())
+
+
+# ---- slice keys and the priority floor ---------------------------------------------
+
+def test_every_region_gets_its_own_key_and_updates_keep_it(regions):
+    s = make_slice(n=2)
+    regions.create(s)
+    keys = regions.slice_keys(s)
+    assert all(keys) and len(set(keys)) == 2
+    inodes = [regions.region_path(s.id, i).stat().st_ino for i in range(2)]
+    regions.update(Slice(s.id, s.owner, tuple(Grant(i, f"GPU-{i}", 32 * MiB, 60)
+                                             for i in range(2))))
+    assert regions.slice_keys(s) == keys
+    assert [regions.region_path(s.id, i).stat().st_ino for i in range(2)] == inodes
+    regions.remove(s.id)
+    assert regions.slice_keys(s) == [0, 0]  # unreadable: no key
+
+
+def test_priority_floor_is_written_at_create_and_changed_in_place(regions):
+    a, b = make_slice("a" * 12, n=1), make_slice("b" * 12, n=2)
+    regions.create(a)
+    regions.priority_floor = 15
+    regions.create(b)
+
+    def floors(s: Slice) -> list[int]:
+        out = []
+        for i in range(len(s.grants)):
+            with open_region(regions.region_path(s.id, i), writable=False) as r:
+                out.append(r.priority_floor)
+        return out
+
+    assert (floors(a), floors(b)) == ([0], [15, 15])
+    path = regions.region_path(b.id, 1)
+    inode, key = path.stat().st_ino, regions.slice_keys(b)
+    with open_region(path, writable=False) as live:  # a running process's view
+        gen = live.generation
+        assert regions.set_priority_floor(25, [a, b, make_slice("c" * 12)]) == ["c" * 12]
+        assert live.priority_floor == 25 and live.generation > gen
+    assert (floors(a), floors(b)) == ([25], [25, 25])
+    assert (path.stat().st_ino, regions.slice_keys(b)) == (inode, key)
+    regions.update(b)  # an Update keeps writing the configured floor
+    assert floors(b) == [25, 25]
+    with pytest.raises(ValueError, match="priority_floor 101"):
+        regions.set_priority_floor(101, [a])
+    assert regions.priority_floor == 25
+
+
+def test_reconcile_fixes_the_floor_in_place_and_keeps_keys(regions):
+    s = make_slice(n=2)
+    regions.create(s)
+    old = regions.region_path(s.id, 1)
+    g = s.grants[1]
+    # What an older vgpud made: no slice key (libvgpu's first process names it).
+    create_region(old, uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
+                  compute_share=g.compute, priority=s.priority, policy=s.policy,
+                  context_reserve=8 * MiB, mode=0o666, replace=True, slice_key=0)
+    keys = regions.slice_keys(s)
+    assert keys[0] and keys[1] == 0
+    inodes = [regions.region_path(s.id, i).stat().st_ino for i in range(2)]
+    regions.priority_floor = 10  # the config changed while vgpud was down
+    assert regions.reconcile_dirs([s]).fixed == (s.id,)
+    assert regions.slice_keys(s) == keys  # the arbiter never races libvgpu for a key
+    assert [regions.region_path(s.id, i).stat().st_ino for i in range(2)] == inodes
+    for i in range(2):
+        with open_region(regions.region_path(s.id, i)) as r:
+            assert r.priority_floor == 10
+    assert regions.reconcile_dirs([s]).fixed == ()

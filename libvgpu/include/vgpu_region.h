@@ -47,7 +47,9 @@ struct vgpu_region {
     _Atomic uint64_t generation;     /* bumped by the arbiter on every limit change */
     _Atomic uint32_t slot_high_water;/* slots [0, high_water) have been used */
     uint32_t reserved32;
-    uint64_t reserved[24];           /* room for later fields without a version bump */
+    _Atomic uint64_t slice_key;      /* random, set by the creator: names the slice in the
+                                      * GPU's scheduling region (vgpu_sched.h); 0 = none */
+    uint64_t reserved[23];           /* room for later fields without a version bump */
     struct vg_slot slots[VGPU_REGION_SLOTS];
 };
 

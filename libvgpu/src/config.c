@@ -75,6 +75,102 @@ static int load_limits(struct vg_config *cfg)
     return any;
 }
 
+/* VGPU_COMPUTE_LIMIT and VGPU_COMPUTE_LIMIT_<i>: integer percent 2..100. Returns 1 when any is set. */
+static int load_compute(struct vg_config *cfg)
+{
+    static const char prefix[] = "VGPU_COMPUTE_LIMIT";
+    int any = 0;
+    for (char **e = environ; e && *e; e++) {
+        if (strncmp(*e, prefix, sizeof(prefix) - 1) != 0)
+            continue;
+        const char *eq = strchr(*e, '=');
+        if (!eq)
+            continue;
+        char key[128];
+        snprintf(key, sizeof(key), "%.*s", (int)(eq - *e), *e);
+        const char *rest = key + sizeof(prefix) - 1;
+        const char *value = eq + 1;
+        any = 1;
+        uint32_t *out = &cfg->compute_all;
+        if (*rest) {
+            char *end = NULL;
+            long idx = *rest == '_' && rest[1] >= '0' && rest[1] <= '9' ? strtol(rest + 1, &end, 10) : -1;
+            if (idx < 0 || (end && *end) || idx >= VG_MAX_DEVICES) {
+                set_error(cfg, CUDA_ERROR_INVALID_VALUE,
+                          "%s=\"%s\": unknown variable: use VGPU_COMPUTE_LIMIT or VGPU_COMPUTE_LIMIT_<device 0..%d>",
+                          key, value, VG_MAX_DEVICES - 1);
+                continue;
+            }
+            out = &cfg->compute_dev[idx];
+        }
+        char *end = NULL;
+        long pct = strtol(value, &end, 10);
+        if (!*value || *end || pct < 2 || pct > 100)
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE, "%s=\"%s\": not a compute share: use an integer percent 2..100",
+                      key, value);
+        else
+            *out = (uint32_t)pct;
+    }
+    return any;
+}
+
+/* One of `names` (index = value), or -1 when unset; a wrong word fails closed. */
+static int load_word(struct vg_config *cfg, const char *key, const char *const *names, int n, const char *forms)
+{
+    const char *v = getenv(key);
+    if (!v)
+        return -1;
+    for (int i = 0; i < n; i++)
+        if (strcmp(v, names[i]) == 0)
+            return i;
+    set_error(cfg, CUDA_ERROR_INVALID_VALUE, "%s=\"%s\": unknown value: use %s", key, v, forms);
+    return -1;
+}
+
+static int load_sched(struct vg_config *cfg)
+{
+    static const char *const priorities[] = {"low", "normal", "high"}; /* enum vgpu_priority */
+    static const char *const policies[] = {"fixed", "burst"};          /* enum vgpu_policy */
+    cfg->priority = load_word(cfg, "VGPU_PRIORITY", priorities, 3, "high, normal or low");
+    cfg->policy = load_word(cfg, "VGPU_POLICY", policies, 2, "fixed or burst");
+    cfg->floor = -1;
+    const char *v = getenv("VGPU_PRIORITY_FLOOR");
+    if (v) {
+        char *end = NULL;
+        long pct = strtol(v, &end, 10);
+        if (!*v || *end || pct < 0 || pct > 100)
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE,
+                      "VGPU_PRIORITY_FLOOR=\"%s\": not a floor: use an integer percent 0..100", v);
+        else
+            cfg->floor = (int)pct;
+    }
+    const char *dir = getenv("VGPU_SCHED_DIR");
+    if (dir && *dir) {
+        if (strlen(dir) >= sizeof(cfg->sched_dir) - 110)
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE, "VGPU_SCHED_DIR=\"%s\": path too long", dir);
+        else
+            snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%s", dir);
+    }
+    return load_compute(cfg) || cfg->priority >= 0 || cfg->policy >= 0 || cfg->floor >= 0;
+}
+
+/* Where an arbiter-made slice finds its GPUs' scheduling regions: the hook
+ * mounts them at /run/vgpu/sched in containers; on the host (vgpu run) the
+ * slice dir is <run_dir>/slices/<id> and the regions are in <run_dir>/sched. */
+static void arbiter_sched_dir(struct vg_config *cfg, const char *dev_dir)
+{
+    cfg->sched_from_arbiter = 1;
+    if (strcmp(dev_dir, "/dev") == 0) {
+        snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "/run/vgpu/sched");
+        return;
+    }
+    const char *dir = getenv("VGPU_SCHED_DIR");
+    if (dir && *dir && strlen(dir) < sizeof(cfg->sched_dir) - 110)
+        snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%s", dir);
+    else
+        snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%.140s/../../sched", dev_dir);
+}
+
 static void load_context_reserve(struct vg_config *cfg)
 {
     const char *v = getenv("VGPU_CONTEXT_RESERVE");
@@ -119,10 +215,13 @@ void vg_config_load(struct vg_config *cfg, const char *dev_dir)
         cfg->mode = VG_MODE_SLICE;
         cfg->slice_devices = slice;
         snprintf(cfg->region_dir, sizeof(cfg->region_dir), "%s", dev_dir);
+        cfg->priority = cfg->policy = cfg->floor = -1;
+        arbiter_sched_dir(cfg, dev_dir);
         return;
     }
     int limits = load_limits(cfg);
     load_context_reserve(cfg);
+    int sched = load_sched(cfg);
     const char *dir = getenv("VGPU_REGION_DIR");
     if (dir && *dir) {
         struct stat sb;
@@ -140,8 +239,12 @@ void vg_config_load(struct vg_config *cfg, const char *dev_dir)
         if (!cfg->error[0] && arbiter_made(dir)) {
             cfg->mode = VG_MODE_SLICE;
             cfg->slice_devices = count_slice_files(dir);
+            arbiter_sched_dir(cfg, cfg->region_dir);
+        } else if (!cfg->sched_dir[0]) {
+            /* The processes of one shared slice coordinate at least among themselves. */
+            snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%s", cfg->region_dir);
         }
-    } else if (limits || cfg->context_reserve || cfg->error[0]) {
+    } else if (limits || sched || cfg->context_reserve || cfg->error[0]) {
         cfg->mode = VG_MODE_PRIVATE;
     }
 }

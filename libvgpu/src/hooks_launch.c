@@ -1,64 +1,78 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * hooks_launch.c - kernel and graph launches. Memory isolation needs nothing
- * here; the hooks exist so every launch path (direct, dlsym,
- * cuGetProcAddress, per-thread default stream) reaches one place, which is
- * where compute throttling attaches.
+ * hooks_launch.c - kernel and graph launches: every launch path (direct,
+ * dlsym, cuGetProcAddress, per-thread default stream) reaches the compute
+ * scheduler (sched.c) here. A graph launch is one submission whose GPU time
+ * is charged like a kernel's, so captured work cannot escape the share.
  */
 #include "vgpu_internal.h"
+
+/* The stream a _ptsz entry point means by 0. */
+#define PTSZ(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
+
+#define SCHEDULED(stream, call)                                                 \
+    do {                                                                        \
+        vg_boot();                                                              \
+        if (VG_LIKELY(!atomic_load_explicit(&vg_active, memory_order_relaxed))) \
+            return call;                                                        \
+        struct vg_ticket t_ = vg_sched_admit(stream);                           \
+        CUresult rc_ = call;                                                    \
+        vg_sched_done(t_, rc_);                                                 \
+        return rc_;                                                             \
+    } while (0)
 
 VG_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                                   unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params,
                                   void **extra)
 {
-    vg_boot();
-    return REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    SCHEDULED(s, REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
 }
 
 VG_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                                        CUstream s, void **params, void **extra)
 {
-    vg_boot();
-    return REAL(cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    SCHEDULED(PTSZ(s), REAL(cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
 }
 
 VG_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)
 {
-    vg_boot();
-    return REAL(cuLaunchKernelEx)(config, f, params, extra);
+    if (!config) {
+        vg_boot();
+        return REAL(cuLaunchKernelEx)(config, f, params, extra); /* the driver's own error */
+    }
+    SCHEDULED(config->hStream, REAL(cuLaunchKernelEx)(config, f, params, extra));
 }
 
 VG_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **params, void **extra)
 {
-    vg_boot();
-    return REAL(cuLaunchKernelEx_ptsz)(config, f, params, extra);
+    if (!config) {
+        vg_boot();
+        return REAL(cuLaunchKernelEx_ptsz)(config, f, params, extra);
+    }
+    SCHEDULED(PTSZ(config->hStream), REAL(cuLaunchKernelEx_ptsz)(config, f, params, extra));
 }
 
 VG_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                              unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                                              CUstream s, void **params)
 {
-    vg_boot();
-    return REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+    SCHEDULED(s, REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, params));
 }
 
 VG_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                                   unsigned int bx, unsigned int by, unsigned int bz,
                                                   unsigned int shmem, CUstream s, void **params)
 {
-    vg_boot();
-    return REAL(cuLaunchCooperativeKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, params);
+    SCHEDULED(PTSZ(s), REAL(cuLaunchCooperativeKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, params));
 }
 
 VG_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s)
 {
-    vg_boot();
-    return REAL(cuGraphLaunch)(exec, s);
+    SCHEDULED(s, REAL(cuGraphLaunch)(exec, s));
 }
 
 VG_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s)
 {
-    vg_boot();
-    return REAL(cuGraphLaunch_ptsz)(exec, s);
+    SCHEDULED(PTSZ(s), REAL(cuGraphLaunch_ptsz)(exec, s));
 }

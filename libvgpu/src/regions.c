@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "vgpu_internal.h"
@@ -91,6 +92,20 @@ static struct vgpu_region *open_region(const char *path)
     return r;
 }
 
+uint64_t vg_random_key(void)
+{
+    uint64_t k = 0;
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        if (read(fd, &k, sizeof(k)) != (ssize_t)sizeof(k))
+            k = 0;
+        close(fd);
+    }
+    if (!k) /* no urandom: pid and time still tell slices apart */
+        k = ((uint64_t)getpid() << 32) ^ (uint64_t)time(NULL) ^ (uint64_t)(uintptr_t)&k;
+    return k | 1;
+}
+
 static void fill_region(struct vgpu_region *r, int dev, uint64_t limit, const char *uuid)
 {
     r->version = VGPU_REGION_VERSION;
@@ -100,9 +115,12 @@ static void fill_region(struct vgpu_region *r, int dev, uint64_t limit, const ch
     snprintf(r->uuid, sizeof(r->uuid), "%s", uuid);
     atomic_store(&r->memory_limit, limit);
     atomic_store(&r->context_reserve, vg_cfg.context_reserve);
-    atomic_store(&r->compute_share, 100);
-    atomic_store(&r->priority, VGPU_PRIORITY_NORMAL);
-    atomic_store(&r->policy, VGPU_POLICY_FIXED);
+    uint32_t share = vg_cfg.compute_dev[dev] ? vg_cfg.compute_dev[dev] : vg_cfg.compute_all;
+    atomic_store(&r->compute_share, share ? share : 100);
+    atomic_store(&r->priority, vg_cfg.priority >= 0 ? (uint32_t)vg_cfg.priority : VGPU_PRIORITY_NORMAL);
+    atomic_store(&r->policy, vg_cfg.policy >= 0 ? (uint32_t)vg_cfg.policy : VGPU_POLICY_FIXED);
+    atomic_store(&r->priority_floor, vg_cfg.floor >= 0 ? (uint32_t)vg_cfg.floor : 0);
+    atomic_store(&r->slice_key, vg_random_key());
     /* Readers check magic first: publish it last. */
     atomic_store((_Atomic uint32_t *)&r->magic, VGPU_REGION_MAGIC);
 }
@@ -213,7 +231,8 @@ static int init_regions(void)
             r = open_or_create(path, i, limit ? limit : total, uuid);
             break;
         case VG_MODE_PRIVATE:
-            if (limit || vg_cfg.context_reserve)
+            if (limit || vg_cfg.context_reserve || vg_cfg.compute_dev[i] || vg_cfg.compute_all ||
+                vg_cfg.priority >= 0 || vg_cfg.policy >= 0 || vg_cfg.floor >= 0)
                 r = private_region(i, limit ? limit : total, uuid);
             else
                 continue; /* no limit for this device */
@@ -319,4 +338,21 @@ int vg_region_by_uuid(const char *uuid)
         if (g_dev[i].r && strcmp(g_dev[i].r->uuid, uuid) == 0)
             return i;
     return -1;
+}
+
+int vg_region_count(void)
+{
+    return atomic_load_explicit(&g_ready, memory_order_acquire) ? g_ndev : 0;
+}
+
+void vg_note_busy(int dev, uint64_t ns, uint64_t now)
+{
+    struct vgpu_region *r = vg_region(dev);
+    if (!r)
+        return;
+    int slot = my_slot(dev);
+    if (slot < 0)
+        return;
+    atomic_fetch_add(&r->slots[slot].busy_ns, ns);
+    atomic_store(&r->slots[slot].last_active_ns, now);
 }

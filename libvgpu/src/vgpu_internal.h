@@ -73,6 +73,13 @@ struct vg_config {
     uint64_t limit_dev[VG_MAX_DEVICES];/* VGPU_MEMORY_LIMIT_<i>, 0 = unset */
     uint64_t context_reserve;         /* VGPU_CONTEXT_RESERVE */
     unsigned slice_devices;           /* SLICE: number of /dev/vgpu<i> files */
+    uint32_t compute_all;             /* VGPU_COMPUTE_LIMIT, percent, 0 = unset */
+    uint32_t compute_dev[VG_MAX_DEVICES];/* VGPU_COMPUTE_LIMIT_<i>, 0 = unset */
+    int priority;                     /* VGPU_PRIORITY (enum vgpu_priority), -1 = unset */
+    int policy;                       /* VGPU_POLICY (enum vgpu_policy), -1 = unset */
+    int floor;                        /* VGPU_PRIORITY_FLOOR, percent, -1 = unset */
+    char sched_dir[256];              /* per-GPU scheduling regions; "" = this process alone */
+    int sched_from_arbiter;           /* sched_dir holds the arbiter's files: never create them */
     char error[1024];                 /* non-empty: fail closed with this line */
     CUresult error_result;            /* what cuInit returns then */
 };
@@ -102,6 +109,12 @@ uint64_t vg_used(int dev);
 uint64_t vg_limit(int dev);
 /* Number of CUDA ordinals the slice covers (SLICE mode), else -1. */
 int vg_slice_device_count(void);
+/* Add GPU time this process was charged on dev to its slot (for attribution). */
+void vg_note_busy(int dev, uint64_t ns, uint64_t now);
+/* A random non-zero 64-bit key (slice identities). */
+uint64_t vg_random_key(void);
+/* Number of devices with regions mapped (0 before init). */
+int vg_region_count(void);
 /* Ordinal whose region names this GPU UUID ("GPU-..."), or -1. */
 int vg_region_by_uuid(const char *uuid);
 
@@ -110,6 +123,17 @@ enum vg_alloc_kind { VG_ALLOC_PTR = 0, VG_ALLOC_VMM, VG_ALLOC_ARRAY, VG_ALLOC_CT
 int vg_allocs_put(enum vg_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
 /* Remove key; returns 0 and fills dev/bytes, or -1 when unknown. */
 int vg_allocs_take(enum vg_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
+
+/* ---- sched.c: compute shares and priority, per device (vgpu_sched.h) ---- */
+/* Before a launch on stream s of device dev (-1: the current context's):
+ * waits until this process may submit. Returns a ticket for vg_sched_done. */
+struct vg_ticket {
+    int dev;       /* -1: not throttled, nothing to do after the launch */
+    CUstream stream;
+};
+struct vg_ticket vg_sched_admit(CUstream s);
+/* After the launch: rc is what the driver returned. */
+void vg_sched_done(struct vg_ticket t, CUresult rc);
 
 /* ---- helpers shared by hooks ---- */
 /* Regions ready (retried until the driver is initialised); CUDA_SUCCESS or

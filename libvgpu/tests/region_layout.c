@@ -35,6 +35,7 @@ int main(void)
     FIELD(struct vgpu_region, generation, 0);
     FIELD(struct vgpu_region, slot_high_water, 0);
     FIELD(struct vgpu_region, reserved32, 0);
+    FIELD(struct vgpu_region, slice_key, 0);
     FIELD(struct vgpu_region, reserved, 0);
     FIELD(struct vgpu_region, slots, 1);
     printf("    }\n  },\n");

@@ -1,0 +1,453 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-GPU scheduling region files: a ctypes mirror of libvgpu/include/vgpu_sched.h.
+
+The slices on one GPU coordinate compute through one file per GPU,
+<run_dir>/sched/<GPU uuid>: libvgpu's processes take turns with a token in it
+and charge each slice's entry the GPU time it held the token. vgpud makes the
+files at start (`prepare_sched_dir`), the hook mounts them into containers, and
+the metrics read them (`open_sched`, `summarize`). Only libvgpu writes the live
+fields; the arbiter writes a file's header once, when it makes the file.
+
+The C header is the one definition of the layout; tests/test_sched_layout.py
+proves that this mirror agrees with it field by field. Live fields are read
+with single aligned native loads (see arbiter.region), never torn.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import mmap
+import os
+import stat
+import struct
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from arbiter.errors import SchedError
+
+__all__ = [
+    "SCHED_DIR_MODE",
+    "SCHED_DIR_NAME",
+    "SCHED_ENTRIES",
+    "SCHED_FILE_MODE",
+    "SCHED_MAGIC",
+    "SCHED_SIZE",
+    "SCHED_UUID_LEN",
+    "SCHED_VERSION",
+    "EntrySummary",
+    "Sched",
+    "SchedSummary",
+    "VgpuSched",
+    "VgpuSchedEntry",
+    "create_sched",
+    "open_sched",
+    "prepare_sched_dir",
+    "slice_gpu_ns",
+    "summarize",
+]
+
+log = logging.getLogger(__name__)
+
+SCHED_MAGIC = 0x44454853  # "SHED" little-endian
+SCHED_VERSION = 1
+SCHED_ENTRIES = 128
+SCHED_UUID_LEN = 96
+
+#: <run_dir>/<this> holds one scheduling region per GPU, named by the GPU's UUID.
+SCHED_DIR_NAME = "sched"
+SCHED_DIR_MODE = 0o755
+#: Like the slice region files (arbiter.regions.REGION_FILE_MODE): a container's
+#: processes run as any uid, and every one of them maps its GPU's file read-write
+#: to take the token and charge its slice's entry. A file a non-root process could
+#: only read would leave that process unthrottled, and its neighbours' shares unkept.
+SCHED_FILE_MODE = 0o666
+
+_TOKEN_ENTRY_MASK = 0xFF  # token = (token_seq << 8) | (holder entry + 1)
+
+
+class VgpuSchedEntry(ctypes.Structure):
+    """struct vgpu_sched_entry: one slice on this GPU."""
+
+    _fields_ = [
+        ("key", ctypes.c_uint64),
+        ("share", ctypes.c_uint32),
+        ("priority", ctypes.c_uint32),
+        ("policy", ctypes.c_uint32),
+        ("floor", ctypes.c_uint32),
+        ("budget_ns", ctypes.c_int64),
+        ("budget_ts", ctypes.c_uint64),
+        ("floor_budget_ns", ctypes.c_int64),
+        ("used_ns", ctypes.c_uint64),
+        ("last_active_ns", ctypes.c_uint64),
+        ("waiting", ctypes.c_uint32),
+        ("holds", ctypes.c_uint32),
+        ("wait_heartbeat_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 6),
+    ]
+
+
+class VgpuSched(ctypes.Structure):
+    """struct vgpu_sched: the scheduling region of one physical GPU."""
+
+    _fields_ = [
+        ("magic", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("entry_capacity", ctypes.c_uint32),
+        ("uuid", ctypes.c_char * SCHED_UUID_LEN),
+        ("token", ctypes.c_uint32),
+        ("token_entry", ctypes.c_uint32),
+        ("token_since_ns", ctypes.c_uint64),
+        ("token_lease_ns", ctypes.c_uint64),
+        ("token_pid", ctypes.c_uint32),
+        ("token_seq", ctypes.c_uint32),
+        ("prio_active_ns", ctypes.c_uint64 * 3),
+        ("handoffs", ctypes.c_uint64),
+        ("drain_token", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("drain_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 14),
+        ("entries", VgpuSchedEntry * SCHED_ENTRIES),
+    ]
+
+
+SCHED_SIZE = ctypes.sizeof(VgpuSched)
+ENTRY_SIZE = ctypes.sizeof(VgpuSchedEntry)
+_ENTRIES_OFFSET: int = VgpuSched.entries.offset
+_NATIVE: dict[Any, str] = {ctypes.c_uint32: "I", ctypes.c_uint64: "Q", ctypes.c_int64: "q"}
+
+
+# -- summaries (pure) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EntrySummary:
+    """One slice's entry as the metrics see it (times in ns, CLOCK_MONOTONIC)."""
+
+    index: int
+    key: int
+    share: int
+    priority: int
+    policy: int
+    floor: int
+    used_ns: int
+    last_active_ns: int
+    budget_ns: int
+    waiting: int
+    holds: int
+
+
+@dataclass(frozen=True)
+class SchedSummary:
+    """A GPU's scheduling region at one moment: its slices and who holds the token.
+
+    holder is the key of the entry that holds the token, None when the token is
+    free or its holder's lease has lapsed (the holder died); holder_pid is the
+    holder's pid in its own namespace (informational), 0 when none.
+    """
+
+    uuid: str
+    handoffs: int
+    holder: int | None
+    holder_pid: int
+    entries: tuple[EntrySummary, ...]
+
+    def used_ns(self, key: int) -> int | None:
+        """GPU time charged to the slice with this key, None when it has no entry."""
+        if key:
+            for e in self.entries:
+                if e.key == key:
+                    return e.used_ns
+        return None
+
+
+def summarize(raw: VgpuSched, now_ns: int) -> SchedSummary:
+    """What the metrics need from a snapshot of a scheduling region (pure: state in).
+
+    now_ns is CLOCK_MONOTONIC (time.monotonic_ns()), the clock libvgpu writes:
+    it decides whether the token's lease has lapsed.
+    """
+    entries = tuple(
+        EntrySummary(index=i, key=e.key, share=e.share, priority=e.priority, policy=e.policy,
+                     floor=e.floor, used_ns=e.used_ns, last_active_ns=e.last_active_ns,
+                     budget_ns=e.budget_ns, waiting=e.waiting, holds=e.holds)
+        for i, e in enumerate(raw.entries) if e.key)
+    holder: int | None = None
+    holder_pid = 0
+    slot = (raw.token & _TOKEN_ENTRY_MASK) - 1
+    lapsed = raw.token_lease_ns != 0 and now_ns > raw.token_lease_ns
+    if raw.token and not lapsed and 0 <= slot < SCHED_ENTRIES and raw.entries[slot].key:
+        holder = raw.entries[slot].key
+        holder_pid = raw.token_pid
+    return SchedSummary(uuid=raw.uuid.decode(errors="replace"), handoffs=raw.handoffs,
+                        holder=holder, holder_pid=holder_pid, entries=entries)
+
+
+def slice_gpu_ns(vgpus: Iterable[tuple[str, int]],
+                 summaries: Mapping[str, SchedSummary]) -> list[int | None]:
+    """GPU time charged to each vGPU of a slice, given as (GPU uuid, slice key) pairs.
+
+    None where the GPU has no readable region or the slice no entry in it (no
+    process of the slice has launched work there yet, or the key is 0).
+    """
+    out: list[int | None] = []
+    for uuid, key in vgpus:
+        summary = summaries.get(uuid)
+        out.append(summary.used_ns(key) if summary is not None else None)
+    return out
+
+
+# -- files -----------------------------------------------------------------------
+
+
+def _header_problem(data: bytes, file_size: int, uuid: bytes) -> str | None:
+    """Why the first bytes of a file are not a whole scheduling region of GPU uuid, or None."""
+    if file_size < SCHED_SIZE:
+        return f"truncated: {file_size} bytes, expected {SCHED_SIZE}"
+    magic, version, size, capacity = struct.unpack_from("IIII", data, 0)
+    if magic != SCHED_MAGIC:
+        return (f"bad magic 0x{magic:08x}, expected 0x{SCHED_MAGIC:08x} "
+                "(not a scheduling region, or one still being made)")
+    if version != SCHED_VERSION:
+        return f"layout version {version}, this vgpu reads version {SCHED_VERSION}"
+    if size != SCHED_SIZE:
+        return f"header size {size}, expected {SCHED_SIZE}"
+    if capacity != SCHED_ENTRIES:
+        return f"entry capacity {capacity}, expected {SCHED_ENTRIES}"
+    off = VgpuSched.uuid.offset
+    found = data[off : off + SCHED_UUID_LEN].split(b"\0", 1)[0]
+    if uuid and found != uuid:
+        return f"made for GPU {found.decode(errors='replace')!r}, not {uuid.decode()!r}"
+    return None
+
+
+def _file_problem(path: Path, uuid: bytes) -> str | None:
+    """Why path is not a whole scheduling region of GPU uuid (None: it is one)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return "missing"
+    except OSError as e:
+        return e.strerror or str(e)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        return _header_problem(os.pread(fd, _ENTRIES_OFFSET, 0), st.st_size, uuid)
+    except OSError as e:
+        return e.strerror or str(e)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(path: Path, uuid: bytes, mode: int) -> str:
+    """A whole new region under a temporary name next to path: zeros, header, magic last."""
+    header = VgpuSched()
+    header.version = SCHED_VERSION
+    header.size = SCHED_SIZE
+    header.entry_capacity = SCHED_ENTRIES
+    header.uuid = uuid
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise SchedError(path, "create", e.strerror or str(e)) from e
+    try:
+        try:
+            os.fchmod(fd, mode)  # not subject to the umask, unlike open()
+            # Every byte is written (no sparse holes): a full tmpfs fails here, not with
+            # a SIGBUS in a container process that touches an entry later.
+            data = bytes(header)
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], written)
+            os.pwrite(fd, struct.pack("I", SCHED_MAGIC), VgpuSched.magic.offset)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise SchedError(path, "create", e.strerror or str(e)) from e
+    return tmp
+
+
+def create_sched(path: str | Path, uuid: str, *, mode: int = SCHED_FILE_MODE) -> bool:
+    """Make GPU uuid's scheduling region at path, atomically; True when made, False when kept.
+
+    A whole region of this version for this GPU is kept as it is: running
+    containers have it bind-mounted, so its inode must outlive a restart of
+    vgpud (only a mode that differs is corrected, in place). Anything else at
+    path (truncated, another version, another GPU's, half made) is replaced,
+    with a warning. A new file is written under a temporary name, magic last,
+    then linked into place: nobody ever maps it half made.
+    """
+    path = Path(path)
+    uuid_bytes = uuid.encode()
+    if len(uuid_bytes) >= SCHED_UUID_LEN or b"\0" in uuid_bytes:
+        raise ValueError(f"uuid {uuid!r} is not a string of under {SCHED_UUID_LEN} bytes")
+    problem = _file_problem(path, uuid_bytes)
+    if problem is None:
+        _keep_mode(path, mode)
+        return False
+    tmp = _write_temp(path, uuid_bytes, mode)
+    try:
+        if problem == "missing":
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                # Made meanwhile (a standalone libvgpu naming this directory): keep a good one.
+                problem = _file_problem(path, uuid_bytes)
+                if problem is None:
+                    _keep_mode(path, mode)
+                    return False
+        log.warning("replacing scheduling region %s: %s", path, problem)
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        raise SchedError(path, "create", e.strerror or str(e)) from e
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def _keep_mode(path: Path, mode: int) -> None:
+    """Give a kept file the mode it must have (same inode); processes' mappings stay."""
+    try:
+        if stat.S_IMODE(path.stat().st_mode) != mode:
+            log.warning("setting mode %o on scheduling region %s", mode, path)
+            os.chmod(path, mode)
+    except OSError as e:
+        raise SchedError(path, "set the mode of", e.strerror or str(e)) from e
+
+
+def _usable_name(uuid: str) -> bool:
+    return bool(uuid) and "/" not in uuid and not uuid.startswith(".") and "\0" not in uuid
+
+
+def prepare_sched_dir(root: str | Path, uuids: Iterable[str], *,
+                      mode: int = SCHED_FILE_MODE) -> dict[str, Path]:
+    """Make root (mode 0755 when new) and a scheduling region root/<uuid> for every GPU.
+
+    Returns the file of each GPU by UUID. A GPU without a UUID that can name a
+    file gets none (its slices then schedule alone), with a warning. Files of
+    GPUs no longer in the inventory are left alone: they cost nothing and a
+    container may still have one mounted.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            os.chmod(root, SCHED_DIR_MODE)
+        except OSError as e:
+            raise SchedError(root, "prepare directory for", e.strerror or str(e)) from e
+    out: dict[str, Path] = {}
+    for uuid in uuids:
+        if not _usable_name(uuid):
+            log.warning("GPU UUID %r cannot name a file: no scheduling region for it", uuid)
+            continue
+        path = root / uuid
+        if create_sched(path, uuid, mode=mode):
+            log.info("made scheduling region %s", path)
+        out[uuid] = path
+    return out
+
+
+class Sched:
+    """An open scheduling region, read-only: header values and snapshots of its entries."""
+
+    def __init__(self, path: Path, mm: mmap.mmap) -> None:
+        self.path = path
+        self._mm = mm
+
+    def _load(self, fmt: str, off: int) -> int:
+        value: int = struct.unpack_from(fmt, self._mm, off)[0]
+        return value
+
+    @property
+    def uuid(self) -> str:
+        """The GPU's UUID, "" when the file names the GPU by ordinal."""
+        off = VgpuSched.uuid.offset
+        return self._mm[off : off + SCHED_UUID_LEN].split(b"\0", 1)[0].decode(errors="replace")
+
+    @property
+    def handoffs(self) -> int:
+        """Times the token changed holder."""
+        return self._load("Q", VgpuSched.handoffs.offset)
+
+    def snapshot(self) -> VgpuSched:
+        """A copy of the live region, every field loaded whole (never torn); free entries zero."""
+        mm = self._mm
+        out = VgpuSched()
+        for name, off, fmt in _HEADER_SCALARS:
+            setattr(out, name, struct.unpack_from(fmt, mm, off)[0])
+        off = VgpuSched.uuid.offset
+        out.uuid = bytes(mm[off : off + SCHED_UUID_LEN]).split(b"\0", 1)[0]
+        off = VgpuSched.prio_active_ns.offset
+        for j in range(len(out.prio_active_ns)):
+            out.prio_active_ns[j] = struct.unpack_from("Q", mm, off + 8 * j)[0]
+        for i in range(SCHED_ENTRIES):
+            base = _ENTRIES_OFFSET + i * ENTRY_SIZE
+            if not self._load("Q", base + VgpuSchedEntry.key.offset):
+                continue  # free: nothing to read
+            entry = out.entries[i]
+            for name, off, fmt in _ENTRY_SCALARS:
+                setattr(entry, name, struct.unpack_from(fmt, mm, base + off)[0])
+        return out
+
+    def summary(self, now_ns: int) -> SchedSummary:
+        """summarize() of a snapshot taken now."""
+        return summarize(self.snapshot(), now_ns)
+
+    def close(self) -> None:
+        """Unmap the region."""
+        self._mm.close()
+
+    def __enter__(self) -> Sched:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Sched({str(self.path)!r})"
+
+
+def _scalars(cls: type[ctypes.Structure]) -> tuple[tuple[str, int, str], ...]:
+    """(name, offset, native struct format) of each 32/64-bit integer field of cls."""
+    out = []
+    for f in cls._fields_:
+        fmt = _NATIVE.get(f[1])
+        if fmt is not None:
+            out.append((f[0], getattr(cls, f[0]).offset, fmt))
+    return tuple(out)
+
+
+_HEADER_SCALARS = _scalars(VgpuSched)
+_ENTRY_SCALARS = _scalars(VgpuSchedEntry)
+
+
+def open_sched(path: str | Path) -> Sched:
+    """Map a scheduling region read-only after checking that it is a whole, current one."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise SchedError(path, "open", e.strerror or str(e)) from e
+    try:
+        size = os.fstat(fd).st_size
+        if size < SCHED_SIZE:
+            raise SchedError(path, "open", f"truncated: {size} bytes, expected {SCHED_SIZE}")
+        mm = mmap.mmap(fd, SCHED_SIZE, mmap.MAP_SHARED, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise SchedError(path, "open", e.strerror or str(e)) from e
+    finally:
+        os.close(fd)
+    problem = _header_problem(bytes(mm[:_ENTRIES_OFFSET]), SCHED_SIZE, b"")
+    if problem is not None:
+        mm.close()
+        raise SchedError(path, "open", problem)
+    return Sched(path, mm)

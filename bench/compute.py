@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Compute isolation on simgpu: achieved shares, idle time, priority, launch overhead.
+
+Every point runs greedy gpu_load processes side by side on one simulated GPU under
+libvgpu (tests/gpu_loads.py) and measures each one's GPU time over a 5 s window
+after 0.5 s of warm-up:
+
+- target shares 2..70 % (policy fixed) against a greedy neighbour that holds the
+  rest of the GPU (policy burst): achieved share, error in percentage points, and
+  the GPU's idle fraction (work conservation);
+- splits 10:90, 30:70, 50:50, 20:30:50 (all fixed);
+- priority: a high-priority greedy process alone, then started in the middle of a
+  low-priority greedy neighbour's run: its throughput against alone, and the time
+  from its first launch attempt until the low one stops submitting;
+- the cost of a launch: no libvgpu, a 100 % slice (no scheduling), a 50 % slice
+  alone on the GPU (token held), in ns per cuLaunchKernel of an empty kernel.
+
+Each at kernel lengths 100 us and 2 ms.
+
+    python3 bench/compute.py [--window 5] [--kernels busy_100us,busy_2000us]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+from conftest import LIBVGPU, TEST_BIN  # noqa: E402
+from gpu_loads import Load, load_env, run_loads  # noqa: E402
+
+WARM = 0.5
+TARGETS = (2, 5, 10, 30, 50, 70)
+SPLITS = ((10, 90), (30, 70), (50, 50), (20, 30, 50))
+TARGET_ERROR_PP = 1.0
+TARGET_PRIORITY_RATIO = 0.95
+TARGET_PAUSE_MS = 5.0
+
+
+def queue_for(kernel: str) -> list[str]:
+    """A greedy load keeps ~4 ms queued, as a real training loop between syncs would."""
+    us = int(kernel.removeprefix("busy_").removesuffix("us"))
+    return ["--queue", str(max(4, 4000 // us))]
+
+
+def measure(loads: list[Load], window: float) -> list[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run_loads(Path(tmp), loads, WARM + window)
+        for i, t in enumerate(r.traces):
+            if t.summary.get("returncode") != 0:
+                sys.exit(f"bench: load {i} failed: {t.stderr.strip()}")
+        return [t.share(r.at(WARM), r.at(WARM + window)) for t in r.traces]
+
+
+def env(pct: int, policy: str, priority: str = "normal") -> dict[str, str]:
+    return {"VGPU_COMPUTE_LIMIT": str(pct), "VGPU_POLICY": policy, "VGPU_PRIORITY": priority}
+
+
+def verdict(err_pp: float) -> str:
+    return "ok" if err_pp <= TARGET_ERROR_PP else "MISSED"
+
+
+def shares_table(kernel: str, window: float) -> list[str]:
+    q = queue_for(kernel)
+    rows = []
+    for x in TARGETS:
+        got = measure([Load(env(x, "fixed"), kernel=kernel, args=q),
+                       Load(env(100 - x, "burst"), kernel=kernel, args=q)], window)
+        err = abs(got[0] - x)
+        rows.append(f"{kernel:<12} {x:>3}% vs greedy      {got[0]:7.2f}  {err:6.2f}  "
+                    f"{max(0.0, 100 - sum(got)):6.2f}  {verdict(err)}")
+    for split in SPLITS:
+        got = measure([Load(env(p, "fixed"), kernel=kernel, args=q) for p in split], window)
+        err = max(abs(g - p) for g, p in zip(got, split, strict=False))
+        name = ":".join(map(str, split))
+        achieved = ":".join(f"{g:.1f}" for g in got)
+        rows.append(f"{kernel:<12} split {name:<12} {achieved:>7}  {err:6.2f}  "
+                    f"{max(0.0, 100 - sum(got)):6.2f}  {verdict(err)}")
+    return rows
+
+
+def priority_row(kernel: str) -> str:
+    q = queue_for(kernel)
+    seconds, hs = 4.0, 1.5
+    alone = measure([Load(env(50, "burst", "high"), kernel=kernel, args=q)], 2.0)[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        r = run_loads(Path(tmp), [Load(env(50, "burst", "low"), kernel=kernel, args=q),
+                                  Load(env(50, "burst", "high"), start=hs, kernel=kernel, args=q)],
+                      seconds)
+    low, high = r.traces
+    with_low = high.share(r.at(hs + 0.1), r.at(seconds))
+    start = r.at(hs)
+    # Low has paused at its last launch before its first long silence after high's
+    # first launch attempt (at `start`); high's first launch shows the hand-over.
+    pause_at = start
+    for t in sorted(t for t in low.t if t >= start):
+        if t - pause_at > 50_000_000:
+            break
+        pause_at = t
+    pause_ms = (pause_at - start) / 1e6
+    first_ms = (min(high.t) - start) / 1e6 if high.t else float("nan")
+    ratio = with_low / alone if alone else 0.0
+    ok = ratio >= TARGET_PRIORITY_RATIO and pause_ms <= TARGET_PAUSE_MS
+    return (f"{kernel:<12} high alone {alone:6.2f}%  with low {with_low:6.2f}%  "
+            f"ratio {ratio:5.3f}  low paused after {pause_ms:5.2f} ms  "
+            f"high's first launch after {first_ms:5.2f} ms  "
+            f"{'ok' if ok else 'MISSED'}")
+
+
+def launch_cost(n: int = 200_000) -> list[str]:
+    probe = str(TEST_BIN / "vgpu_probe")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = load_env(Path(tmp), "16Gi")
+        (Path(tmp) / "sched").mkdir()
+        cases = (("no libvgpu", {"LD_PRELOAD": ""}), ("100% slice", {"VGPU_COMPUTE_LIMIT": "100"}),
+                 ("50% slice, token held", {"VGPU_COMPUTE_LIMIT": "50", "VGPU_POLICY": "burst"}))
+        for name, extra in cases:
+            e = {**base, **extra}
+            if not e["LD_PRELOAD"]:
+                del e["LD_PRELOAD"]
+            best = min(json.loads(subprocess.run([probe, f"bench_launch:{n}"], env=e, check=True,
+                                                 capture_output=True, text=True).stdout
+                                  .splitlines()[-1])["ns_per_call"] for _ in range(3))
+            rows.append(f"{name:<24} {best:8.1f} ns per launch")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window", type=float, default=5.0)
+    ap.add_argument("--kernels", default="busy_100us,busy_2000us")
+    args = ap.parse_args()
+    if not (TEST_BIN / "gpu_load").exists() or not LIBVGPU.exists():
+        sys.exit("bench: build first (make)")
+    kernels = args.kernels.split(",")
+    print(f"achieved GPU share over {args.window:g} s windows on simgpu, 2 CPUs")
+    print("kernel       case                  achieved  err pp  idle %")
+    for k in kernels:
+        for row in shares_table(k, args.window):
+            print(row, flush=True)
+    print("\npriority (both greedy, burst 50%; high starts 1.5 s into low's run)")
+    for k in kernels:
+        print(priority_row(k), flush=True)
+    print("\nlaunch cost (empty kernel, best of 3)")
+    for row in launch_cost():
+        print(row)
+    print(f"command: python3 bench/compute.py --window {args.window:g} --kernels {args.kernels}")
+
+
+if __name__ == "__main__":
+    main()
