@@ -110,7 +110,9 @@ class VgpuSched(ctypes.Structure):
         ("drain_token", ctypes.c_uint32),
         ("pad", ctypes.c_uint32),
         ("drain_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 14),
+        ("prio_mask", ctypes.c_uint32),
+        ("pad2", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 13),
         ("entries", VgpuSchedEntry * SCHED_ENTRIES),
     ]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,22 +113,28 @@ def priority_row(kernel: str) -> str:
             f"{'ok' if ok else 'MISSED'}")
 
 
-def launch_cost(n: int = 200_000) -> list[str]:
+def launch_cost(n: int = 200_000, rounds: int = 7) -> list[str]:
+    """ns per launch of an empty kernel: the cases alternate, each row is the median round."""
     probe = str(TEST_BIN / "vgpu_probe")
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         base = load_env(Path(tmp), "16Gi")
         (Path(tmp) / "sched").mkdir()
         cases = (("no libvgpu", {"LD_PRELOAD": ""}), ("100% slice", {"VGPU_COMPUTE_LIMIT": "100"}),
                  ("50% slice, token held", {"VGPU_COMPUTE_LIMIT": "50", "VGPU_POLICY": "burst"}))
-        for name, extra in cases:
-            e = {**base, **extra}
-            if not e["LD_PRELOAD"]:
-                del e["LD_PRELOAD"]
-            best = min(json.loads(subprocess.run([probe, f"bench_launch:{n}"], env=e, check=True,
-                                                 capture_output=True, text=True).stdout
-                                  .splitlines()[-1])["ns_per_call"] for _ in range(3))
-            rows.append(f"{name:<24} {best:8.1f} ns per launch")
+        times: dict[str, list[float]] = {name: [] for name, _ in cases}
+        for _ in range(rounds):
+            for name, extra in cases:
+                e = {**base, **extra}
+                if not e["LD_PRELOAD"]:
+                    del e["LD_PRELOAD"]
+                out = subprocess.run([probe, f"bench_launch:{n}"], env=e, check=True,
+                                     capture_output=True, text=True).stdout
+                times[name].append(json.loads(out.splitlines()[-1])["ns_per_call"])
+    base_ns = statistics.median(times["no libvgpu"])
+    rows = []
+    for name, _ in cases:
+        ns = statistics.median(times[name])
+        rows.append(f"{name:<24} {ns:8.1f} ns per launch  ({ns - base_ns:+6.1f})")
     return rows
 
 
@@ -147,7 +154,7 @@ def main() -> None:
     print("\npriority (both greedy, burst 50%; high starts 1.5 s into low's run)")
     for k in kernels:
         print(priority_row(k), flush=True)
-    print("\nlaunch cost (empty kernel, best of 3)")
+    print("\nlaunch cost (empty kernel, median of 7 alternating rounds)")
     for row in launch_cost():
         print(row)
     print(f"command: python3 bench/compute.py --window {args.window:g} --kernels {args.kernels}")

@@ -69,7 +69,9 @@ struct vgpu_sched {
     _Atomic uint32_t drain_token;    /* a former holder's token value while its queued work runs */
     uint32_t pad;
     _Atomic uint64_t drain_ns;       /* when the last former holder's work completed */
-    uint64_t reserved[14];
+    _Atomic uint32_t prio_mask;      /* bit p: a slice of priority p has used this GPU (never cleared) */
+    uint32_t pad2;
+    uint64_t reserved[13];
     struct vgpu_sched_entry entries[VGPU_SCHED_ENTRIES];
 };
 

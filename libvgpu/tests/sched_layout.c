@@ -36,6 +36,8 @@ int main(void)
     FIELD(struct vgpu_sched, drain_token, 0);
     FIELD(struct vgpu_sched, pad, 0);
     FIELD(struct vgpu_sched, drain_ns, 0);
+    FIELD(struct vgpu_sched, prio_mask, 0);
+    FIELD(struct vgpu_sched, pad2, 0);
     FIELD(struct vgpu_sched, reserved, 0);
     FIELD(struct vgpu_sched, entries, 1);
     printf("    }\n  },\n");
