@@ -6,13 +6,15 @@ container without a request (the hook's start-up time counts in every container 
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from arbiter.model import Request
 from oci_hook.errors import VgpudError
 
-__all__ = ["SliceView", "VGpuView", "Vgpud"]
+__all__ = ["SliceView", "VGpuView", "Vgpud", "import_grpc"]
 
 # Reconnect quickly while vgpud comes up: gRPC's default first backoff is a whole second.
 _CHANNEL_OPTIONS = (
@@ -43,12 +45,23 @@ class SliceView:
     vgpus: tuple[VGpuView, ...]
 
 
+def import_grpc() -> Any:
+    """grpc, imported quietly: a runtime's or hook's stderr is the one line the engine
+    shows the user, so gRPC's own log lines (e.g. a transient thread-creation retry)
+    must not add to it; our errors are reported by us."""
+    if "grpc" not in sys.modules:
+        os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    import grpc
+
+    return grpc
+
+
 class Vgpud:
     """A channel to vgpud's unix socket; every call has a deadline."""
 
     def __init__(self, socket: str, stub: Any = None) -> None:
         """A channel to `socket`; or, with `stub` (vgpud's in-process one), no channel."""
-        import grpc
+        grpc = import_grpc()
 
         from arbiter.proto import vgpu_pb2, vgpu_pb2_grpc
 

@@ -185,8 +185,9 @@ class _Vgpud:
     """The two calls vgpu-runtime makes to vgpud, with bounded waits."""
 
     def __init__(self, socket: str, wait_s: float, stub: Any = None) -> None:
-        import grpc
+        from oci_hook.client import import_grpc
 
+        grpc = import_grpc()  # before the stubs, which import grpc themselves
         from arbiter.proto import vgpu_pb2_grpc
 
         self.socket = socket

@@ -339,3 +339,14 @@ def test_lower_runtime_that_cannot_be_exec_d_gives_the_slice_back(tmp_path, simg
         assert len(d.events("allocate")) == len(d.events("release")) == 1
     finally:
         d.close()
+
+
+def test_grpc_is_imported_quietly():
+    """gRPC's own log lines must not join the one error line the engine shows."""
+    code = ("import os, sys; from oci_hook.client import import_grpc; import_grpc(); "
+            "print(os.environ.get('GRPC_VERBOSITY'), 'grpc' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       check=True)
+    assert p.stdout.split() == ["NONE", "True"]
