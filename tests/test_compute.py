@@ -8,6 +8,7 @@ accuracy itself.
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -21,6 +22,26 @@ from gpu_loads import GPU_LOAD, Load, load_env, run_loads
 
 TOL = 4.0          # percentage points; bench/compute.py measures the real accuracy
 WARM = 0.5         # seconds left out at the start of every measured window
+
+
+def timing(test):
+    """Run a measuring test a second time (in a fresh directory) if the first run fails.
+
+    The CI machine is a 2-core VM whose host sometimes stops it for tens of ms; a 2.5 s
+    window sees 100 ms lost as 4 percentage points. Behaviour that is wrong fails twice.
+    """
+    @functools.wraps(test)
+    def run_twice(tmp_path: Path, *args, **kwargs):
+        for attempt in (1, 2):
+            d = tmp_path / f"attempt{attempt}"
+            d.mkdir()
+            try:
+                return test(d, *args, **kwargs)
+            except AssertionError:
+                if attempt == 2:
+                    raise
+        return None
+    return run_twice
 
 
 def fixed(pct: int, **env: str) -> dict[str, str]:
@@ -38,12 +59,14 @@ def shares(tmp: Path, loads: list[Load], seconds: float = 3.0, **kw) -> list[flo
     return [t.share(r.at(WARM), r.at(seconds)) for t in r.traces]
 
 
+@timing
 def test_two_processes_get_their_shares(tmp_path: Path) -> None:
     got = shares(tmp_path, [Load(fixed(30)), Load(fixed(70))])
     assert got[0] == pytest.approx(30, abs=TOL)
     assert got[1] == pytest.approx(70, abs=TOL)
 
 
+@timing
 def test_four_processes_get_their_shares(tmp_path: Path) -> None:
     want = [10, 20, 30, 40]
     got = shares(tmp_path, [Load(fixed(p)) for p in want])
@@ -51,17 +74,20 @@ def test_four_processes_get_their_shares(tmp_path: Path) -> None:
         assert g == pytest.approx(w, abs=TOL), (want, got)
 
 
+@timing
 def test_fixed_never_exceeds_its_share_on_an_idle_gpu(tmp_path: Path) -> None:
     (got,) = shares(tmp_path, [Load(fixed(30))])
     assert 30 - TOL <= got <= 30 + 1.0
 
 
+@timing
 def test_a_small_share_holds_against_a_greedy_neighbour(tmp_path: Path) -> None:
     got = shares(tmp_path, [Load(fixed(5)), Load(burst(95))])
     assert got[0] == pytest.approx(5, abs=1.5)
     assert got[1] >= 95 - TOL
 
 
+@timing
 def test_burst_takes_idle_time(tmp_path: Path) -> None:
     (alone,) = shares(tmp_path, [Load(burst(30))])
     assert alone >= 90
@@ -70,6 +96,7 @@ def test_burst_takes_idle_time(tmp_path: Path) -> None:
     assert got[0] >= 80 - 2 * TOL      # all the time the fixed slice may not use
 
 
+@timing
 def test_burst_keeps_its_guarantee_against_another_burst(tmp_path: Path) -> None:
     got = shares(tmp_path, [Load(burst(30)), Load(burst(70))])
     assert got[0] == pytest.approx(30, abs=TOL)
@@ -77,6 +104,7 @@ def test_burst_keeps_its_guarantee_against_another_burst(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("path", ["ex", "coop", "graph"])
+@timing
 def test_every_launch_path_is_throttled(tmp_path: Path, path: str) -> None:
     args = ["--path", path, "--graph-kernels", "2"]
     got = shares(tmp_path, [Load(fixed(30), args=args), Load(burst(70), args=args)])
@@ -84,6 +112,7 @@ def test_every_launch_path_is_throttled(tmp_path: Path, path: str) -> None:
     assert got[1] == pytest.approx(70, abs=TOL)
 
 
+@timing
 def test_two_devices_are_throttled_independently(tmp_path: Path) -> None:
     env = {"VGPU_COMPUTE_LIMIT_0": "20", "VGPU_COMPUTE_LIMIT_1": "60"}
     seconds = 3.0
@@ -96,6 +125,7 @@ def test_two_devices_are_throttled_independently(tmp_path: Path) -> None:
     assert t.share(a, b, dev=1) == pytest.approx(60, abs=TOL)
 
 
+@timing
 def test_many_threads_and_streams_neither_deadlock_nor_escape(tmp_path: Path) -> None:
     args = ["--threads", "8", "--queue", "3"]
     got = shares(tmp_path, [Load(fixed(30), args=args, kernel="busy_200us"),
@@ -104,6 +134,7 @@ def test_many_threads_and_streams_neither_deadlock_nor_escape(tmp_path: Path) ->
     assert got[1] >= 60 - TOL
 
 
+@timing
 def test_high_priority_preempts_low_and_low_resumes(tmp_path: Path) -> None:
     seconds, hs, he = 4.0, 1.5, 3.0
     r = run_loads(tmp_path, [
@@ -128,6 +159,7 @@ def test_high_priority_preempts_low_and_low_resumes(tmp_path: Path) -> None:
     assert low.share(r.at(he + 0.2), r.at(seconds)) >= 85
 
 
+@timing
 def test_priority_floor_keeps_low_running(tmp_path: Path) -> None:
     got = shares(tmp_path, [Load(burst(50, VGPU_PRIORITY="low", VGPU_PRIORITY_FLOOR="10")),
                             Load(burst(50, VGPU_PRIORITY="high"))])
@@ -135,6 +167,7 @@ def test_priority_floor_keeps_low_running(tmp_path: Path) -> None:
     assert got[1] >= 85
 
 
+@timing
 def test_a_share_changed_in_the_region_applies_to_running_processes(tmp_path: Path) -> None:
     """The arbiter's Update rewrites compute_share in place; running processes follow."""
     from arbiter.region import open_region
@@ -162,6 +195,7 @@ def test_a_share_changed_in_the_region_applies_to_running_processes(tmp_path: Pa
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
+@timing
 def test_a_dead_or_stopped_holder_does_not_stall_the_gpu(tmp_path: Path, sig: int) -> None:
     seconds, at = 3.0, 1.0
 
@@ -178,6 +212,7 @@ def test_a_dead_or_stopped_holder_does_not_stall_the_gpu(tmp_path: Path, sig: in
     assert survivor.share(r.at(at + 0.5), r.at(seconds)) >= 85
 
 
+@timing
 def test_capture_is_not_throttled_but_the_graph_is(tmp_path: Path) -> None:
     """Kernels launched into a capturing stream do not run, so they are not charged."""
     got = shares(tmp_path, [Load(fixed(25), args=["--path", "graph", "--graph-kernels", "8"])])
@@ -203,6 +238,7 @@ def test_bad_compute_settings_fail_closed_with_one_line(tmp_path: Path, key: str
     assert len(lines) == 1 and message in lines[0], p.stderr
 
 
+@timing
 def test_full_share_alone_takes_no_token(tmp_path: Path) -> None:
     """A 100% slice with nobody of higher priority skips the scheduler entirely."""
     from arbiter.sched import open_sched

@@ -131,7 +131,7 @@ def test_two_containers_share_the_gpu_by_their_compute_shares(host):
         raw = array.array("Q", (host.sim / f"trace{pct}").read_bytes())
         a, b = start + int(warm * 1e9), until
         busy = sum(g for t, g in zip(raw[0::3], raw[1::3], strict=False) if a <= t < b)
-        assert busy / (b - a) * 100 == pytest.approx(pct, abs=3)
+        assert busy / (b - a) * 100 == pytest.approx(pct, abs=4)
     assert host.slices() == []
 
 
