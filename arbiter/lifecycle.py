@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "MAX_FRAME",
@@ -203,6 +204,28 @@ class _Handler(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     owner: LifecycleServer
+    #: Requests answered at once; more wait in the listen backlog. Each takes a few ms
+    #: of vgpud's one Python core, so more threads would only add switching (and a
+    #: flood of connections must not become a flood of threads).
+    max_concurrent = 32
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(self.max_concurrent)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self._slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class LifecycleServer:

@@ -69,6 +69,32 @@ def test_dispatch_answers_fallback_for_other_versions_and_unknown_ops():
     assert server.dispatch(Fields([("v", VERSION), ("op", "ok")])).items[1] == ("status", "ok")
 
 
+def test_a_flood_of_connections_does_not_become_a_flood_of_threads(tmp_path):
+    import threading
+    import time
+
+    server = LifecycleServer(tmp_path / "l.sock", {"ok": lambda req: Reply.of("ok")})
+    server.start()
+    idle = []
+    try:
+        before = threading.active_count()
+        for _ in range(3 * 32):        # connected, saying nothing: each would hold a thread
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(tmp_path / "l.sock"))
+            idle.append(c)
+        time.sleep(0.3)
+        assert threading.active_count() - before <= 32
+        for c in idle:                 # hanging up frees the threads; requests go on
+            c.close()
+        idle.clear()
+        reply = request(tmp_path / "l.sock", [("op", "ok")], timeout=10)
+        assert reply.get("status") == "ok"
+    finally:
+        for c in idle:
+            c.close()
+        server.close()
+
+
 # --- on a real vgpud ---------------------------------------------------------------------------
 
 @pytest.fixture
