@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
 import os
 import stat
@@ -13,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_BIN, clean_env
+from c_layout import assert_fields, assert_size_and_alignment, read_layout
+from conftest import TEST_BIN
 
 from arbiter import region as rg
 from arbiter.errors import RegionError, VgpuError
@@ -26,14 +26,7 @@ GI = 1 << 30
 @pytest.fixture(scope="module")
 def c_layout() -> dict[str, Any]:
     """The layout as the C compiler sees it."""
-    if not REGION_LAYOUT.exists():
-        pytest.fail(f"{REGION_LAYOUT} is missing: run `make build/tests/region_layout`")
-    env = clean_env()
-    env["LD_LIBRARY_PATH"] = str(TEST_BIN.parent / "simgpu")
-    out = subprocess.run([str(REGION_LAYOUT)], env=env, capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    layout: dict[str, Any] = json.loads(out)
-    return layout
+    return read_layout(REGION_LAYOUT)
 
 
 MIRRORS = {"vgpu_region": VgpuRegion, "vg_slot": VgSlot}
@@ -41,20 +34,12 @@ MIRRORS = {"vgpu_region": VgpuRegion, "vg_slot": VgSlot}
 
 @pytest.mark.parametrize("struct_name", MIRRORS)
 def test_mirror_size_and_alignment(c_layout: dict[str, Any], struct_name: str) -> None:
-    cls = MIRRORS[struct_name]
-    assert ctypes.sizeof(cls) == c_layout[struct_name]["size"]
-    assert ctypes.alignment(cls) == c_layout[struct_name]["align"]
+    assert_size_and_alignment(c_layout, struct_name, MIRRORS[struct_name])
 
 
 @pytest.mark.parametrize("struct_name", MIRRORS)
 def test_mirror_fields(c_layout: dict[str, Any], struct_name: str) -> None:
-    cls = MIRRORS[struct_name]
-    c_fields = c_layout[struct_name]["fields"]
-    # Same names in the same order, then the same place and width for each.
-    assert [name for name, *_ in cls._fields_] == list(c_fields)
-    for name, (offset, size) in c_fields.items():
-        descr = getattr(cls, name)
-        assert (name, descr.offset, descr.size) == (name, offset, size)
+    assert_fields(c_layout, struct_name, MIRRORS[struct_name])
 
 
 def test_constants(c_layout: dict[str, Any]) -> None:

@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import mmap
 import os
 import re
 import stat
 import struct
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TEST_BIN, clean_env
+from c_layout import assert_fields, assert_size_and_alignment, read_layout
+from conftest import TEST_BIN
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -33,14 +32,7 @@ SIZE = ctypes.sizeof(VgpuSched)
 @pytest.fixture(scope="module")
 def c_layout() -> dict[str, Any]:
     """The layout as the C compiler sees it."""
-    if not SCHED_LAYOUT.exists():
-        pytest.fail(f"{SCHED_LAYOUT} is missing: run `make build/tests/sched_layout`")
-    env = clean_env()
-    env["LD_LIBRARY_PATH"] = str(TEST_BIN.parent / "simgpu")
-    out = subprocess.run([str(SCHED_LAYOUT)], env=env, capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    layout: dict[str, Any] = json.loads(out)
-    return layout
+    return read_layout(SCHED_LAYOUT)
 
 
 MIRRORS = {"vgpu_sched": VgpuSched, "vgpu_sched_entry": VgpuSchedEntry}
@@ -48,19 +40,12 @@ MIRRORS = {"vgpu_sched": VgpuSched, "vgpu_sched_entry": VgpuSchedEntry}
 
 @pytest.mark.parametrize("struct_name", MIRRORS)
 def test_mirror_size_and_alignment(c_layout: dict[str, Any], struct_name: str) -> None:
-    cls = MIRRORS[struct_name]
-    assert ctypes.sizeof(cls) == c_layout[struct_name]["size"]
-    assert ctypes.alignment(cls) == c_layout[struct_name]["align"]
+    assert_size_and_alignment(c_layout, struct_name, MIRRORS[struct_name])
 
 
 @pytest.mark.parametrize("struct_name", MIRRORS)
 def test_mirror_fields(c_layout: dict[str, Any], struct_name: str) -> None:
-    cls = MIRRORS[struct_name]
-    c_fields = c_layout[struct_name]["fields"]
-    assert [name for name, *_ in cls._fields_] == list(c_fields)
-    for name, (offset, size) in c_fields.items():
-        descr = getattr(cls, name)
-        assert (name, descr.offset, descr.size) == (name, offset, size)
+    assert_fields(c_layout, struct_name, MIRRORS[struct_name])
 
 
 def test_constants(c_layout: dict[str, Any]) -> None:

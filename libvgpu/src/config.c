@@ -42,76 +42,68 @@ static void parse_limit(struct vg_config *cfg, const char *key, const char *valu
                   VG_QUANTITY_FORMS);
 }
 
-/* VGPU_MEMORY_LIMIT and VGPU_MEMORY_LIMIT_<i>; returns 1 when any is set. */
-static int load_limits(struct vg_config *cfg)
+/* Every variable <prefix> (dev -1: all devices) and <prefix>_<i> (device i) goes
+ * to parse(cfg, key, value, dev); any other suffix is an error. Returns 1 when any
+ * is set. */
+static int load_per_device(struct vg_config *cfg, const char *prefix,
+                           void (*parse)(struct vg_config *, const char *key, const char *value, int dev))
 {
-    static const char prefix[] = "VGPU_MEMORY_LIMIT";
+    size_t plen = strlen(prefix);
     int any = 0;
     for (char **e = environ; e && *e; e++) {
-        if (strncmp(*e, prefix, sizeof(prefix) - 1) != 0)
+        if (strncmp(*e, prefix, plen) != 0)
             continue;
         const char *eq = strchr(*e, '=');
         if (!eq)
             continue;
         char key[128];
         snprintf(key, sizeof(key), "%.*s", (int)(eq - *e), *e);
-        const char *rest = key + sizeof(prefix) - 1;
+        const char *rest = key + plen;
         const char *value = eq + 1;
         any = 1;
         if (*rest == '\0') {
-            parse_limit(cfg, key, value, &cfg->limit_all);
+            parse(cfg, key, value, -1);
             continue;
         }
         char *end = NULL;
         long idx = *rest == '_' && rest[1] >= '0' && rest[1] <= '9' ? strtol(rest + 1, &end, 10) : -1;
         if (idx < 0 || (end && *end) || idx >= VG_MAX_DEVICES) {
-            set_error(cfg, CUDA_ERROR_INVALID_VALUE,
-                      "%s=\"%s\": unknown variable: use VGPU_MEMORY_LIMIT or VGPU_MEMORY_LIMIT_<device 0..%d>",
-                      key, value, VG_MAX_DEVICES - 1);
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE, "%s=\"%s\": unknown variable: use %s or %s_<device 0..%d>", key,
+                      value, prefix, prefix, VG_MAX_DEVICES - 1);
             continue;
         }
-        parse_limit(cfg, key, value, &cfg->limit_dev[idx]);
+        parse(cfg, key, value, (int)idx);
     }
     return any;
 }
 
-/* VGPU_COMPUTE_LIMIT and VGPU_COMPUTE_LIMIT_<i>: integer percent 2..100. Returns 1 when any is set. */
+static void parse_memory_limit(struct vg_config *cfg, const char *key, const char *value, int dev)
+{
+    parse_limit(cfg, key, value, dev < 0 ? &cfg->limit_all : &cfg->limit_dev[dev]);
+}
+
+/* An integer percent 2..100. */
+static void parse_compute_limit(struct vg_config *cfg, const char *key, const char *value, int dev)
+{
+    char *end = NULL;
+    long pct = strtol(value, &end, 10);
+    if (!*value || *end || pct < 2 || pct > 100)
+        set_error(cfg, CUDA_ERROR_INVALID_VALUE, "%s=\"%s\": not a compute share: use an integer percent 2..100",
+                  key, value);
+    else
+        *(dev < 0 ? &cfg->compute_all : &cfg->compute_dev[dev]) = (uint32_t)pct;
+}
+
+/* VGPU_MEMORY_LIMIT and VGPU_MEMORY_LIMIT_<i>; returns 1 when any is set. */
+static int load_limits(struct vg_config *cfg)
+{
+    return load_per_device(cfg, "VGPU_MEMORY_LIMIT", parse_memory_limit);
+}
+
+/* VGPU_COMPUTE_LIMIT and VGPU_COMPUTE_LIMIT_<i>; returns 1 when any is set. */
 static int load_compute(struct vg_config *cfg)
 {
-    static const char prefix[] = "VGPU_COMPUTE_LIMIT";
-    int any = 0;
-    for (char **e = environ; e && *e; e++) {
-        if (strncmp(*e, prefix, sizeof(prefix) - 1) != 0)
-            continue;
-        const char *eq = strchr(*e, '=');
-        if (!eq)
-            continue;
-        char key[128];
-        snprintf(key, sizeof(key), "%.*s", (int)(eq - *e), *e);
-        const char *rest = key + sizeof(prefix) - 1;
-        const char *value = eq + 1;
-        any = 1;
-        uint32_t *out = &cfg->compute_all;
-        if (*rest) {
-            char *end = NULL;
-            long idx = *rest == '_' && rest[1] >= '0' && rest[1] <= '9' ? strtol(rest + 1, &end, 10) : -1;
-            if (idx < 0 || (end && *end) || idx >= VG_MAX_DEVICES) {
-                set_error(cfg, CUDA_ERROR_INVALID_VALUE,
-                          "%s=\"%s\": unknown variable: use VGPU_COMPUTE_LIMIT or VGPU_COMPUTE_LIMIT_<device 0..%d>",
-                          key, value, VG_MAX_DEVICES - 1);
-                continue;
-            }
-            out = &cfg->compute_dev[idx];
-        }
-        char *end = NULL;
-        long pct = strtol(value, &end, 10);
-        if (!*value || *end || pct < 2 || pct > 100)
-            set_error(cfg, CUDA_ERROR_INVALID_VALUE, "%s=\"%s\": not a compute share: use an integer percent 2..100",
-                      key, value);
-        else
-            *out = (uint32_t)pct;
-    }
-    return any;
+    return load_per_device(cfg, "VGPU_COMPUTE_LIMIT", parse_compute_limit);
 }
 
 /* One of `names` (index = value), or -1 when unset; a wrong word fails closed. */

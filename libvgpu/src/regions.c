@@ -125,38 +125,31 @@ static void fill_region(struct vgpu_region *r, int dev, uint64_t limit, const ch
     atomic_store((_Atomic uint32_t *)&r->magic, VGPU_REGION_MAGIC);
 }
 
+struct region_fill {
+    int dev;
+    uint64_t limit;
+    const char *uuid;
+};
+
+static void fill_new_region(void *map, void *arg)
+{
+    const struct region_fill *a = arg;
+    fill_region(map, a->dev, a->limit, a->uuid);
+}
+
 /* SHARED mode: the first process creates the file from its env; link() makes
  * creation atomic, so racing first processes agree on one file. */
 static struct vgpu_region *open_or_create(const char *path, int dev, uint64_t limit, const char *uuid)
 {
+    struct region_fill args = {dev, limit, uuid};
     for (int attempt = 0; attempt < 3; attempt++) {
         if (access(path, F_OK) == 0)
             return open_region(path);
-        char tmp[400];
-        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-        int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0660);
-        if (fd < 0 || ftruncate(fd, sizeof(struct vgpu_region)) != 0) {
-            region_error(path, strerror(errno));
-            if (fd >= 0) {
-                close(fd);
-                unlink(tmp);
-            }
-            return NULL;
-        }
-        struct vgpu_region *r = map_region(fd, tmp);
-        close(fd);
-        if (!r) {
-            unlink(tmp);
-            return NULL;
-        }
-        fill_region(r, dev, limit, uuid);
-        int rc = link(tmp, path), err = errno;
-        unlink(tmp);
-        if (rc == 0)
+        struct vgpu_region *r = vg_create_linked(path, sizeof(*r), 0660, 0, fill_new_region, &args);
+        if (r)
             return r;
-        munmap(r, sizeof(*r));
-        if (err != EEXIST) {
-            region_error(path, strerror(err));
+        if (errno != EEXIST) {
+            region_error(path, strerror(errno));
             return NULL;
         }
     }

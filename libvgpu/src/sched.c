@@ -113,6 +113,19 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* CLOCK_MONOTONIC ns from now, for the timed waits on g_cond / g_thread_cond. */
+static struct timespec deadline_in(uint64_t ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_nsec += (long)ns;
+    while (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 static void futex_wait(_Atomic uint32_t *w, uint32_t val, uint64_t ns)
 {
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
@@ -301,6 +314,11 @@ static void fill_sched(struct vgpu_sched *s, const char *uuid)
     atomic_store((_Atomic uint32_t *)&s->magic, VGPU_SCHED_MAGIC);
 }
 
+static void fill_new_sched(void *map, void *uuid)
+{
+    fill_sched(map, uuid);
+}
+
 static int sched_valid(const struct vgpu_sched *s)
 {
     return s->magic == VGPU_SCHED_MAGIC && s->version == VGPU_SCHED_VERSION && s->size == sizeof(*s) &&
@@ -330,30 +348,12 @@ static struct vgpu_sched *open_sched(const char *path, const char *uuid, int cre
             *why = strerror(errno);
             return NULL;
         }
-        char tmp[440];
-        snprintf(tmp, sizeof(tmp), "%s.tmp.%d", path, (int)getpid());
-        fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        if (fd < 0) {
-            *why = strerror(errno);
-            return NULL;
-        }
         /* Every user of the GPU maps it read-write, whatever its umask. */
-        fchmod(fd, 0666);
-        struct vgpu_sched *s = ftruncate(fd, sizeof(struct vgpu_sched)) == 0 ? map_sched(fd) : NULL;
-        close(fd);
-        if (!s) {
-            *why = strerror(errno);
-            unlink(tmp);
-            return NULL;
-        }
-        fill_sched(s, uuid);
-        int rc = link(tmp, path), err = errno;
-        unlink(tmp);
-        if (rc == 0)
+        struct vgpu_sched *s = vg_create_linked(path, sizeof(*s), 0666, 1, fill_new_sched, (void *)uuid);
+        if (s)
             return s;
-        munmap(s, sizeof(*s));
-        if (err != EEXIST) {
-            *why = strerror(err);
+        if (errno != EEXIST) {
+            *why = strerror(errno);
             return NULL;
         }
     }
@@ -662,13 +662,7 @@ static void *holder_thread(void *arg)
             pthread_cond_wait(&g_thread_cond, &g_lock);
             continue;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long)POLL_NS;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = deadline_in(POLL_NS);
         pthread_cond_timedwait(&g_thread_cond, &g_lock, &ts);
     }
     return NULL;
@@ -812,13 +806,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             pthread_cond_broadcast(&g_cond);
             continue;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long)MS;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = deadline_in(MS);
         pthread_cond_timedwait(&g_cond, &g_lock, &ts);
     }
     d->launching++;

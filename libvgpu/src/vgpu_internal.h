@@ -124,6 +124,14 @@ int vg_allocs_put(enum vg_alloc_kind kind, uint64_t key, int dev, uint64_t bytes
 /* Remove key; returns 0 and fills dev/bytes, or -1 when unknown. */
 int vg_allocs_take(enum vg_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
 
+/* ---- shared_file.c ---- */
+/* Create `path` (size bytes, filled by fill(map, arg)) under a temporary name and
+ * link it into place. Returns its mapping; NULL with errno EEXIST when another
+ * process made it first (open that one), or with errno set on failure.
+ * exact_mode: the file gets `mode` whatever the umask. */
+void *vg_create_linked(const char *path, size_t size, mode_t mode, int exact_mode, void (*fill)(void *, void *),
+                       void *arg);
+
 /* ---- sched.c: compute shares and priority, per device (vgpu_sched.h) ---- */
 /* Before a launch on stream s of device dev (-1: the current context's):
  * waits until this process may submit. Returns a ticket for vg_sched_done. */

@@ -100,6 +100,28 @@ static int follow(struct root *r, const char *parent, int pfd, const char *name,
     return 0;
 }
 
+/* Making parent/name failed with errno: where the name is there after all (a
+ * race, or a link whose target is missing), the path to go on with is in
+ * target (0); else -1 with errno set and r->failed naming what failed. */
+static int already_there(struct root *r, const char *rel, const char *parent, int pfd, const char *name, int hops,
+                         char *target)
+{
+    if (errno != EEXIST) {
+        int e = errno;
+        snprintf(r->failed, sizeof(r->failed), "/%s", rel);
+        errno = e;
+        return -1;
+    }
+    return follow(r, parent, pfd, name, hops, target);
+}
+
+static void close_keeping_errno(int fd)
+{
+    int e = errno;
+    close(fd);
+    errno = e;
+}
+
 /* O_PATH fd of directory `rel`, made (with its parents) where missing. */
 static int ensure_dir(struct root *r, const char *rel, int hops)
 {
@@ -119,19 +141,9 @@ static int ensure_dir(struct root *r, const char *rel, int hops)
     if (pfd < 0)
         return -1;
     if (mkdirat(pfd, name, 0755) != 0) {
-        int e = errno;
-        if (e != EEXIST)
-            snprintf(r->failed, sizeof(r->failed), "/%s", rel);
-        else if (follow(r, parent, pfd, name, hops, target) == 0)
-            e = 0;
-        else
-            e = errno;
-        close(pfd);
-        if (e != 0) {
-            errno = e;
-            return -1;
-        }
-        return ensure_dir(r, target, hops + 1);
+        int rc = already_there(r, rel, parent, pfd, name, hops, target);
+        close_keeping_errno(pfd);
+        return rc != 0 ? -1 : ensure_dir(r, target, hops + 1);
     }
     close(pfd);
     return root_open(r, rel, O_PATH | O_DIRECTORY);
@@ -150,19 +162,9 @@ static int ensure_file(struct root *r, const char *rel, int hops)
         return -1;
     int made = openat(pfd, name, O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (made < 0) {
-        int e = errno;
-        if (e != EEXIST)
-            snprintf(r->failed, sizeof(r->failed), "/%s", rel);
-        else if (follow(r, parent, pfd, name, hops, target) == 0)
-            e = 0;
-        else
-            e = errno;
-        close(pfd);
-        if (e != 0) {
-            errno = e;
-            return -1;
-        }
-        return ensure_file(r, target, hops + 1);
+        int rc = already_there(r, rel, parent, pfd, name, hops, target);
+        close_keeping_errno(pfd);
+        return rc != 0 ? -1 : ensure_file(r, target, hops + 1);
     }
     close(made);
     close(pfd);
