@@ -42,6 +42,12 @@ $(B)/simgpu/libnvidia-ml.so.1: $(NVML_SRC) $(HEADERS)
 $(B)/simgpu/%.so: $(B)/simgpu/%.so.1
 	ln -sf $(<F) $@
 
+# The libvgpu bypass test program must not link the driver: it dlmopen()s it
+# into a namespace of its own, where a preloaded libvgpu cannot see its calls.
+$(B)/tests/dlmopen_load: libvgpu/tests/dlmopen_load.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Ilibvgpu/include -o $@ $< $(LDLIBS)
+
 # C test programs link the simulated driver directly (the "direct symbol" path);
 # at run time LD_LIBRARY_PATH picks simgpu or a real driver.
 $(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1

@@ -750,7 +750,9 @@ def supervise(pid: int) -> int:
         if done == pid:
             return status
         info = signal.sigtimedwait(waitset, 0.5)
-        if info is None or info.si_signo == signal.SIGCHLD:
+        # Only a forwarded signal is sent on: a wait the cgroup freezer interrupted
+        # (vgpud's compute guard throttling this slice) can return an empty siginfo.
+        if info is None or info.si_signo not in FORWARDED:
             continue
         if info.si_code == _SI_KERNEL:
             continue

@@ -2,7 +2,7 @@
 """vgpud's configuration: /etc/vgpu/config.yaml, checked against configs/vgpud.schema.json.
 
 The file is YAML with one section per concern (paths, placement, defaults,
-reconcile, metrics, devices, hook, nvml, runtime); `Config` flattens it into one frozen
+reconcile, guard, metrics, devices, hook, nvml, runtime); `Config` flattens it into one frozen
 dataclass. Every key is optional and defaults to the value documented in
 configs/vgpu.yaml. Any problem (unreadable file, bad YAML, unknown key, wrong
 value) raises ConfigError with one line that names the file, the line, the
@@ -54,10 +54,13 @@ RELOADABLE = frozenset({
     "priority_floor",
     "reconcile_interval_s",
     "drift_action",
+    "guard_action",
+    "guard_margin",
 })
 
 _SCHEMA_NAME = "vgpud.schema.json"
-_PATH_FIELDS = frozenset({"socket", "state_dir", "run_dir", "event_log", "nvml_library"})
+_PATH_FIELDS = frozenset({"socket", "state_dir", "run_dir", "event_log", "nvml_library",
+                          "cgroup_root"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ class Config:
     context_reserve: int = 0                       # bytes
     reconcile_interval_s: float = 10.0
     drift_action: str = "flag"
+    guard_action: str = "throttle"                 # flag | kill | throttle (arbiter.guard)
+    guard_margin: int = 10                         # percentage points above the share
+    guard_interval_s: float = 0.5
+    cgroup_root: Path | None = None                # None: find the cgroup v2 mount
     metrics_address: str = "127.0.0.1:9400"        # '' disables the endpoint
     devices_include: tuple[int | str, ...] | None = None   # None: every GPU NVML reports
     # GPU index -> host device nodes that replace the real defaults for that GPU;
@@ -347,7 +354,7 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         value = get(section, key)
         if value is not _MISSING:
             values[name] = value
-    for name in ("state_dir", "run_dir", "socket", "event_log", "nvml_library"):
+    for name in ("state_dir", "run_dir", "socket", "event_log", "nvml_library", "cgroup_root"):
         if values.get(name) is not None:
             values[name] = Path(values[name])
         else:
@@ -365,7 +372,7 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         key_path = ("metrics", "address")
         raise ConfigError(path, f"{address!r} has a port above 65535",
                           key=_dotted(key_path), line=lines.value(key_path))
-    for name in ("reconcile_interval_s", "hook_wait_s"):
+    for name in ("reconcile_interval_s", "hook_wait_s", "guard_interval_s"):
         if name in values:
             values[name] = float(values[name])
     if values.get("devices_include") is not None:
@@ -412,6 +419,10 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("reconcile", "interval_s"): "reconcile_interval_s",
     ("reconcile", "drift_action"): "drift_action",
     ("reconcile", "runtime_state_roots"): "runtime_state_roots",
+    ("guard", "action"): "guard_action",
+    ("guard", "margin_percent"): "guard_margin",
+    ("guard", "interval_s"): "guard_interval_s",
+    ("guard", "cgroup_root"): "cgroup_root",
     ("metrics", "address"): "metrics_address",
     ("devices", "include"): "devices_include",
     ("devices", "nodes"): "device_nodes",

@@ -36,6 +36,8 @@ from arbiter.config import Config, config_path, load_config
 from arbiter.core import Arbiter, Settings
 from arbiter.errors import ConfigError, VgpuError
 from arbiter.events import EventLog
+from arbiter.freezer import Freezer, find_root
+from arbiter.guardian import ComputeGuard
 from arbiter.lifecycle import LifecycleServer, lifecycle_socket
 from arbiter.metrics import Metrics, Snapshot, parse_address
 from arbiter.proto import vgpu_pb2_grpc
@@ -96,6 +98,7 @@ class Daemon:
         self.events: EventLog | None = None
         self.arbiter: Arbiter | None = None
         self.reconciler: Reconciler | None = None
+        self.guard: ComputeGuard | None = None
         self.sched_files: dict[str, Path] = {}  # GPU uuid -> its scheduling region
         self.lifecycle: LifecycleServer | None = None
 
@@ -154,6 +157,8 @@ class Daemon:
         # The pass at start: slices of containers that went away while vgpud was down.
         self.reconciler.run_once()
         self.reconciler.start()
+        self.guard = self._make_guard()
+        self.guard.start()
 
         self.server = grpc.server(ThreadPoolExecutor(max_workers=_WORKERS,
                                                      thread_name_prefix="vgpud-rpc"),
@@ -179,6 +184,20 @@ class Daemon:
             self._serve_metrics(c.metrics_address)
         log.info("vgpud serving on unix:%s with %d GPU(s), %d slice(s)", c.socket, len(gpus),
                  len(self.arbiter.slices()))
+
+    def _make_guard(self) -> ComputeGuard:
+        """The out-of-band compute guard (arbiter.guardian) on this host's cgroup v2 root."""
+        c = self.config
+        assert self.arbiter is not None
+        root = c.cgroup_root if c.cgroup_root is not None else find_root()
+        if root is None and c.guard_action == "throttle":
+            log.warning("guard: no cgroup v2 hierarchy found; throttle findings are only flagged")
+        gpus = list(self.arbiter.gpus)
+        return ComputeGuard(
+            self.arbiter, lambda: inventory.process_utilisation(gpus),
+            action=c.guard_action, margin=c.guard_margin, interval_s=c.guard_interval_s,
+            freezer=Freezer(root) if root is not None else None,
+            ledger=c.run_dir / "guard-frozen", proc=self.proc, metrics=self.metrics)
 
     def _serve_lifecycle(self, service: ArbiterService) -> None:
         """The compiled vgpu-runtime / vgpu-hook's socket; without it they run Python."""
@@ -287,6 +306,8 @@ class Daemon:
         self.arbiter.reload(Settings.from_config(self.config))
         self.reconciler.configure(drift_action=self.config.drift_action,
                                   interval_s=self.config.reconcile_interval_s)
+        if self.guard is not None:
+            self.guard.configure(action=self.config.guard_action, margin=self.config.guard_margin)
         if ignored:
             log.warning("reload: %s change only after a restart", ", ".join(ignored))
         self.arbiter.emit("reload", changed=[n for n in changed if n not in ignored],
@@ -300,6 +321,8 @@ class Daemon:
             self.server.stop(_DRAIN_S).wait()
         if self.reconciler is not None:
             self.reconciler.stop()
+        if self.guard is not None:  # thaws every cgroup it throttles
+            self.guard.stop()
         if self.metrics is not None:
             self.metrics.close()
         if self.store is not None:

@@ -24,7 +24,7 @@ from arbiter.config import Config
 from arbiter.errors import InventoryError
 from arbiter.model import Gpu
 
-__all__ = ["DeviceSample", "discover", "sample", "shutdown"]
+__all__ = ["DeviceSample", "discover", "process_utilisation", "sample", "shutdown"]
 
 T = TypeVar("T")
 
@@ -170,9 +170,30 @@ def sample(gpus: Iterable[Gpu]) -> dict[int, DeviceSample]:
 UTIL_WINDOW_S = 1.0
 
 
-def _process_samples(handle: Any) -> list[Any]:
-    """NVML's per-process utilisation samples of the last UTIL_WINDOW_S ([] when none)."""
-    since_us = int((time.time() - UTIL_WINDOW_S) * 1_000_000)
+def process_utilisation(gpus: Iterable[Gpu],
+                        window_s: float = UTIL_WINDOW_S) -> dict[int, dict[int, int]]:
+    """GPU index -> pid -> SM % over the last window_s (the mean of its NVML samples).
+
+    The compute guard's measure. A mean, not the max that sample() reports: a
+    driver samples every ~1/6 s and one busy sample is not a busy window.
+    """
+    _init(None)
+    out: dict[int, dict[int, int]] = {}
+    for gpu in gpus:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+        except pynvml.NVMLError:
+            continue
+        per_pid: dict[int, list[int]] = {}
+        for smp in _process_samples(handle, window_s):
+            per_pid.setdefault(int(smp.pid), []).append(int(smp.smUtil))
+        out[gpu.index] = {pid: round(sum(v) / len(v)) for pid, v in per_pid.items()}
+    return out
+
+
+def _process_samples(handle: Any, window_s: float = UTIL_WINDOW_S) -> list[Any]:
+    """NVML's per-process utilisation samples of the last window_s ([] when none)."""
+    since_us = int((time.time() - window_s) * 1_000_000)
     try:
         return list(pynvml.nvmlDeviceGetProcessUtilization(handle, since_us))
     except pynvml.NVMLError:  # NOT_FOUND: nothing ran lately; NOT_SUPPORTED: no such counter

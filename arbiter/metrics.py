@@ -182,6 +182,10 @@ class Metrics:
         self._drift = Counter(
             "vgpu_drift_total", "Times the reconciler measured a slice above its memory limit.",
             registry=self.registry)
+        self._guard = Counter(
+            "vgpu_guard_findings_total",
+            "Slices the compute guard measured above their share, by the action taken.",
+            ["action"], registry=self.registry)
         self._collector = _SnapshotCollector()
         self.registry.register(self._collector)
         self._server: WSGIServer | None = None
@@ -203,6 +207,10 @@ class Metrics:
     def drift(self, n: int = 1) -> None:
         """Count `n` drift findings (a slice's NVML-measured use above its limit)."""
         self._drift.inc(n)
+
+    def guard_finding(self, action: str) -> None:
+        """Count one compute guard finding (a slice above its share) and its action."""
+        self._guard.labels(action=action).inc()
 
     def set_source(self, fn: Callable[[], Snapshot] | None) -> None:
         """Use fn() at each scrape for the per-GPU and per-slice gauges (None: export none)."""

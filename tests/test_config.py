@@ -45,6 +45,8 @@ def test_defaults_are_the_documented_ones() -> None:
     assert (c.default_compute, c.default_priority, c.default_policy) == (10, "normal", "fixed")
     assert (c.context_reserve, c.priority_floor) == (0, 0)
     assert (c.reconcile_interval_s, c.drift_action) == (10.0, "flag")
+    assert (c.guard_action, c.guard_margin, c.guard_interval_s, c.cgroup_root) == \
+        ("throttle", 10, 0.5, None)
     assert c.metrics_address == "127.0.0.1:9400"
     assert c.devices_include is None and dict(c.device_nodes) == {}
     assert c.runtime_state_roots == (
@@ -135,6 +137,12 @@ HAPPY = [
                  {"runtime_state_roots": (Path("/a"), Path("/b/c"))}, id="state-roots"),
     pytest.param("reconcile: {runtime_state_roots: []}", {"runtime_state_roots": ()},
                  id="no-state-roots"),
+    pytest.param("guard: {action: kill, margin_percent: 5, interval_s: 0.25, "
+                 "cgroup_root: /sys/fs/cgroup/unified}",
+                 {"guard_action": "kill", "guard_margin": 5, "guard_interval_s": 0.25,
+                  "cgroup_root": Path("/sys/fs/cgroup/unified")}, id="guard"),
+    pytest.param("guard: {action: flag, interval_s: 1}",
+                 {"guard_action": "flag", "guard_interval_s": 1.0}, id="guard-flag"),
     pytest.param("metrics: {address: ''}", {"metrics_address": ""}, id="metrics-off"),
     pytest.param("metrics: {address: '0.0.0.0:0'}", {"metrics_address": "0.0.0.0:0"},
                  id="metrics-any-port"),
@@ -188,7 +196,7 @@ SAD = [
                  "line 2: placement.polcy: unknown key (expected one of: allow_preemption, "
                  "policy)", id="unknown-key"),
     pytest.param("# top\nbogus: 1\n", "line 2: bogus: unknown key (expected one of: defaults, "
-                 "devices, hook, metrics, nvml, paths, placement, reconcile, runtime)",
+                 "devices, guard, hook, metrics, nvml, paths, placement, reconcile, runtime)",
                  id="unknown-section"),
     pytest.param("placement: [binpack]\n", "line 1: placement: ['binpack'] is not a mapping of "
                  "keys", id="section-not-mapping"),
@@ -234,6 +242,18 @@ SAD = [
     pytest.param("reconcile:\n  drift_action: warn\n",
                  "line 2: reconcile.drift_action: 'warn' is not one of ['flag', 'kill']",
                  id="drift-action"),
+    pytest.param("guard:\n  action: freeze\n",
+                 "line 2: guard.action: 'freeze' is not one of ['flag', 'kill', 'throttle']",
+                 id="guard-action"),
+    pytest.param("guard:\n  interval_s: 2\n",
+                 "line 2: guard.interval_s: 2 is not a number of seconds above 0 and at most 1",
+                 id="guard-interval"),
+    pytest.param("guard:\n  margin_percent: 101\n",
+                 "line 2: guard.margin_percent: 101 is not an integer percent from 0 to 100",
+                 id="guard-margin"),
+    pytest.param("guard:\n  cgroup_root: sys/fs/cgroup\n",
+                 "line 2: guard.cgroup_root: 'sys/fs/cgroup' is not an absolute path",
+                 id="guard-cgroup-root"),
     pytest.param("reconcile:\n  runtime_state_roots:\n    - /run/runc\n    - run/x\n",
                  "line 4: reconcile.runtime_state_roots[1]: 'run/x' is not an absolute path",
                  id="relative-root"),
@@ -389,6 +409,7 @@ def test_replace_reloadable(tmp_path: Path) -> None:
         defaults: {compute: 20, priority: low, policy: burst, context_reserve: 1Gi,
                    priority_floor: 30}
         reconcile: {interval_s: 1, drift_action: kill}
+        guard: {action: flag, margin_percent: 20}
         metrics: {address: ''}
         """))
     merged = old.replace_reloadable(new)

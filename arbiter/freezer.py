@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The cgroup v2 freezer: which cgroup a process is in, freezing it, and a duty cycle.
+
+Writing 1 to <cgroup>/cgroup.freeze stops every task of the cgroup and its
+descendants (kernel-enforced, no signal the task can see or catch); 0 lets them
+run again. Work a frozen process already queued on a GPU still runs, so the
+duty cycle's run fraction is corrected from measurements (arbiter.guard).
+
+The cgroup v2 hierarchy is /sys/fs/cgroup on a unified host and
+/sys/fs/cgroup/unified on a hybrid (v1 + v2) one; `find_root` picks it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["DutyCycle", "Freezer", "cgroup_of", "find_root"]
+
+#: Length of one freeze/thaw cycle. Short enough that a throttled tenant stalls
+#: at most this long at a time and NVML's window (1 s) averages ten cycles; long
+#: enough that a wake-up's jitter (~1 ms) and the kernel's freeze walk are small
+#: beside it.
+PERIOD_S = 0.1
+
+
+def find_root(base: Path = Path("/sys/fs/cgroup")) -> Path | None:
+    """The cgroup v2 mount: base itself, else base/unified (hybrid); None when neither."""
+    for p in (Path(base), Path(base) / "unified"):
+        # cgroup.controllers exists only in a cgroup v2 hierarchy.
+        if (p / "cgroup.controllers").is_file() and (p / "cgroup.procs").is_file():
+            return p
+    return None
+
+
+def cgroup_of(pid: int, proc: Path = Path("/proc")) -> str | None:
+    """The cgroup v2 path of pid ("/a/b", from the "0::" line of /proc/<pid>/cgroup)."""
+    try:
+        text = (Path(proc) / str(pid) / "cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("0::"):
+            return line[3:].split(" (deleted)")[0] or "/"
+    return None
+
+
+class Freezer:
+    """cgroup.freeze and cgroup.procs of the cgroups under one cgroup v2 root."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def path(self, cgroup: str) -> Path:
+        """The directory of a cgroup path such as "/a/b" (never outside the root)."""
+        parts = [p for p in cgroup.split("/") if p and p not in (".", "..")]
+        return self.root.joinpath(*parts)
+
+    def can_freeze(self, cgroup: str) -> bool:
+        """True for a cgroup other than the root that has a freezer file."""
+        return cgroup.strip("/") != "" and (self.path(cgroup) / "cgroup.freeze").is_file()
+
+    def members(self, cgroup: str) -> set[int] | None:
+        """Every pid in the cgroup and its descendants; None when it is gone."""
+        top = self.path(cgroup)
+        if not top.is_dir():
+            return None
+        out: set[int] = set()
+        for d, _, _ in os.walk(top):
+            with contextlib.suppress(OSError):
+                out |= {int(x) for x in (Path(d) / "cgroup.procs").read_text().split()}
+        return out
+
+    def set_frozen(self, cgroup: str, frozen: bool) -> None:
+        """Freeze or thaw the cgroup (OSError when it is gone or not writable)."""
+        (self.path(cgroup) / "cgroup.freeze").write_text("1" if frozen else "0")
+
+    def frozen(self, cgroup: str) -> bool:
+        """Whether the kernel reports the cgroup frozen (cgroup.events "frozen 1")."""
+        try:
+            events = (self.path(cgroup) / "cgroup.events").read_text()
+        except OSError:
+            return False
+        return "frozen 1" in events.splitlines()
+
+
+class DutyCycle:
+    """A thread that lets a cgroup run `run_fraction` of each period and freezes it the rest."""
+
+    def __init__(self, freezer: Freezer, cgroup: str, run_fraction: float,
+                 period_s: float = PERIOD_S) -> None:
+        self.freezer = freezer
+        self.cgroup = cgroup
+        self.run_fraction = run_fraction
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"vgpud-throttle{cgroup}",
+                                         daemon=True)
+
+    def start(self) -> None:
+        """Start cycling."""
+        self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                run = self.period_s * self.run_fraction
+                self.freezer.set_frozen(self.cgroup, False)
+                if self._stop.wait(run):
+                    break
+                if self.run_fraction < 1.0:
+                    self.freezer.set_frozen(self.cgroup, True)
+                    self._stop.wait(self.period_s - run)
+        except OSError:  # the cgroup is gone: nothing left to hold
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                self.freezer.set_frozen(self.cgroup, False)
+
+    def stop(self) -> None:
+        """Stop cycling and leave the cgroup thawed (waits for the thread)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            self.freezer.set_frozen(self.cgroup, False)
