@@ -16,9 +16,22 @@ after 0.5 s of warm-up:
 - the cost of a launch: no libvgpu, a 100 % slice (no scheduling), a 50 % slice
   alone on the GPU (token held), in ns per cuLaunchKernel of an empty kernel.
 
-Each at kernel lengths 100 us and 2 ms.
+Each at kernel lengths 100 us and 2 ms. Then loads that are not greedy (section
+`workloads`): a slice of share S whose load uses U of the GPU alone (measured just
+before, without libvgpu) should get min(S, U):
+
+- a step loop (8 kernels of 500 us, a sync, 2 ms of CPU spinning), fixed 50% alone
+  and beside a greedy burst 50% neighbour, and fixed 80% alone (U < S);
+- 50 us kernels synced every 8, fixed 70% alone and beside a greedy burst 30%;
+- mixed kernel lengths across slices: 50 us kernels in a fixed 30% slice beside 5 ms
+  kernels in a burst 70% one (and the other way round), and a slice cycling 50 us and
+  2 ms kernels (fixed 40%) beside 500 us kernels (burst 60%);
+- a used scheduling file: new fixed 10% / 20% slices started alone one after another
+  in a file that slices of every kind used before (some killed by SIGKILL mid-run):
+  the worst of 3 runs each, over 2 s windows.
 
     python3 bench/compute.py [--window 5] [--kernels busy_100us,busy_2000us]
+                             [--sections shares,priority,launch,workloads]
 """
 from __future__ import annotations
 
@@ -33,7 +46,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import LIBVGPU, TEST_BIN  # noqa: E402
-from gpu_loads import Load, load_env, run_loads  # noqa: E402
+from gpu_loads import (  # noqa: E402
+    Load,
+    load_env,
+    run_loads,
+    step_loop,
+    use_alone,
+    wear_sched_file,
+)
 
 WARM = 0.5
 TARGETS = (2, 5, 10, 30, 50, 70)
@@ -138,26 +158,109 @@ def launch_cost(n: int = 200_000, rounds: int = 7) -> list[str]:
     return rows
 
 
+STEP_LOOP = step_loop("busy_500us", 8, 2000)   # 8 x 500 us, sync, 2 ms CPU: ~65% alone
+SHORT_SYNCED = step_loop("busy_50us", 8)         # 50 us kernels synced every 8: ~80% alone
+GREEDY_50US = Load(kernel="busy_50us", args=queue_for("busy_50us"))
+GREEDY_5MS = Load(kernel="busy_5000us", args=queue_for("busy_5000us"))
+MIXED = Load(kernel="busy_50us,busy_2000us", args=["--queue", "8"])
+GREEDY_500US = Load(kernel="busy_500us", args=queue_for("busy_500us"))
+USED_FILE_RUNS = 6      # alternately 10% and 20%
+USED_FILE_WINDOW = 2.0  # seconds each, after WARM
+
+
+def as_slice(load: Load, pct: int, policy: str) -> Load:
+    return Load(env(pct, policy), kernel=load.kernel, args=load.args)
+
+
+def workload_row(name: str, target: float, got: float, use: float | None = None) -> str:
+    err = abs(got - target)
+    u = f"{use:5.1f}" if use is not None else "  100"
+    return f"{name:<46} {u}  {target:6.2f}  {got:8.2f}  {err:6.2f}  {verdict(err)}"
+
+
+def workloads_table(window: float) -> list[str]:
+    """min(S, U) for step loops, short synced kernels, mixed lengths, a used file."""
+    rows = []
+    for name, load, share, neighbour in (
+            ("step loop, fixed 50% alone", STEP_LOOP, 50, None),
+            ("step loop, fixed 50% + burst 50% greedy", STEP_LOOP, 50, 50),
+            ("step loop, fixed 80% alone", STEP_LOOP, 80, None),
+            ("50us sync/8, fixed 70% alone", SHORT_SYNCED, 70, None),
+            ("50us sync/8, fixed 70% + burst 30% greedy", SHORT_SYNCED, 70, 30)):
+        with tempfile.TemporaryDirectory() as tmp:
+            use = use_alone(Path(tmp), load, WARM + min(window, 3.0), WARM)
+        loads = [as_slice(load, share, "fixed")]
+        if neighbour is not None:
+            loads.append(Load(env(neighbour, "burst")))
+        got = measure(loads, window)
+        rows.append(workload_row(name, min(share, use), got[0], use))
+        print(rows[-1], flush=True)
+    for name, small, large, pct in (
+            ("50us fixed 30% + 5ms burst 70%", GREEDY_50US, GREEDY_5MS, 30),
+            ("5ms fixed 30% + 50us burst 70%", GREEDY_5MS, GREEDY_50US, 30),
+            ("50us+2ms fixed 40% + 500us burst 60%", MIXED, GREEDY_500US, 40)):
+        got = measure([as_slice(small, pct, "fixed"), as_slice(large, 100 - pct, "burst")], window)
+        for i, (target, part) in enumerate(((pct, "fixed"), (100 - pct, "burst"))):
+            rows.append(workload_row(f"{name}: {part}", target, got[i]))
+            print(rows[-1], flush=True)
+    used_window = min(window, USED_FILE_WINDOW)
+    with tempfile.TemporaryDirectory() as tmp:
+        wear_sched_file(Path(tmp))
+        worst: dict[int, float] = {}
+        for i in range(USED_FILE_RUNS):
+            pct = (10, 20)[i % 2]
+            r = run_loads(Path(tmp), [Load(env(pct, "fixed"))], WARM + used_window)
+            (t,) = r.traces
+            if t.summary.get("returncode") != 0:
+                sys.exit(f"bench: used-file run {i} failed: {t.stderr.strip()}")
+            got_pct = t.ran_alone(r.at(WARM), r.at(WARM + used_window))
+            if abs(got_pct - pct) >= abs(worst.get(pct, pct) - pct):
+                worst[pct] = got_pct
+    for pct, got_pct in sorted(worst.items()):
+        rows.append(workload_row(f"used file, new fixed {pct}% (worst of {USED_FILE_RUNS // 2})",
+                                 pct, got_pct))
+        print(rows[-1], flush=True)
+    return rows
+
+
+SECTIONS = ("shares", "priority", "launch", "workloads")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--window", type=float, default=5.0)
     ap.add_argument("--kernels", default="busy_100us,busy_2000us")
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help="comma-separated, of: " + ", ".join(SECTIONS))
     args = ap.parse_args()
     if not (TEST_BIN / "gpu_load").exists() or not LIBVGPU.exists():
         sys.exit("bench: build first (make)")
     kernels = args.kernels.split(",")
-    print(f"achieved GPU share over {args.window:g} s windows on simgpu, 2 CPUs")
-    print("kernel       case                  achieved  err pp  idle %")
-    for k in kernels:
-        for row in shares_table(k, args.window):
-            print(row, flush=True)
-    print("\npriority (both greedy, burst 50%; high starts 1.5 s into low's run)")
-    for k in kernels:
-        print(priority_row(k), flush=True)
-    print("\nlaunch cost (empty kernel, median of 7 alternating rounds)")
-    for row in launch_cost():
-        print(row)
-    print(f"command: python3 bench/compute.py --window {args.window:g} --kernels {args.kernels}")
+    sections = args.sections.split(",")
+    if unknown := set(sections) - set(SECTIONS):
+        sys.exit(f"bench: unknown section(s) {', '.join(sorted(unknown))}: "
+                 f"use {', '.join(SECTIONS)}")
+    if "shares" in sections:
+        print(f"achieved GPU share over {args.window:g} s windows on simgpu, 2 CPUs")
+        print("kernel       case                  achieved  err pp  idle %")
+        for k in kernels:
+            for row in shares_table(k, args.window):
+                print(row, flush=True)
+    if "priority" in sections:
+        print("\npriority (both greedy, burst 50%; high starts 1.5 s into low's run)")
+        for k in kernels:
+            print(priority_row(k), flush=True)
+    if "launch" in sections:
+        print("\nlaunch cost (empty kernel, median of 7 alternating rounds)")
+        for row in launch_cost():
+            print(row)
+    if "workloads" in sections:
+        print(f"\nloads that are not greedy: target min(S, U) over {args.window:g} s windows "
+              "(U: the load alone, no libvgpu)")
+        print(f"{'case':<46} {'U %':>5}  {'target':>6}  {'achieved':>8}  err pp")
+        workloads_table(args.window)
+    print(f"command: python3 bench/compute.py --window {args.window:g} --kernels {args.kernels} "
+          f"--sections {args.sections}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * gpu_load.c - a greedy GPU workload for the compute tests and benchmark.
+ * gpu_load.c - a GPU workload for the compute tests and benchmark.
  *
- *   gpu_load [--kernel busy_2000us] [--device N[,N...]] [--path kernel|ex|coop|graph]
- *            [--graph-kernels N] [--threads N] [--queue N]
- *            [--start-at NS] [--until NS | --seconds S] [--trace FILE]
+ *   gpu_load [--kernel busy_2000us | --kernels busy_50us,busy_500us,...]
+ *            [--device N[,N...]] [--path kernel|ex|coop|graph] [--graph-kernels N]
+ *            [--threads N] [--queue N] [--sync-every N] [--cpu-gap-us U]
+ *            [--gap spin|sleep] [--start-at NS] [--until NS | --seconds S] [--trace FILE]
  *
  * Launches KERNEL (simgpu: busy_<N>us occupies the engine N us) as fast as the
  * GPU takes it, keeping at most --queue launches in flight per thread (like a
  * training loop that syncs now and then), from --threads threads each with its
  * own stream; with several devices, thread i works on the i-th (mod count).
+ * --kernels cycles through a list of kernels, one per launch (a mix of lengths).
+ * --sync-every N makes a step loop, as inference serving and data-bound training
+ * are: after every N launches the thread synchronizes its stream, then does
+ * --cpu-gap-us of CPU work (busy spinning, as a step preparing its next input
+ * does; --gap sleep sleeps instead) before the next step. The queue then
+ * defaults to N, so a whole step is in flight.
  * --start-at / --until are CLOCK_MONOTONIC times, so processes started one
  * after another measure the same window. --trace writes one (launch time ns,
  * GPU ns of that launch, device) triple of little-endian uint64 per launch;
@@ -24,11 +31,13 @@
 #include <time.h>
 
 #define MAX_DEVS 8
+#define MAX_KERNELS 16
 
 struct opts {
-    const char *kernel, *path, *trace;
-    int devices[MAX_DEVS], ndev, threads, queue, graph_kernels;
-    uint64_t start_at, until, kernel_ns;
+    const char *path, *trace;
+    const char *kernels[MAX_KERNELS];
+    int nkernels, devices[MAX_DEVS], ndev, threads, queue, graph_kernels, sync_every, gap_sleep;
+    uint64_t start_at, until, kernel_ns[MAX_KERNELS], cpu_gap_ns;
 };
 
 struct rec {
@@ -40,7 +49,7 @@ struct worker {
     const struct opts *o;
     int dev;
     CUcontext ctx;
-    CUfunction f;
+    CUfunction f[MAX_KERNELS];
     struct rec *recs;
     size_t n, cap;
     CUresult err;
@@ -59,6 +68,19 @@ static void sleep_until(uint64_t t)
     struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0)
         ;
+}
+
+/* CPU work between steps: spinning keeps the core busy, as preparing a batch does. */
+static void cpu_gap(const struct opts *o)
+{
+    if (!o->cpu_gap_ns)
+        return;
+    uint64_t until = now_ns() + o->cpu_gap_ns;
+    if (o->gap_sleep)
+        sleep_until(until);
+    else
+        while (now_ns() < until)
+            ;
 }
 
 static void die(const char *what, CUresult r)
@@ -100,24 +122,38 @@ static void *work(void *arg)
     CUstream s;
     CHECK("cuStreamCreate", cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CUgraphExec exec = NULL;
-    uint64_t per_launch = o->kernel_ns;
+    uint64_t graph_ns = 0;
     if (strcmp(o->path, "graph") == 0) {
         CUgraph g;
         CHECK("cuStreamBeginCapture", cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
-        for (int i = 0; i < o->graph_kernels; i++)
-            CHECK("captured launch", cuLaunchKernel(w->f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        for (int i = 0; i < o->graph_kernels; i++) {
+            int j = i % o->nkernels;
+            CHECK("captured launch", cuLaunchKernel(w->f[j], 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            graph_ns += o->kernel_ns[j];
+        }
         CHECK("cuStreamEndCapture", cuStreamEndCapture(s, &g));
         CHECK("cuGraphInstantiate", cuGraphInstantiateWithFlags(&exec, g, 0));
-        per_launch = o->kernel_ns * (uint64_t)o->graph_kernels;
     }
     CUevent *ring = calloc((size_t)o->queue, sizeof(*ring));
     for (int i = 0; i < o->queue; i++)
         CHECK("cuEventCreate", cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
     sleep_until(o->start_at);
-    for (uint64_t k = 0; now_ns() < o->until; k++) {
+    /* k counts launches since the last sync: no event waits on what a sync drained. */
+    uint64_t n = 0;
+    for (uint64_t k = 0; now_ns() < o->until; k++, n++) {
+        if (o->sync_every && n > 0 && n % (uint64_t)o->sync_every == 0) {
+            CHECK("cuStreamSynchronize", cuStreamSynchronize(s));
+            cpu_gap(o);
+            k = 0;
+            if (now_ns() >= o->until)
+                break;
+        }
         CUevent ev = ring[k % (uint64_t)o->queue];
         if (k >= (uint64_t)o->queue)
             CHECK("cuEventSynchronize", cuEventSynchronize(ev)); /* at most --queue in flight */
+        int j = (int)(n % (uint64_t)o->nkernels);
+        CUfunction f = w->f[j];
+        uint64_t gpu_ns = exec ? graph_ns : o->kernel_ns[j];
         if (exec) {
             CHECK("cuGraphLaunch", cuGraphLaunch(exec, s));
         } else if (strcmp(o->path, "ex") == 0) {
@@ -125,13 +161,13 @@ static void *work(void *arg)
             cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
             cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
             cfg.hStream = s;
-            CHECK("cuLaunchKernelEx", cuLaunchKernelEx(&cfg, w->f, NULL, NULL));
+            CHECK("cuLaunchKernelEx", cuLaunchKernelEx(&cfg, f, NULL, NULL));
         } else if (strcmp(o->path, "coop") == 0) {
-            CHECK("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel(w->f, 1, 1, 1, 1, 1, 1, 0, s, NULL));
+            CHECK("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL));
         } else {
-            CHECK("cuLaunchKernel", cuLaunchKernel(w->f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+            CHECK("cuLaunchKernel", cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
         }
-        if (note(w, per_launch) != 0)
+        if (note(w, gpu_ns) != 0)
             CHECK("out of host memory", CUDA_ERROR_OUT_OF_MEMORY);
         CHECK("cuEventRecord", cuEventRecord(ev, s));
     }
@@ -139,14 +175,31 @@ static void *work(void *arg)
     return NULL;
 }
 
+/* "busy_50us,busy_500us" -> o->kernels / o->kernel_ns; 0 when every name is busy_<N>us. */
+static int parse_kernels(struct opts *o, char *list)
+{
+    o->nkernels = 0;
+    char *save = NULL;
+    for (char *k = strtok_r(list, ",", &save); k; k = strtok_r(NULL, ",", &save)) {
+        unsigned us = 0;
+        if (o->nkernels == MAX_KERNELS || sscanf(k, "busy_%uus", &us) != 1)
+            return -1;
+        o->kernels[o->nkernels] = k;
+        o->kernel_ns[o->nkernels++] = (uint64_t)us * 1000;
+    }
+    return o->nkernels ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
-    struct opts o = {"busy_1000us", "kernel", NULL, {0}, 1, 1, 4, 4, 0, 0, 0};
+    struct opts o = {.path = "kernel", .ndev = 1, .threads = 1, .graph_kernels = 4};
+    char kernels[512] = "busy_1000us";
     double seconds = 2.0;
+    int queue = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
-        if (!strcmp(k, "--kernel"))
-            o.kernel = v;
+        if (!strcmp(k, "--kernel") || !strcmp(k, "--kernels"))
+            snprintf(kernels, sizeof(kernels), "%s", v);
         else if (!strcmp(k, "--path"))
             o.path = v;
         else if (!strcmp(k, "--trace"))
@@ -159,9 +212,15 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--threads"))
             o.threads = atoi(v);
         else if (!strcmp(k, "--queue"))
-            o.queue = atoi(v);
+            queue = atoi(v);
         else if (!strcmp(k, "--graph-kernels"))
             o.graph_kernels = atoi(v);
+        else if (!strcmp(k, "--sync-every"))
+            o.sync_every = atoi(v);
+        else if (!strcmp(k, "--cpu-gap-us"))
+            o.cpu_gap_ns = strtoull(v, NULL, 10) * 1000;
+        else if (!strcmp(k, "--gap") && (!strcmp(v, "spin") || !strcmp(v, "sleep")))
+            o.gap_sleep = !strcmp(v, "sleep");
         else if (!strcmp(k, "--start-at"))
             o.start_at = strtoull(v, NULL, 10);
         else if (!strcmp(k, "--until"))
@@ -169,23 +228,24 @@ int main(int argc, char **argv)
         else if (!strcmp(k, "--seconds"))
             seconds = atof(v);
         else {
-            fprintf(stderr, "gpu_load: unknown option %s\n", k);
+            fprintf(stderr, "gpu_load: unknown option %s %s\n", k, v);
             return 2;
         }
     }
-    unsigned us = 0;
-    if (sscanf(o.kernel, "busy_%uus", &us) != 1 || o.threads < 1 || o.queue < 1 || o.graph_kernels < 1) {
-        fprintf(stderr, "gpu_load: --kernel busy_<N>us, --threads, --queue and --graph-kernels >= 1\n");
+    o.queue = queue ? queue : o.sync_every ? o.sync_every : 4;
+    if (parse_kernels(&o, kernels) != 0 || o.threads < 1 || o.queue < 1 || o.graph_kernels < 1 ||
+        o.sync_every < 0) {
+        fprintf(stderr, "gpu_load: --kernel busy_<N>us[,busy_<N>us...] (at most %d), --threads, --queue and "
+                        "--graph-kernels >= 1, --sync-every >= 0\n", MAX_KERNELS);
         return 2;
     }
-    o.kernel_ns = (uint64_t)us * 1000;
     if (!o.start_at)
         o.start_at = now_ns();
     if (!o.until)
         o.until = o.start_at + (uint64_t)(seconds * 1e9);
     CUresult r;
     CUcontext ctx[MAX_DEVS];
-    CUfunction f[MAX_DEVS];
+    CUfunction f[MAX_DEVS][MAX_KERNELS];
     static const char image[] = "simgpu";
     if ((r = cuInit(0)))
         die("cuInit", r);
@@ -193,16 +253,18 @@ int main(int argc, char **argv)
         CUdevice dev;
         CUmodule mod;
         if ((r = cuDeviceGet(&dev, o.devices[i])) || (r = cuDevicePrimaryCtxRetain(&ctx[i], dev)) ||
-            (r = cuCtxSetCurrent(ctx[i])) || (r = cuModuleLoadData(&mod, image)) ||
-            (r = cuModuleGetFunction(&f[i], mod, o.kernel)))
+            (r = cuCtxSetCurrent(ctx[i])) || (r = cuModuleLoadData(&mod, image)))
             die("setup", r);
+        for (int j = 0; j < o.nkernels; j++)
+            if ((r = cuModuleGetFunction(&f[i][j], mod, o.kernels[j])))
+                die("cuModuleGetFunction", r);
     }
     struct worker *ws = calloc((size_t)o.threads, sizeof(*ws));
     for (int i = 0; i < o.threads; i++) {
         ws[i].o = &o;
         ws[i].dev = o.devices[i % o.ndev];
         ws[i].ctx = ctx[i % o.ndev];
-        ws[i].f = f[i % o.ndev];
+        memcpy(ws[i].f, f[i % o.ndev], sizeof(ws[i].f));
         pthread_create(&ws[i].th, NULL, work, &ws[i]);
     }
     uint64_t launches = 0, gpu_ns = 0;
