@@ -88,7 +88,7 @@ NATIVE_DIR    := shim/native
 NATIVE_COMMON := $(NATIVE_DIR)/vg_common.c $(NATIVE_DIR)/vg_msg.c
 NATIVE_HDRS   := $(wildcard $(NATIVE_DIR)/*.h) Makefile
 NATIVE_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -D_GNU_SOURCE
-NATIVE_BIN    := $(B)/bin/vgpu-runtime $(B)/bin/vgpu-hook $(B)/bin/vgpu-python
+NATIVE_BIN    := $(B)/bin/vgpu-runtime $(B)/bin/vgpu-hook $(B)/bin/vgpu-python $(B)/bin/vgpu-broker
 
 .PHONY: native
 all: native
@@ -101,6 +101,11 @@ $(B)/bin/vgpu-runtime: $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_COMMON) $(NATIVE_HD
 $(B)/bin/vgpu-hook: $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_COMMON) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
 	$(CC) $(NATIVE_CFLAGS) -o $@ $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_COMMON)
+
+# The token broker vgpud runs (libvgpu/src/broker.c is also inside libvgpu.so, for standalone slices).
+$(B)/bin/vgpu-broker: libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c libvgpu/src/broker.h libvgpu/include/vgpu_sched.h Makefile
+	@mkdir -p $(@D)
+	$(CC) $(NATIVE_CFLAGS) -pthread -o $@ libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c
 
 # Rewritten when the interpreter scripts/py picks changes (a .venv made later).
 $(B)/bin/vgpu-python: scripts/py FORCE

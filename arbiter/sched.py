@@ -53,7 +53,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SCHED_MAGIC = 0x44454853  # "SHED" little-endian
-SCHED_VERSION = 1
+SCHED_REQ_MAGIC = 0x51455253  # "SREQ"
+SCHED_VERSION = 2
 SCHED_ENTRIES = 128
 SCHED_UUID_LEN = 96
 
@@ -70,7 +71,7 @@ _TOKEN_ENTRY_MASK = 0xFF  # token = (token_seq << 8) | (holder entry + 1)
 
 
 class VgpuSchedEntry(ctypes.Structure):
-    """struct vgpu_sched_entry: one slice on this GPU."""
+    """struct vgpu_sched_entry: the broker's accounting of one slice on this GPU."""
 
     _fields_ = [
         ("key", ctypes.c_uint64),
@@ -78,20 +79,18 @@ class VgpuSchedEntry(ctypes.Structure):
         ("priority", ctypes.c_uint32),
         ("policy", ctypes.c_uint32),
         ("floor", ctypes.c_uint32),
-        ("budget_ns", ctypes.c_int64),
-        ("budget_ts", ctypes.c_uint64),
-        ("floor_budget_ns", ctypes.c_int64),
+        ("credit_ns", ctypes.c_int64),
         ("used_ns", ctypes.c_uint64),
         ("last_active_ns", ctypes.c_uint64),
         ("waiting", ctypes.c_uint32),
         ("holds", ctypes.c_uint32),
-        ("wait_heartbeat_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 6),
+        ("registered_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 8),
     ]
 
 
 class VgpuSched(ctypes.Structure):
-    """struct vgpu_sched: the scheduling region of one physical GPU."""
+    """struct vgpu_sched: the scheduling region of one physical GPU (the broker writes it)."""
 
     _fields_ = [
         ("magic", ctypes.c_uint32),
@@ -99,21 +98,46 @@ class VgpuSched(ctypes.Structure):
         ("size", ctypes.c_uint32),
         ("entry_capacity", ctypes.c_uint32),
         ("uuid", ctypes.c_char * SCHED_UUID_LEN),
-        ("token", ctypes.c_uint32),
-        ("token_entry", ctypes.c_uint32),
-        ("token_since_ns", ctypes.c_uint64),
-        ("token_lease_ns", ctypes.c_uint64),
-        ("token_pid", ctypes.c_uint32),
-        ("token_seq", ctypes.c_uint32),
-        ("prio_active_ns", ctypes.c_uint64 * 3),
+        ("grant", ctypes.c_uint32),
+        ("doorbell", ctypes.c_uint32),
+        ("grant_ns", ctypes.c_uint64),
+        ("broker_beat_ns", ctypes.c_uint64),
+        ("broker_pid", ctypes.c_uint32),
+        ("contended", ctypes.c_uint32),
+        ("present", ctypes.c_uint32 * 3),
+        ("active_mask", ctypes.c_uint32),
         ("handoffs", ctypes.c_uint64),
-        ("drain_token", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
-        ("drain_ns", ctypes.c_uint64),
-        ("prio_mask", ctypes.c_uint32),
-        ("pad2", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 13),
+        ("revocations", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 12),
         ("entries", VgpuSchedEntry * SCHED_ENTRIES),
+    ]
+
+
+class VgpuSchedReq(ctypes.Structure):
+    """struct vgpu_sched_req: one slice's requests and reports on one GPU (its own file)."""
+
+    _fields_ = [
+        ("magic", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("share", ctypes.c_uint32),
+        ("priority", ctypes.c_uint32),
+        ("policy", ctypes.c_uint32),
+        ("floor", ctypes.c_uint32),
+        ("want", ctypes.c_uint32),
+        ("owner", ctypes.c_uint32),
+        ("want_ns", ctypes.c_uint64),
+        ("owner_seq", ctypes.c_uint32),
+        ("release_seq", ctypes.c_uint32),
+        ("release_ns", ctypes.c_uint64),
+        ("drain_seq", ctypes.c_uint32),
+        ("pad2", ctypes.c_uint32),
+        ("drain_ns", ctypes.c_uint64),
+        ("idle_ns", ctypes.c_uint64),
+        ("active_ns", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 19),
     ]
 
 

@@ -1,23 +1,39 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * vgpu_sched.h - the per-GPU scheduling region: one file per physical GPU.
+ * vgpu_sched.h - compute scheduling between slices that do not trust each other.
  *
- * The slices on one GPU coordinate compute through it. The arbiter creates
- * <run_dir>/sched/<GPU uuid> for every GPU (the hook mounts the files of a
- * container's GPUs at /run/vgpu/sched/<GPU uuid>); standalone, libvgpu
- * creates <VGPU_SCHED_DIR>/<GPU uuid> itself.
+ * The slices on one GPU take turns through a token that a trusted broker
+ * grants (libvgpu/src/broker.c: the vgpu-broker process that vgpud runs, or,
+ * standalone, a thread of one of the slices' processes). Two kinds of file,
+ * both in one directory (vgpud: <run_dir>/sched; in a container
+ * /run/vgpu/sched; standalone: VGPU_SCHED_DIR):
  *
- * The GPU is lent to one process at a time through a token (a futex word):
- * its holder submits, every other throttled process waits. Each slice on the
- * GPU has an entry with its compute budget; a holder is charged the wall time
- * from taking the token (or from the moment the previous holder's queued work
- * completed, drain_ns, if later) until its own last launch completed, so the
- * charge is exactly the GPU time the engine gave it (no sampling), and the
- * next holder can queue work while the last one's finishes: no idle hand-over. Which
- * waiter gets the token next: higher priority first, then a slice with
- * budget, then the least used per share. All fields are written with atomics;
- * a process killed at any instruction leaves no lock: the token carries a
- * lease its holder renews, and a lapsed lease frees it.
+ *   <GPU uuid>                 struct vgpu_sched: written by the broker only,
+ *                              read-only to every slice (mounted read-only).
+ *                              It holds the grant word the slices wait on (a
+ *                              futex wait only reads) and the broker's
+ *                              accounting of each slice, for metrics.
+ *   <GPU uuid>.<key>.req       struct vgpu_sched_req: one slice's requests
+ *                              and reports, written by that slice's processes
+ *                              only (mounted into its container alone). The
+ *                              broker reads it with pread (a truncated file
+ *                              cannot fault it) and treats every value as a
+ *                              claim about that slice alone.
+ *   <GPU uuid>.<key>.conf      vgpud's settings of the slice on that GPU
+ *                              (text, "share=30 priority=1 policy=0 floor=0"),
+ *                              never mounted into a container. Standalone
+ *                              there is none and the .req's own settings
+ *                              count (cooperative processes of one user).
+ *
+ * <key> is the slice key in 16 lowercase hex digits (vgpu_region.h slice_key).
+ *
+ * The broker charges a slice the time it holds the token by the broker's own
+ * clock; the slice's claims (when its queued work drained, how much of a hold
+ * its GPU queue sat empty) are honoured only within that hold and only while
+ * no other slice waited, so a lie can cost or gain a slice time within its own
+ * holds, never another slice's. A hold ends when the slice gives the token
+ * back (its queue drained), when the broker revokes it (quantum, credit,
+ * priority) or when its lease lapses.
  *
  * This layout is a contract: arbiter/sched.py mirrors it with ctypes and
  * tests/test_sched_layout.py proves that sizes and offsets agree. Any change
@@ -29,27 +45,26 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define VGPU_SCHED_MAGIC 0x44454853u /* "SHED" little-endian */
-#define VGPU_SCHED_VERSION 1u
+#define VGPU_SCHED_MAGIC 0x44454853u     /* "SHED" little-endian */
+#define VGPU_SCHED_REQ_MAGIC 0x51455253u /* "SREQ" */
+#define VGPU_SCHED_VERSION 2u
 #define VGPU_SCHED_ENTRIES 128u
 #define VGPU_SCHED_UUID_LEN 96u
 
-/* One slice on this GPU (128 bytes). */
+/* The broker's accounting of one slice on this GPU (128 bytes); read-only. */
 struct vgpu_sched_entry {
-    _Atomic uint64_t key;            /* slice identity (its region file), 0 = free */
-    _Atomic uint32_t share;          /* percent 2..100, copied from the slice region */
+    _Atomic uint64_t key;            /* slice key, 0 = free */
+    _Atomic uint32_t share;          /* percent 2..100 */
     _Atomic uint32_t priority;       /* enum vgpu_priority */
     _Atomic uint32_t policy;         /* enum vgpu_policy */
     _Atomic uint32_t floor;          /* percent kept while a higher priority runs */
-    _Atomic int64_t budget_ns;       /* credit earned at share% of wall time, minus charges */
-    _Atomic uint64_t budget_ts;      /* CLOCK_MONOTONIC up to which budget_ns was earned */
-    _Atomic int64_t floor_budget_ns; /* the same at floor%, spent while preempted */
+    _Atomic int64_t credit_ns;       /* credit earned at share% of wall time, minus charges */
     _Atomic uint64_t used_ns;        /* GPU time charged in total */
-    _Atomic uint64_t last_active_ns; /* last launch, hold or wait of any of its processes */
-    _Atomic uint32_t waiting;        /* processes of this slice waiting for the token */
-    _Atomic uint32_t holds;          /* times this slice took the token */
-    _Atomic uint64_t wait_heartbeat_ns; /* waiters renew it; an old one means none */
-    uint64_t reserved[6];
+    _Atomic uint64_t last_active_ns; /* last request, hold or activity report */
+    _Atomic uint32_t waiting;        /* 1 while the slice waits for the token */
+    _Atomic uint32_t holds;          /* times the slice was granted the token */
+    _Atomic uint64_t registered_ns;  /* when the broker took the slice on */
+    uint64_t reserved[8];
 };
 
 struct vgpu_sched {
@@ -58,21 +73,42 @@ struct vgpu_sched {
     uint32_t size;                   /* sizeof(struct vgpu_sched) */
     uint32_t entry_capacity;         /* VGPU_SCHED_ENTRIES */
     char uuid[VGPU_SCHED_UUID_LEN];  /* the GPU ("GPU-..."), "" = by ordinal */
-    _Atomic uint32_t token;          /* futex word: 0 free, else (token_seq << 8) | (holder entry + 1) */
-    _Atomic uint32_t token_entry;    /* holder's entry index + 1, 0 = none */
-    _Atomic uint64_t token_since_ns; /* when the holder took it */
-    _Atomic uint64_t token_lease_ns; /* past this the holder is presumed dead and the token free */
-    _Atomic uint32_t token_pid;      /* holder's pid in its own namespace (informational) */
-    _Atomic uint32_t token_seq;      /* bumped on every take; makes token values unique */
-    _Atomic uint64_t prio_active_ns[3]; /* last activity per priority (enum vgpu_priority) */
-    _Atomic uint64_t handoffs;       /* times the token was taken, for metrics */
-    _Atomic uint32_t drain_token;    /* a former holder's token value while its queued work runs */
-    uint32_t pad;
-    _Atomic uint64_t drain_ns;       /* when the last former holder's work completed */
-    _Atomic uint32_t prio_mask;      /* bit p: a slice of priority p has used this GPU (never cleared) */
-    uint32_t pad2;
-    uint64_t reserved[13];
+    _Atomic uint32_t grant;          /* futex word: (seq << 8) | (entry + 1), 0 = nobody */
+    _Atomic uint32_t doorbell;       /* futex word the broker sleeps on: 1 = asleep, wake it */
+    _Atomic uint64_t grant_ns;       /* when the current grant was made */
+    _Atomic uint64_t broker_beat_ns; /* the broker's heartbeat (at least every 10 ms) */
+    _Atomic uint32_t broker_pid;     /* the broker's pid (informational) */
+    _Atomic uint32_t contended;      /* 1 while a slice other than the holder waits */
+    _Atomic uint32_t present[3];     /* slices registered, per priority (enum vgpu_priority) */
+    _Atomic uint32_t active_mask;    /* bit p: a slice of priority p was active within 5 ms */
+    _Atomic uint64_t handoffs;       /* grants made, for metrics */
+    _Atomic uint64_t revocations;    /* grants the broker took back, for metrics */
+    uint64_t reserved[12];
     struct vgpu_sched_entry entries[VGPU_SCHED_ENTRIES];
+};
+
+/* One slice's requests and reports on one GPU (256 bytes), written by its
+ * processes only. Times are CLOCK_MONOTONIC ns; seqs are grant seqs. */
+struct vgpu_sched_req {
+    uint32_t magic;                  /* VGPU_SCHED_REQ_MAGIC, written last */
+    uint32_t version;                /* VGPU_SCHED_VERSION */
+    uint32_t size;                   /* sizeof(struct vgpu_sched_req) */
+    uint32_t pad;
+    uint64_t key;                    /* the slice key (also in the file name) */
+    /* Standalone settings (a .conf, where there is one, wins). */
+    uint32_t share, priority, policy, floor;
+    _Atomic uint32_t want;           /* processes of the slice waiting for the token */
+    _Atomic uint32_t owner;          /* pid (own namespace) of the process using the grant */
+    _Atomic uint64_t want_ns;        /* waiters renew it: an old one means none is alive */
+    _Atomic uint32_t owner_seq;      /* the grant seq the owner took */
+    _Atomic uint32_t release_seq;    /* the grant seq given back (its queue drained) */
+    _Atomic uint64_t release_ns;     /* when it was given back */
+    _Atomic uint32_t drain_seq;      /* the grant seq whose queued work completed */
+    uint32_t pad2;
+    _Atomic uint64_t drain_ns;       /* when it completed (after a revocation) */
+    _Atomic uint64_t idle_ns;        /* GPU-queue-empty time within the grant owner_seq */
+    _Atomic uint64_t active_ns;      /* holders and 100% slices renew it: alive and using the GPU */
+    uint64_t reserved[19];
 };
 
 #endif

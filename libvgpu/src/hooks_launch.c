@@ -16,6 +16,8 @@
         if (VG_LIKELY(!atomic_load_explicit(&vg_active, memory_order_relaxed))) \
             return call;                                                        \
         struct vg_ticket t_ = vg_sched_admit(stream);                           \
+        if (VG_UNLIKELY(t_.refused))                                            \
+            return CUDA_ERROR_NOT_PERMITTED;                                    \
         CUresult rc_ = call;                                                    \
         vg_sched_done(t_, rc_);                                                 \
         return rc_;                                                             \

@@ -138,6 +138,7 @@ void *vg_create_linked(const char *path, size_t size, mode_t mode, int exact_mod
 struct vg_ticket {
     int dev;       /* -1: not throttled, nothing to do after the launch */
     CUstream stream;
+    int refused;   /* no scheduling file where one must be: the launch is refused */
 };
 struct vg_ticket vg_sched_admit(CUstream s);
 /* After the launch: rc is what the driver returned. */

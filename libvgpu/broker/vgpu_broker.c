@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * vgpu_broker.c - vgpu-broker: grants the compute token of every GPU whose
+ * scheduling file is in DIR (vgpu_sched.h, broker.c). vgpud runs one and
+ * restarts it if it exits; slices never write anything it trusts.
+ *
+ *   vgpu-broker --dir DIR [--standalone]
+ *
+ * One thread per GPU file; a GPU file is served by whoever holds its flock,
+ * so a second broker (or a standalone process) waits instead of competing.
+ * With vgpud a slice's settings come from its .conf files only; --standalone
+ * takes them from the slices' own .req files (cooperative processes).
+ * New GPU files are picked up within 100 ms. SIGTERM/SIGINT end it.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include "../src/broker.h"
+
+#define MAX_GPUS 64
+
+static volatile int g_stop;
+static const char *g_dir;
+static int g_confs = 1;
+
+struct served {
+    char name[VGPU_SCHED_UUID_LEN];
+};
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+/* Wait for the file's lock, then serve it until stopped. */
+static void *serve(void *arg)
+{
+    struct served *sv = arg;
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", g_dir, sv->name);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        fprintf(stderr, "vgpu-broker: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    while (!g_stop && flock(fd, LOCK_EX | LOCK_NB) != 0)
+        usleep(50000); /* another broker serves it; take over when it is gone */
+    if (g_stop) {
+        close(fd);
+        return NULL;
+    }
+    const char *why = "";
+    struct vg_bgpu *g = vg_bgpu_open(path, g_confs, &why);
+    if (!g) {
+        fprintf(stderr, "vgpu-broker: %s: %s\n", path, why);
+        close(fd);
+        return NULL;
+    }
+    fprintf(stderr, "vgpu-broker: serving %s\n", path);
+    vg_bgpu_run(g, &g_stop);
+    close(fd);
+    return NULL;
+}
+
+static int is_gpu_file(const char *n)
+{
+    return n[0] && n[0] != '.' && !strchr(n, '.');
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--dir") && i + 1 < argc)
+            g_dir = argv[++i];
+        else if (!strcmp(argv[i], "--standalone"))
+            g_confs = 0;
+        else {
+            fprintf(stderr, "usage: vgpu-broker --dir DIR [--standalone]\n");
+            return 2;
+        }
+    }
+    if (!g_dir) {
+        fprintf(stderr, "usage: vgpu-broker --dir DIR [--standalone]\n");
+        return 2;
+    }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_signal;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    prctl(PR_SET_TIMERSLACK, 1UL); /* hand-overs wait on our sleeps */
+    prctl(PR_SET_PDEATHSIG, SIGTERM); /* vgpud's child: not an orphan that keeps the locks */
+    static struct served sv[MAX_GPUS];
+    pthread_t th[MAX_GPUS];
+    int n = 0;
+    while (!g_stop) {
+        DIR *d = opendir(g_dir);
+        if (!d) {
+            fprintf(stderr, "vgpu-broker: %s: %s\n", g_dir, strerror(errno));
+            return 1;
+        }
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL && n < MAX_GPUS) {
+            if (!is_gpu_file(de->d_name) || strlen(de->d_name) >= VGPU_SCHED_UUID_LEN)
+                continue;
+            int known = 0;
+            for (int i = 0; i < n && !known; i++)
+                known = !strcmp(sv[i].name, de->d_name);
+            if (known)
+                continue;
+            snprintf(sv[n].name, sizeof(sv[n].name), "%s", de->d_name);
+            if (pthread_create(&th[n], NULL, serve, &sv[n]) == 0)
+                n++;
+        }
+        closedir(d);
+        usleep(100000);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(th[i], NULL);
+    return 0;
+}
