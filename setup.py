@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent
 LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
 PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
 # The fast path (arbiter.native.program_path looks in arbiter/native/bin/).
-PROGRAMS = ("build/bin/vgpu-runtime", "build/bin/vgpu-hook")
+PROGRAMS = ("build/bin/vgpu-runtime", "build/bin/vgpu-hook", "build/bin/vgpu-broker")
 PROGRAM_DIR = ("arbiter", "native", "bin")
 # configs/ files an installed vgpud reads (arbiter.config.schema_path looks in arbiter/configs/).
 CONFIG_FILES = ("vgpud.schema.json", "vgpu.yaml", "request.schema.json")

@@ -625,7 +625,7 @@ def cmd_info(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
     from arbiter.native import program_path
 
     # The compiled fast path (None: not built; the Python programs do the work).
-    for name in ("vgpu-runtime", "vgpu-hook"):
+    for name in ("vgpu-runtime", "vgpu-hook", "vgpu-broker"):
         found = program_path(name)
         info[name.replace("-", "_")] = str(found) if found else None
     info["lifecycle_socket"] = str(lifecycle_socket(sock))
@@ -655,6 +655,7 @@ def cmd_info(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> int:
             ("libvgpu.so", info["libvgpu"] or f"not found: {info['libvgpu_error']}"),
             ("vgpu-runtime", info["vgpu_runtime"] or "not built (the Python one runs)"),
             ("vgpu-hook", info["vgpu_hook"] or "not built (the Python one runs)"),
+            ("vgpu-broker", info["vgpu_broker"] or "not built (vgpud cannot start)"),
             ("lifecycle socket", info["lifecycle_socket"])]
     for key in ("state_dir", "run_dir", "event_log", "metrics_address", "config_error"):
         if key in local:

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from arbiter import inventory
 from arbiter.attribution import SlicePids
+from arbiter.broker import BrokerSupervisor
 from arbiter.config import Config, config_path, load_config
 from arbiter.core import Arbiter, Settings
 from arbiter.errors import ConfigError, VgpuError
@@ -40,10 +41,18 @@ from arbiter.freezer import Freezer, find_root
 from arbiter.guardian import ComputeGuard
 from arbiter.lifecycle import LifecycleServer, lifecycle_socket
 from arbiter.metrics import Metrics, Snapshot, parse_address
+from arbiter.native import program_path
 from arbiter.proto import vgpu_pb2_grpc
 from arbiter.reconcile import Reconciler
 from arbiter.regions import Regions
-from arbiter.sched import SCHED_DIR_NAME, SchedSummary, open_sched, prepare_sched_dir, slice_gpu_ns
+from arbiter.sched import (
+    SCHED_DIR_NAME,
+    SchedSummary,
+    open_sched,
+    prepare_sched_dir,
+    slice_gpu_ns,
+    slice_key_of,
+)
 from arbiter.service import ArbiterService
 from arbiter.state import Store
 
@@ -100,6 +109,7 @@ class Daemon:
         self.reconciler: Reconciler | None = None
         self.guard: ComputeGuard | None = None
         self.sched_files: dict[str, Path] = {}  # GPU uuid -> its scheduling region
+        self.broker: BrokerSupervisor | None = None
         self.lifecycle: LifecycleServer | None = None
 
     # -- start -----------------------------------------------------------------
@@ -142,6 +152,14 @@ class Daemon:
         # Before any slice exists (and before the hook can ask for one to mount):
         # a file that is already there is kept, same inode, for running containers.
         self.sched_files = prepare_sched_dir(c.run_dir / SCHED_DIR_NAME, [g.uuid for g in gpus])
+        regions.sched_gpus = list(self.sched_files)
+        # The token broker: without it no throttled slice could ever launch work.
+        broker = program_path("vgpu-broker")
+        if broker is None:
+            raise DaemonError("vgpu-broker not found (arbiter/native/bin or build/bin): "
+                              "compute shares cannot be enforced; build it with make")
+        self.broker = BrokerSupervisor(broker, c.run_dir / SCHED_DIR_NAME)
+        self.broker.start()
         self.store = Store(c.state_dir)
         self.events = EventLog(c.event_log)
         self.metrics = self._make_metrics()
@@ -234,8 +252,9 @@ class Daemon:
                 per_vgpu.append(min(100, sum(util.get(p, 0) for p in pids_of[i])))
             compute_used[s.id] = per_vgpu
         scheds = self._sched_summaries()
-        gpu_ns = {s.id: slice_gpu_ns(zip([g.gpu_uuid for g in s.grants],
-                                         a.regions.slice_keys(s), strict=True), scheds)
+        # Keys derived from the slice id: never read back from a file its tenant can write.
+        gpu_ns = {s.id: slice_gpu_ns([(g.gpu_uuid, slice_key_of(s.id, i))
+                                      for i, g in enumerate(s.grants)], scheds)
                   for s in slices}
         return Snapshot(
             gpus=list(a.gpus), slices=slices,
@@ -245,6 +264,8 @@ class Daemon:
             slice_compute_used=compute_used,
             slice_gpu_ns=gpu_ns,
             gpu_handoffs={g.index: scheds[g.uuid].handoffs for g in a.gpus if g.uuid in scheds},
+            gpu_revocations={g.index: scheds[g.uuid].revocations
+                             for g in a.gpus if g.uuid in scheds},
         )
 
     def _sched_summaries(self) -> dict[str, SchedSummary]:
@@ -323,6 +344,8 @@ class Daemon:
             self.reconciler.stop()
         if self.guard is not None:  # thaws every cgroup it throttles
             self.guard.stop()
+        if self.broker is not None:
+            self.broker.stop()
         if self.metrics is not None:
             self.metrics.close()
         if self.store is not None:

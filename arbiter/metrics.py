@@ -41,7 +41,8 @@ class Snapshot:
     Slice.grants): bytes in use (libvgpu's region) and % of the GPU used (NVML).
     slice_gpu_ns: per slice id, per grant, the GPU time libvgpu charged to the
     slice in its GPU's scheduling region (None: the slice has no entry there).
-    gpu_handoffs: per GPU index, times the scheduling token changed holder.
+    gpu_handoffs: per GPU index, times the broker granted the scheduling token.
+    gpu_revocations: per GPU index, grants the broker took back (quantum, credit, priority, lease).
     Missing entries are simply not exported.
     """
 
@@ -53,6 +54,7 @@ class Snapshot:
     slice_compute_used: dict[str, list[int]] = field(default_factory=dict)
     slice_gpu_ns: dict[str, list[int | None]] = field(default_factory=dict)
     gpu_handoffs: dict[int, int] = field(default_factory=dict)
+    gpu_revocations: dict[int, int] = field(default_factory=dict)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -111,11 +113,14 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     s_cused = _gauge("vgpu_slice_compute_used_percent",
                      "A slice's compute use on one GPU, %.", _SLICE_LABELS)
     s_seconds = CounterMetricFamily(
-        "vgpu_slice_gpu_seconds", "GPU time a slice's processes held one GPU, seconds "
-        "(libvgpu's scheduling region: exact, not sampled).", labels=list(_SLICE_LABELS))
+        "vgpu_slice_gpu_seconds", "GPU time the broker charged a slice on one GPU, seconds "
+        "(measured by the broker's clock, not sampled).", labels=list(_SLICE_LABELS))
     g_handoffs = CounterMetricFamily(
-        "vgpu_gpu_token_handoffs", "Times the GPU's scheduling token changed holder.",
+        "vgpu_gpu_token_handoffs", "Times the broker granted the GPU's scheduling token.",
         labels=list(_GPU_LABELS))
+    g_revocations = CounterMetricFamily(
+        "vgpu_gpu_token_revocations", "Grants of the GPU's token the broker took back "
+        "(quantum, credit, priority, lapsed lease).", labels=list(_GPU_LABELS))
     s_info = InfoMetricFamily("vgpu_slice", "A slice's owner, priority and policy.",
                               labels=["slice", "owner", "priority", "policy"])
 
@@ -157,8 +162,10 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
             g_cused.add_metric(labels, snap.gpu_util[gpu.index])
         if gpu.index in snap.gpu_handoffs:
             g_handoffs.add_metric(labels, snap.gpu_handoffs[gpu.index])
+        if gpu.index in snap.gpu_revocations:
+            g_revocations.add_metric(labels, snap.gpu_revocations[gpu.index])
 
-    yield from (g_total, g_alloc, g_used, g_calloc, g_cused, g_slices, g_handoffs,
+    yield from (g_total, g_alloc, g_used, g_calloc, g_cused, g_slices, g_handoffs, g_revocations,
                 s_limit, s_used, s_share, s_cused, s_seconds, s_info)
 
 

@@ -128,6 +128,8 @@ class Reconciler:
                                         event="reconcile.release") is not None:
                     report.released.append(s.id)
                     log.info("released slice %s of %s %s: %s", s.id, s.owner_kind, s.owner, why)
+            # A deleted scheduling file is made again (a kept one keeps its inode).
+            self.arbiter.regions.repair_sched(self.arbiter.slices())
             self._check_drift(report)
             return report
 

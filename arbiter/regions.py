@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The arbiter's side of slice region files: one directory per slice under <run_dir>/slices.
+"""The arbiter's side of slice files: region directories under <run_dir>/slices, and each
+slice's scheduling files under <run_dir>/sched.
 
 A slice's directory `<run_dir>/slices/<id>/` holds one region file per vGPU
 (`vgpu<i>`, the layout of arbiter.region). It is built under a hidden temporary
 name and renamed into place, so a directory with the slice's id is always
-whole; removal renames it away first for the same reason. The store (SQLite)
-is the truth: `reconcile_dirs` makes the directories agree with it after a
-crash.
+whole; removal renames it away first for the same reason. Each vGPU also has a
+.req and a .conf beside its GPU's scheduling file (arbiter.sched), named by a
+key derived from the slice id. The store (SQLite) is the truth: `reconcile_dirs`
+makes the files agree with it after a crash, `repair_sched` remakes deleted ones.
 """
 from __future__ import annotations
 
@@ -18,9 +20,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from arbiter.errors import RegionError
-from arbiter.model import Grant, Slice
+from arbiter.errors import RegionError, SchedError
+from arbiter.model import Slice
 from arbiter.region import create_region, open_region
+from arbiter.sched import (
+    SCHED_DIR_NAME,
+    prepare_sched_dir,
+    remove_slice_files,
+    slice_file_keys,
+    slice_key_of,
+    write_slice_files,
+)
 
 __all__ = ["REGION_FILE_MODE", "ReconcileReport", "Regions"]
 
@@ -29,6 +39,8 @@ log = logging.getLogger(__name__)
 #: Container processes run as any uid and must be able to account in the file.
 REGION_FILE_MODE = 0o666
 _DIR_MODE = 0o755
+#: The most vGPUs a slice can have (one per GPU): bounds the keys a removal looks for.
+_MAX_VGPUS = 64
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,9 @@ class Regions:
         #: % of the GPU a lower-priority slice keeps while a higher one runs (every slice).
         self.priority_floor = priority_floor
         self.proc = Path(proc)
+        self.sched_root = self.run_dir / SCHED_DIR_NAME
+        #: UUIDs of the GPUs whose scheduling files vgpud keeps (set by the daemon).
+        self.sched_gpus: list[str] = []
 
     # -- paths -----------------------------------------------------------------
 
@@ -91,8 +106,8 @@ class Regions:
         try:
             tmp.mkdir(mode=_DIR_MODE)
             os.chmod(tmp, _DIR_MODE)
-            for i, g in enumerate(s.grants):
-                self._create_file(tmp / region_name(i), s, g)
+            for i in range(len(s.grants)):
+                self._create_file(tmp / region_name(i), s, i)
             # No directory fsync: region directories need no durability of their own
             # (run_dir is a tmpfs on a real host, and every start remakes them from the
             # store), only atomicity, which the rename gives.
@@ -103,17 +118,53 @@ class Regions:
         except BaseException:
             _rmtree(tmp)
             raise
+        try:
+            self._write_sched(s)
+        except BaseException:
+            self.remove(s.id)
+            raise
         return final
 
-    def _create_file(self, path: Path, s: Slice, g: Grant) -> None:
+    def _create_file(self, path: Path, s: Slice, ordinal: int) -> None:
+        g = s.grants[ordinal]
         create_region(path, uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
                       compute_share=g.compute, priority=s.priority, policy=s.policy,
                       priority_floor=self.priority_floor,
                       context_reserve=self.context_reserve, arbiter=True,
-                      mode=REGION_FILE_MODE, replace=True)
+                      mode=REGION_FILE_MODE, replace=True,
+                      slice_key=slice_key_of(s.id, ordinal))
+
+    # -- scheduling files ---------------------------------------------------------
+
+    def _write_sched(self, s: Slice) -> None:
+        """The slice's .req/.conf on each of its GPUs, whose scheduling file must be there:
+        a container is refused rather than started on a GPU nobody schedules."""
+        for i, g in enumerate(s.grants):
+            if not (self.sched_root / g.gpu_uuid).is_file():
+                # Deleted under us (or never made): made again; kept files keep their inodes.
+                prepare_sched_dir(self.sched_root, [g.gpu_uuid])
+            write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
+                              share=g.compute or 100, priority=int(s.priority),
+                              policy=int(s.policy), floor=self.priority_floor)
+
+    def repair_sched(self, slices: Iterable[Slice]) -> None:
+        """Remake deleted or damaged scheduling files (GPUs' and slices'); drop strays."""
+        if self.sched_gpus:
+            prepare_sched_dir(self.sched_root, self.sched_gpus)
+        wanted: set[int] = set()
+        for s in slices:
+            wanted.update(slice_key_of(s.id, i) for i in range(len(s.grants)))
+            try:
+                self._write_sched(s)
+            except (SchedError, ValueError) as e:
+                log.warning("%s", e)
+        stray = slice_file_keys(self.sched_root) - wanted
+        if stray:
+            remove_slice_files(self.sched_root, stray)
 
     def update(self, s: Slice) -> None:
-        """Write the slice's limits into its region files in place (running processes see them).
+        """Write the slice's limits into its region files in place (running processes see them)
+        and its settings into its .conf files (the broker sees them within 20 ms).
 
         The files stay the same inodes (containers have them bind-mounted) and keep
         their slice keys; libvgpu reads the limits on every check."""
@@ -122,6 +173,7 @@ class Regions:
                 r.set_limits(memory_limit=g.memory, compute_share=g.compute,
                              priority=s.priority, policy=s.policy,
                              priority_floor=self.priority_floor)
+        self._write_sched(s)
 
     def set_priority_floor(self, floor: int, slices: Iterable[Slice]) -> list[str]:
         """Use floor for every slice from now on, rewriting existing regions in place.
@@ -142,10 +194,17 @@ class Regions:
                     log.warning("%s", e)
                     failed.append(s.id)
                     break
+            else:
+                try:
+                    self._write_sched(s)
+                except SchedError as e:
+                    log.warning("%s", e)
+                    failed.append(s.id)
         return failed
 
     def remove(self, slice_id: str) -> bool:
-        """Delete a slice's directory; False when there was none."""
+        """Delete a slice's directory and scheduling files; False when there was no directory."""
+        remove_slice_files(self.sched_root, (slice_key_of(slice_id, i) for i in range(_MAX_VGPUS)))
         final = self.slice_dir(slice_id)
         doomed = self.root / f".{slice_id}.del"
         _rmtree(doomed)
@@ -229,6 +288,7 @@ class Regions:
                 created.append(sid)
             elif not self._check(s):
                 fixed.append(sid)
+        self.repair_sched(wanted.values())
         return ReconcileReport(tuple(created), tuple(fixed), tuple(removed))
 
     def _check(self, s: Slice) -> bool:
@@ -258,7 +318,7 @@ class Regions:
             except RegionError as e:
                 log.warning("%s; making it again", e)
             ok = False
-            self._create_file(path, s, g)
+            self._create_file(path, s, i)
         return ok
 
 

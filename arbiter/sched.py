@@ -1,12 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-GPU scheduling region files: a ctypes mirror of libvgpu/include/vgpu_sched.h.
+"""Scheduling files: a ctypes mirror of libvgpu/include/vgpu_sched.h, and vgpud's side of them.
 
-The slices on one GPU coordinate compute through one file per GPU,
-<run_dir>/sched/<GPU uuid>: libvgpu's processes take turns with a token in it
-and charge each slice's entry the GPU time it held the token. vgpud makes the
-files at start (`prepare_sched_dir`), the hook mounts them into containers, and
-the metrics read them (`open_sched`, `summarize`). Only libvgpu writes the live
-fields; the arbiter writes a file's header once, when it makes the file.
+The slices on one GPU take turns through a token that vgpu-broker grants
+(libvgpu/src/broker.c). In <run_dir>/sched, per GPU, `<uuid>` is the broker's
+file (read-only to every slice: the grant word and its accounting) and, per
+slice on that GPU, `<uuid>.<key>.req` is the slice's own requests (mounted into
+its container alone) and `<uuid>.<key>.conf` its settings as vgpud decided them
+(never mounted: the broker trusts nothing a slice can write). vgpud makes the
+GPU files at start (`prepare_sched_dir`) and the slice files with each slice
+(`write_slice_files`, `remove_slice_files`); the metrics read the GPU files
+(`open_sched`, `summarize`).
 
 The C header is the one definition of the layout; tests/test_sched_layout.py
 proves that this mirror agrees with it field by field. Live fields are read
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import logging
 import mmap
 import os
@@ -30,6 +34,8 @@ from typing import Any
 from arbiter.errors import SchedError
 
 __all__ = [
+    "CONF_FILE_MODE",
+    "REQ_FILE_MODE",
     "SCHED_DIR_MODE",
     "SCHED_DIR_NAME",
     "SCHED_ENTRIES",
@@ -43,11 +49,17 @@ __all__ = [
     "SchedSummary",
     "VgpuSched",
     "VgpuSchedEntry",
+    "VgpuSchedReq",
+    "conf_text",
     "create_sched",
     "open_sched",
     "prepare_sched_dir",
+    "remove_slice_files",
+    "slice_file_keys",
     "slice_gpu_ns",
+    "slice_key_of",
     "summarize",
+    "write_slice_files",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,13 +73,15 @@ SCHED_UUID_LEN = 96
 #: <run_dir>/<this> holds one scheduling region per GPU, named by the GPU's UUID.
 SCHED_DIR_NAME = "sched"
 SCHED_DIR_MODE = 0o755
-#: Like the slice region files (arbiter.regions.REGION_FILE_MODE): a container's
-#: processes run as any uid, and every one of them maps its GPU's file read-write
-#: to take the token and charge its slice's entry. A file a non-root process could
-#: only read would leave that process unthrottled, and its neighbours' shares unkept.
-SCHED_FILE_MODE = 0o666
+#: The broker (root) alone writes a GPU's file; every slice reads it (a futex wait only reads).
+SCHED_FILE_MODE = 0o644
+#: A slice's processes run as any uid and each of them posts its requests in the .req.
+REQ_FILE_MODE = 0o666
+CONF_FILE_MODE = 0o644
 
-_TOKEN_ENTRY_MASK = 0xFF  # token = (token_seq << 8) | (holder entry + 1)
+_GRANT_ENTRY_MASK = 0xFF  # grant = (seq << 8) | (holder entry + 1)
+#: A broker whose heartbeat (every 10 ms at most) is older than this is gone (libvgpu's rule too).
+BROKER_DEAD_NS = 50_000_000
 
 
 class VgpuSchedEntry(ctypes.Structure):
@@ -142,6 +156,7 @@ class VgpuSchedReq(ctypes.Structure):
 
 
 SCHED_SIZE = ctypes.sizeof(VgpuSched)
+REQ_SIZE = ctypes.sizeof(VgpuSchedReq)
 ENTRY_SIZE = ctypes.sizeof(VgpuSchedEntry)
 _ENTRIES_OFFSET: int = VgpuSched.entries.offset
 _NATIVE: dict[Any, str] = {ctypes.c_uint32: "I", ctypes.c_uint64: "Q", ctypes.c_int64: "q"}
@@ -162,7 +177,7 @@ class EntrySummary:
     floor: int
     used_ns: int
     last_active_ns: int
-    budget_ns: int
+    credit_ns: int
     waiting: int
     holds: int
 
@@ -171,15 +186,16 @@ class EntrySummary:
 class SchedSummary:
     """A GPU's scheduling region at one moment: its slices and who holds the token.
 
-    holder is the key of the entry that holds the token, None when the token is
-    free or its holder's lease has lapsed (the holder died); holder_pid is the
-    holder's pid in its own namespace (informational), 0 when none.
+    holder is the key of the slice the broker granted the token to, None when
+    nobody holds it or no broker serves the GPU (its heartbeat is older than
+    BROKER_DEAD_NS); broker_pid is the broker's pid, 0 when none serves it.
     """
 
     uuid: str
     handoffs: int
+    revocations: int
     holder: int | None
-    holder_pid: int
+    broker_pid: int
     entries: tuple[EntrySummary, ...]
 
     def used_ns(self, key: int) -> int | None:
@@ -200,17 +216,16 @@ def summarize(raw: VgpuSched, now_ns: int) -> SchedSummary:
     entries = tuple(
         EntrySummary(index=i, key=e.key, share=e.share, priority=e.priority, policy=e.policy,
                      floor=e.floor, used_ns=e.used_ns, last_active_ns=e.last_active_ns,
-                     budget_ns=e.budget_ns, waiting=e.waiting, holds=e.holds)
+                     credit_ns=e.credit_ns, waiting=e.waiting, holds=e.holds)
         for i, e in enumerate(raw.entries) if e.key)
+    alive = raw.broker_beat_ns != 0 and now_ns - raw.broker_beat_ns < BROKER_DEAD_NS
     holder: int | None = None
-    holder_pid = 0
-    slot = (raw.token & _TOKEN_ENTRY_MASK) - 1
-    lapsed = raw.token_lease_ns != 0 and now_ns > raw.token_lease_ns
-    if raw.token and not lapsed and 0 <= slot < SCHED_ENTRIES and raw.entries[slot].key:
+    slot = (raw.grant & _GRANT_ENTRY_MASK) - 1
+    if alive and raw.grant and 0 <= slot < SCHED_ENTRIES and raw.entries[slot].key:
         holder = raw.entries[slot].key
-        holder_pid = raw.token_pid
     return SchedSummary(uuid=raw.uuid.decode(errors="replace"), handoffs=raw.handoffs,
-                        holder=holder, holder_pid=holder_pid, entries=entries)
+                        revocations=raw.revocations, holder=holder,
+                        broker_pid=raw.broker_pid if alive else 0, entries=entries)
 
 
 def slice_gpu_ns(vgpus: Iterable[tuple[str, int]],
@@ -412,9 +427,9 @@ class Sched:
             setattr(out, name, struct.unpack_from(fmt, mm, off)[0])
         off = VgpuSched.uuid.offset
         out.uuid = bytes(mm[off : off + SCHED_UUID_LEN]).split(b"\0", 1)[0]
-        off = VgpuSched.prio_active_ns.offset
-        for j in range(len(out.prio_active_ns)):
-            out.prio_active_ns[j] = struct.unpack_from("Q", mm, off + 8 * j)[0]
+        off = VgpuSched.present.offset
+        for j in range(len(out.present)):
+            out.present[j] = struct.unpack_from("I", mm, off + 4 * j)[0]
         for i in range(SCHED_ENTRIES):
             base = _ENTRIES_OFFSET + i * ENTRY_SIZE
             if not self._load("Q", base + VgpuSchedEntry.key.offset):
@@ -477,3 +492,121 @@ def open_sched(path: str | Path) -> Sched:
         mm.close()
         raise SchedError(path, "open", problem)
     return Sched(path, mm)
+
+
+# -- the files of one slice on one GPU (vgpud's side) -------------------------------
+
+
+def slice_key_of(slice_id: str, ordinal: int) -> int:
+    """The key that names vGPU `ordinal` of slice `slice_id` in its GPU's scheduling files.
+
+    Derived, not stored: vgpud never needs to read it back from a file a tenant can
+    write (the region holds a copy for libvgpu, which only finds its own files with it).
+    """
+    digest = hashlib.sha256(f"{slice_id}/{ordinal}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") | 1
+
+
+def conf_text(share: int, priority: int, policy: int, floor: int) -> str:
+    """A slice's settings as the broker reads them (vgpu_sched.h)."""
+    return f"share={share} priority={priority} policy={policy} floor={floor}\n"
+
+
+def _slice_name(uuid: str, key: int, suffix: str) -> str:
+    return f"{uuid}.{key:016x}.{suffix}"
+
+
+def _whole_req(path: Path, key: int) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        data = os.pread(fd, REQ_SIZE, 0)
+    finally:
+        os.close(fd)
+    if len(data) < REQ_SIZE:
+        return False
+    req = VgpuSchedReq.from_buffer_copy(data)
+    return (req.magic, req.version, req.size, req.key) == (SCHED_REQ_MAGIC, SCHED_VERSION,
+                                                         REQ_SIZE, key)
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """Write data to path under a temporary name and rename it into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], written)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+
+
+def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, priority: int,
+                      policy: int, floor: int) -> None:
+    """Make (or keep) a slice's .req on GPU uuid and write its .conf, atomically.
+
+    A whole .req of this slice is kept (same inode: a running container has it
+    mounted); anything else at its name is replaced. The .conf is rewritten:
+    the broker sees new settings within its rescan period (20 ms).
+    """
+    root = Path(root)
+    if not _usable_name(uuid):
+        raise SchedError(root / uuid, "write the slice files of", "not a usable GPU UUID")
+    req = root / _slice_name(uuid, key, "req")
+    try:
+        if not _whole_req(req, key):
+            raw = VgpuSchedReq()
+            raw.version, raw.size, raw.key = SCHED_VERSION, REQ_SIZE, key
+            raw.share, raw.priority, raw.policy, raw.floor = share, priority, policy, floor
+            raw.magic = SCHED_REQ_MAGIC
+            _replace(req, bytes(raw), REQ_FILE_MODE)
+        conf = root / _slice_name(uuid, key, "conf")
+        text = conf_text(share, priority, policy, floor).encode()
+        try:
+            same = conf.read_bytes() == text
+        except OSError:
+            same = False
+        if not same:
+            _replace(conf, text, CONF_FILE_MODE)
+    except OSError as e:
+        raise SchedError(req, "write", e.strerror or str(e)) from e
+
+
+def slice_file_keys(root: str | Path) -> set[int]:
+    """Keys of every slice that has files in root."""
+    out: set[int] = set()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return out
+    for name in names:
+        parts = name.rsplit(".", 2)
+        if len(parts) == 3 and parts[2] in ("req", "conf") and len(parts[1]) == 16:
+            with contextlib.suppress(ValueError):
+                out.add(int(parts[1], 16))
+    return out
+
+
+def remove_slice_files(root: str | Path, keys: Iterable[int]) -> None:
+    """Delete the .conf (first: the broker stops serving the slice) and .req of these keys."""
+    root = Path(root)
+    wanted = {f"{k:016x}" for k in keys}
+    try:
+        names = sorted(os.listdir(root), key=lambda n: not n.endswith(".conf"))
+    except OSError:
+        return
+    for name in names:
+        parts = name.rsplit(".", 2)
+        if len(parts) == 3 and parts[1] in wanted and parts[2] in ("req", "conf"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(root / name)

@@ -29,10 +29,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arbiter.sched import SCHED_DIR_NAME, slice_key_of
 from oci_hook.errors import MountError
 
 if TYPE_CHECKING:
-    from oci_hook.client import SliceView
+    from oci_hook.client import SliceView, VGpuView
 
 __all__ = [
     "CONTAINER_LIBVGPU",
@@ -44,7 +45,7 @@ __all__ = [
     "Plan",
     "apply_plan",
     "plan_mounts",
-    "sched_file",
+    "sched_files",
 ]
 
 #: Where libvgpu.so appears in the container, and the line ld.so.preload gets.
@@ -126,12 +127,21 @@ class Plan:
                    preload_host=doc["preload_host"], preload_line=doc["preload_line"])
 
 
-def sched_file(region_path: str, gpu_uuid: str) -> str | None:
-    """The scheduling region of a slice's GPU, when vgpud made one."""
-    if not gpu_uuid or "/" in gpu_uuid or gpu_uuid.startswith("."):
-        return None
-    path = Path(region_path).parent.parent.parent / "sched" / gpu_uuid
-    return str(path) if path.is_file() else None
+def sched_files(s: SliceView, v: VGpuView) -> tuple[str, str]:
+    """The scheduling files of a slice's vGPU: its GPU's (the broker's) and the slice's own
+    requests there. vgpud keeps them in <run_dir>/sched, beside <run_dir>/slices/<id>/vgpu<i>.
+
+    Both must be there: a container is refused rather than started unenforced."""
+    if not v.gpu_uuid or "/" in v.gpu_uuid or v.gpu_uuid.startswith("."):
+        raise MountError("find", f"the scheduling file of vGPU {v.index}",
+                         f"GPU UUID {v.gpu_uuid!r} cannot name a file")
+    root = Path(v.region_path).parent.parent.parent / SCHED_DIR_NAME
+    gpu = root / v.gpu_uuid
+    req = root / f"{v.gpu_uuid}.{slice_key_of(s.id, v.index):016x}.req"
+    for path in (gpu, req):
+        if not path.is_file():
+            raise MountError("find", str(path), "missing (vgpud makes it with the slice)")
+    return str(gpu), str(req)
 
 
 def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path) -> Plan:
@@ -142,13 +152,11 @@ def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path
         # Read-write: libvgpu in the container writes its usage into the region.
         mounts.append(Mount(v.region_path, f"/dev/vgpu{v.index}", read_only=False))
     for v in s.vgpus:
-        # The GPU's scheduling region, where the slices on it share the GPU's time
-        # (read-write: they take turns through it). vgpud keeps them in <run_dir>/sched,
-        # beside <run_dir>/slices/<id>/vgpu<i>; one from before compute scheduling
-        # has none, and then the container's processes schedule among themselves.
-        sched = sched_file(v.region_path, v.gpu_uuid)
-        if sched is not None:
-            mounts.append(Mount(sched, f"{CONTAINER_SCHED_DIR}/{v.gpu_uuid}", read_only=False))
+        # The GPU's scheduling file is the broker's: read-only here (a futex wait on its
+        # grant word only reads). The slice's .req is its own: nobody else mounts it.
+        gpu, req = sched_files(s, v)
+        mounts.append(Mount(gpu, f"{CONTAINER_SCHED_DIR}/{v.gpu_uuid}"))
+        mounts.append(Mount(req, f"{CONTAINER_SCHED_DIR}/{Path(req).name}", read_only=False))
     seen: set[str] = set()
     for v in s.vgpus:
         for node in v.device_nodes:

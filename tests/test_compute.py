@@ -248,3 +248,27 @@ def test_full_share_alone_takes_no_token(tmp_path: Path) -> None:
     (path,) = (p for p in (tmp_path / "sched").iterdir() if "." not in p.name)  # the GPU's file
     with open_sched(path) as s:
         assert s.handoffs == 0
+
+
+@pytest.mark.parametrize("damage", ["zero-magic", "truncated", "other-version"])
+def test_a_damaged_scheduling_file_fails_closed_with_one_line(tmp_path: Path,
+                                                              damage: str) -> None:
+    """Never open: a GPU whose scheduling file cannot be trusted gets no kernels from us."""
+    from arbiter.sched import VgpuSched
+
+    env = {**load_env(tmp_path, "1Gi"), **fixed(30)}
+    (tmp_path / "sched").mkdir()
+    run([str(GPU_LOAD), "--seconds", "0.1"], env)
+    (gpu,) = (p for p in (tmp_path / "sched").iterdir() if "." not in p.name)
+    with gpu.open("r+b") as f:
+        if damage == "truncated":
+            f.truncate(100)
+        else:
+            f.seek(VgpuSched.magic.offset if damage == "zero-magic" else VgpuSched.version.offset)
+            f.write((0 if damage == "zero-magic" else 9).to_bytes(4, "little"))
+    p = run([str(GPU_LOAD), "--seconds", "0.1"], env, check=False)
+    assert p.returncode != 0
+    lines = [line for line in p.stderr.splitlines() if line.startswith("vgpu:")]
+    assert len(lines) == 1, p.stderr
+    assert str(gpu) in lines[0] and "launches on this GPU are refused" in lines[0]
+    assert "cuLaunchKernel failed: 800" in p.stderr  # CUDA_ERROR_NOT_PERMITTED

@@ -495,63 +495,88 @@ def test_existing_socket_directory_keeps_its_mode(daemons, tmp_path):
 
 # ---- compute scheduling: sched regions, slice keys, live compute changes ------------
 
-def _live_sched(path: Path):
-    """A GPU's scheduling region mapped read-write, as libvgpu maps it."""
-    import mmap
-
-    from arbiter.sched import SCHED_SIZE, VgpuSched
-    with path.open("r+b") as f:
-        mm = mmap.mmap(f.fileno(), SCHED_SIZE)
-    return VgpuSched.from_buffer(mm)  # keeps the mapping alive
-
-
-def test_sched_regions_survive_restarts_and_feed_the_metrics(daemons):
-    from arbiter.region import open_region
+def _broker_entry(path: Path, key: int, timeout: float = 5.0):
+    """The broker's entry of slice `key` in a GPU's scheduling file, once it lists the slice."""
     from arbiter.sched import open_sched
 
-    v = daemons(devices="16Gi,16Gi").start()
+    deadline = time.monotonic() + timeout
+    while True:
+        with open_sched(path) as sched:
+            summary = sched.summary(time.monotonic_ns())
+        entry = next((e for e in summary.entries if e.key == key), None)
+        if entry is not None or time.monotonic() > deadline:
+            return summary, entry
+        time.sleep(0.01)
+
+
+def test_sched_files_survive_restarts_and_the_broker_serves_them(daemons):
+    from arbiter.region import open_region
+    from arbiter.sched import conf_text, slice_key_of
+
+    v = daemons(devices="16Gi,16Gi", config={"reconcile": {"interval_s": 0.2}}).start()
     sched_dir = v.run_dir / "sched"
     assert v.stub.Health(pb.HealthRequest()).paths["sched_dir"] == str(sched_dir)
     uuids = [d.uuid for d in v.stub.Devices(pb.DevicesRequest()).devices]
     assert sorted(p.name for p in sched_dir.iterdir()) == sorted(uuids)
     assert stat.S_IMODE(sched_dir.stat().st_mode) == 0o755
     for u in uuids:
-        assert stat.S_IMODE((sched_dir / u).stat().st_mode) == 0o666
-        with open_sched(sched_dir / u) as s:
-            assert s.uuid == u
+        # The broker's: every slice reads it, none may write it.
+        assert stat.S_IMODE((sched_dir / u).stat().st_mode) == 0o644
 
     s = alloc(v, "c1", GiB, compute_percent=30, devices=[uuids[0]]).slice
+    key = slice_key_of(s.id, 0)
     with open_region(s.vgpus[0].region_path, writable=False) as r:
-        key = r.slice_key
-    assert key
-    # What libvgpu does in a container of the slice: an entry under the slice's key.
-    live = _live_sched(sched_dir / uuids[0])
-    live.entries[2].key, live.entries[2].share, live.entries[2].used_ns = key, 30, 1_500_000_000
-    live.entries[5].key, live.entries[5].used_ns = 0xABC, 9 * 10**9  # someone else's slice
-    live.handoffs = 12
-    text = scrape(v)
-    labels = f'gpu="{s.vgpus[0].gpu_index}",owner="c1",slice="{s.id}",uuid="{uuids[0]}"'
-    assert f"vgpu_slice_gpu_seconds_total{{{labels}}} 1.5" in text, text
-    assert f'vgpu_gpu_token_handoffs_total{{gpu="0",uuid="{uuids[0]}"}} 12.0' in text
-    assert f'vgpu_gpu_token_handoffs_total{{gpu="1",uuid="{uuids[1]}"}} 0.0' in text
-    assert "vgpu_slice_compute_used_percent{" in text  # the NVML gauge stays
+        assert r.slice_key == key  # libvgpu finds its .req by it
+    req = sched_dir / f"{uuids[0]}.{key:016x}.req"
+    conf = sched_dir / f"{uuids[0]}.{key:016x}.conf"
+    assert stat.S_IMODE(req.stat().st_mode) == 0o666
+    assert stat.S_IMODE(conf.stat().st_mode) == 0o644
+    assert conf.read_text() == conf_text(30, 1, 0, 0)
+    # vgpud's broker lists the slice with vgpud's settings.
+    summary, entry = _broker_entry(sched_dir / uuids[0], key)
+    assert entry is not None and (entry.share, entry.priority, entry.policy) == (30, 1, 0)
+    assert summary.broker_pid > 0
 
-    # A restart keeps a good region (same inode: containers have it bind-mounted) and
+    # A restart keeps a good file (same inode: containers have it bind-mounted) and
     # replaces a damaged one, saying so.
-    inodes = {u: (sched_dir / u).stat().st_ino for u in uuids}
+    inodes = {u: (sched_dir / u).stat().st_ino for u in (*uuids, req.name)}
     assert v.stop() == 0
     with (sched_dir / uuids[1]).open("r+b") as f:
         f.seek(4)
         f.write((7).to_bytes(4, "little"))  # another layout version
     v.start()
     assert (sched_dir / uuids[0]).stat().st_ino == inodes[uuids[0]]
-    assert live.entries[2].used_ns == 1_500_000_000  # the mapping is still the file
+    assert req.stat().st_ino == inodes[req.name]
     assert (sched_dir / uuids[1]).stat().st_ino != inodes[uuids[1]]
     assert f"replacing scheduling region {sched_dir / uuids[1]}: layout version 7" in v.log()
-    with open_region(s.vgpus[0].region_path, writable=False) as r:
-        assert r.slice_key == key  # the slice keeps its name across restarts
-    live.entries[2].used_ns = 4 * 10**9
-    assert f"vgpu_slice_gpu_seconds_total{{{labels}}} 4.0" in scrape(v)
+    _, entry = _broker_entry(sched_dir / uuids[0], key)
+    assert entry is not None and entry.share == 30
+
+    # Deleted files are made again by the next reconciliation pass; released slices' go.
+    (sched_dir / uuids[0]).unlink()
+    req.unlink()
+    v.wait_for(lambda: (sched_dir / uuids[0]).is_file() and req.is_file(),
+               what="the deleted scheduling files made again")
+    v.stub.Release(pb.ReleaseRequest(id=s.id), timeout=10)
+    assert not req.exists() and not conf.exists()
+    assert sorted(p.name for p in sched_dir.iterdir()) == sorted(uuids)
+
+
+def test_a_killed_broker_is_restarted(daemons):
+    from arbiter.sched import open_sched
+
+    v = daemons().start()
+    (gpu,) = [p for p in (v.run_dir / "sched").iterdir() if "." not in p.name]
+
+    def broker_pid() -> int:
+        with open_sched(gpu) as sched:
+            return sched.summary(time.monotonic_ns()).broker_pid
+
+    v.wait_for(lambda: broker_pid() > 0, what="the broker serving the GPU")
+    first = broker_pid()
+    os.kill(first, signal.SIGKILL)
+    v.wait_for(lambda: broker_pid() not in (0, first), what="a new broker")
+    assert "vgpu-broker exited" in v.log()
 
 
 def test_update_changes_compute_in_place_within_100ms(vgpud):
@@ -573,6 +598,14 @@ def test_update_changes_compute_in_place_within_100ms(vgpud):
         assert r.generation == gen + 3 and r.slice_key == key
         assert r.memory_limit == GiB
     assert path.stat().st_ino == inode
+    # The broker, which enforces it, has the last one within 100 ms too (20 ms rescans).
+    from arbiter.sched import slice_key_of
+    sched = vgpud.run_dir / "sched" / s.vgpus[0].gpu_uuid
+    _, entry = _broker_entry(sched, slice_key_of(s.id, 0))
+    returned = time.monotonic()
+    while entry is None or entry.share != 100:
+        assert time.monotonic() - returned < 0.1, entry
+        _, entry = _broker_entry(sched, slice_key_of(s.id, 0))
 
 
 def test_priority_floor_from_config_and_sighup(daemons):

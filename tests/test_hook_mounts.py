@@ -21,9 +21,12 @@ import pytest
 from conftest import LIBVGPU, NATIVE_BIN
 
 from arbiter.lifecycle import LifecycleServer, Reply
+from arbiter.sched import slice_key_of
 from oci_hook.client import SliceView, VGpuView
 from oci_hook.errors import MountError
-from oci_hook.mounts import CONTAINER_LIBVGPU, MountHelper, plan_mounts
+from oci_hook.mounts import CONTAINER_LIBVGPU, CONTAINER_SCHED_DIR, MountHelper, plan_mounts
+
+REQ_NAME = f"GPU-0.{slice_key_of('s1', 0):016x}.req"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="needs root and unshare")
@@ -37,9 +40,14 @@ def tree(tmp_path):
         (rootfs / d).mkdir(parents=True)
     outside = tmp_path / "outside"
     outside.mkdir()
-    region = tmp_path / "region" / "vgpu0"
-    region.parent.mkdir()
+    # vgpud's layout: <run>/slices/<id>/vgpu<i> and the scheduling files in <run>/sched.
+    region = tmp_path / "run" / "slices" / "s1" / "vgpu0"
+    region.parent.mkdir(parents=True)
     region.write_bytes(b"R" * 64)
+    sched = tmp_path / "run" / "sched"
+    sched.mkdir()
+    (sched / "GPU-0").write_bytes(b"G" * 64)
+    (sched / REQ_NAME).write_bytes(b"Q" * 64)
     return rootfs, outside, region
 
 
@@ -157,6 +165,17 @@ def test_plain_image_gets_every_mount(tree, ns):
         inside(ns, rootfs, "/etc/ld.so.preload").write_text("x")
     inside(ns, rootfs, "/dev/vgpu0").write_bytes(b"W" * 64)
     assert region.read_bytes() == b"W" * 64
+    # The GPU's scheduling file is the broker's: read-only; the slice's requests are its own.
+    sched = region.parent.parent.parent / "sched"
+    gpu_file = inside(ns, rootfs, f"{CONTAINER_SCHED_DIR}/GPU-0")
+    assert gpu_file.read_bytes() == b"G" * 64
+    with pytest.raises(OSError):
+        gpu_file.write_bytes(b"X" * 64)
+    with pytest.raises(OSError):
+        os.truncate(gpu_file, 0)
+    inside(ns, rootfs, f"{CONTAINER_SCHED_DIR}/{REQ_NAME}").write_bytes(b"w" * 64)
+    assert (sched / REQ_NAME).read_bytes() == b"w" * 64
+    assert (sched / "GPU-0").read_bytes() == b"G" * 64
 
 
 def test_second_run_changes_nothing(tree, ns):
@@ -209,6 +228,15 @@ def test_failure_undoes_the_mounts_made(tree, ns):
         apply(ns, plan_for(rootfs, region))
     assert "/etc/ld.so.preload" in str(info.value) and "\n" not in str(info.value)
     assert mounts_of(ns) == before
+
+
+@pytest.mark.parametrize("name", ["GPU-0", REQ_NAME])
+def test_a_missing_scheduling_file_refuses_the_container(tree, name):
+    """No vGPU without its GPU's broker file and the slice's own requests file."""
+    rootfs, _, region = tree
+    (region.parent.parent.parent / "sched" / name).unlink()
+    with pytest.raises(MountError, match=f"failed to find .*sched/{name}: missing"):
+        plan_for(rootfs, region)
 
 
 def test_missing_source_fails_clearly(tree, ns):

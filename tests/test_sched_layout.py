@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from arbiter import sched as sc
 from arbiter.errors import RegionError, SchedError, VgpuError
-from arbiter.sched import VgpuSched, VgpuSchedEntry
+from arbiter.sched import VgpuSched, VgpuSchedEntry, VgpuSchedReq
 
 SCHED_LAYOUT = TEST_BIN / "sched_layout"
 UUID = "GPU-5d1f0c2e-0000-4000-8000-000000000001"
@@ -35,7 +35,8 @@ def c_layout() -> dict[str, Any]:
     return read_layout(SCHED_LAYOUT)
 
 
-MIRRORS = {"vgpu_sched": VgpuSched, "vgpu_sched_entry": VgpuSchedEntry}
+MIRRORS = {"vgpu_sched": VgpuSched, "vgpu_sched_entry": VgpuSchedEntry,
+           "vgpu_sched_req": VgpuSchedReq}
 
 
 @pytest.mark.parametrize("struct_name", MIRRORS)
@@ -51,11 +52,13 @@ def test_mirror_fields(c_layout: dict[str, Any], struct_name: str) -> None:
 def test_constants(c_layout: dict[str, Any]) -> None:
     assert c_layout["constants"] == {
         "SCHED_MAGIC": sc.SCHED_MAGIC,
+        "SCHED_REQ_MAGIC": sc.SCHED_REQ_MAGIC,
         "SCHED_VERSION": sc.SCHED_VERSION,
         "SCHED_ENTRIES": sc.SCHED_ENTRIES,
         "SCHED_UUID_LEN": sc.SCHED_UUID_LEN,
     }
     assert sc.SCHED_MAGIC.to_bytes(4, "little") == b"SHED"
+    assert sc.SCHED_REQ_MAGIC.to_bytes(4, "little") == b"SREQ"
 
 
 # -- create / keep / replace ------------------------------------------------------------
@@ -76,10 +79,10 @@ def test_create_writes_a_whole_region(tmp_path: Path) -> None:
     raw = VgpuSched.from_buffer_copy(path.read_bytes())
     assert (raw.magic, raw.version, raw.size, raw.entry_capacity, raw.uuid.decode()) == (
         sc.SCHED_MAGIC, sc.SCHED_VERSION, SIZE, sc.SCHED_ENTRIES, UUID)
-    assert (raw.token, raw.handoffs) == (0, 0)
+    assert (raw.grant, raw.handoffs) == (0, 0)
     assert all(e.key == 0 for e in raw.entries)
     assert path.stat().st_size == SIZE
-    assert stat.S_IMODE(path.stat().st_mode) == 0o666  # any container uid maps it read-write
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # the broker writes it, slices only read
     assert os.listdir(tmp_path) == [UUID]  # no temporary left behind
 
 
@@ -89,7 +92,7 @@ def test_create_mode_ignores_umask(tmp_path: Path) -> None:
         sc.create_sched(tmp_path / UUID, UUID)
     finally:
         os.umask(old)
-    assert stat.S_IMODE((tmp_path / UUID).stat().st_mode) == 0o666
+    assert stat.S_IMODE((tmp_path / UUID).stat().st_mode) == 0o644
 
 
 def test_a_valid_file_is_kept_with_its_inode_and_content(tmp_path: Path) -> None:
@@ -114,8 +117,8 @@ def test_a_kept_file_gets_its_mode_back_in_place(tmp_path: Path,
     inode = path.stat().st_ino
     with caplog.at_level(logging.WARNING, logger="arbiter.sched"):
         assert sc.create_sched(path, UUID) is False
-    assert (path.stat().st_ino, stat.S_IMODE(path.stat().st_mode)) == (inode, 0o666)
-    assert "setting mode 666" in caplog.text
+    assert (path.stat().st_ino, stat.S_IMODE(path.stat().st_mode)) == (inode, 0o644)
+    assert "setting mode 644" in caplog.text
 
 
 def _patch(field: str, value: int) -> Callable[[Path], None]:
@@ -143,7 +146,7 @@ BAD_FILES = [
     ("truncated", lambda p: os.truncate(p, SIZE - 8), f"truncated: {SIZE - 8} bytes"),
     ("zero-magic", _patch("magic", 0), "bad magic 0x00000000, expected 0x44454853 "
      r"\(not a scheduling region, or one still being made\)"),
-    ("other-version", _patch("version", 2), "layout version 2, this vgpu reads version 1"),
+    ("other-version", _patch("version", 1), "layout version 1, this vgpu reads version 2"),
     ("wrong-size", _patch("size", SIZE - 128), f"header size {SIZE - 128}, expected {SIZE}"),
     ("wrong-capacity", _patch("entry_capacity", 64), "entry capacity 64, expected 128"),
     ("other-gpu", _other_gpu, f"made for GPU 'GPU-other', not '{UUID}'"),
@@ -227,20 +230,20 @@ def test_snapshot_reads_the_live_file(tmp_path: Path) -> None:
     with sc.open_sched(path) as s:
         e = live.entries[5]
         e.key, e.share, e.priority, e.policy, e.floor = 0xDEADBEEF00000001, 30, 2, 1, 5
-        e.budget_ns, e.used_ns, e.last_active_ns, e.waiting, e.holds = -42, 7 << 33, now, 2, 11
+        e.credit_ns, e.used_ns, e.last_active_ns, e.waiting, e.holds = -42, 7 << 33, now, 1, 11
         live.entries[6].used_ns = 99  # a free entry (key 0): not read, not reported
-        live.token, live.token_pid, live.token_lease_ns = (3 << 8) | 6, 4242, now + 10**9
-        live.handoffs, live.prio_active_ns[2] = 17, now
+        live.grant, live.broker_pid, live.broker_beat_ns = (3 << 8) | 6, 4242, now
+        live.handoffs, live.revocations, live.present[2] = 17, 4, 1
         snap = s.snapshot()
-        assert (snap.uuid.decode(), snap.handoffs, snap.token_pid, snap.prio_active_ns[2]) == (
-            UUID, 17, 4242, now)
+        assert (snap.uuid.decode(), snap.handoffs, snap.broker_pid, snap.present[2]) == (
+            UUID, 17, 4242, 1)
         assert snap.entries[6].used_ns == 0
         summary = s.summary(now)
-    assert summary.handoffs == 17 and summary.uuid == UUID
-    assert (summary.holder, summary.holder_pid) == (0xDEADBEEF00000001, 4242)
+    assert (summary.handoffs, summary.revocations, summary.uuid) == (17, 4, UUID)
+    assert (summary.holder, summary.broker_pid) == (0xDEADBEEF00000001, 4242)
     assert summary.entries == (sc.EntrySummary(
         index=5, key=0xDEADBEEF00000001, share=30, priority=2, policy=1, floor=5,
-        used_ns=7 << 33, last_active_ns=now, budget_ns=-42, waiting=2, holds=11),)
+        used_ns=7 << 33, last_active_ns=now, credit_ns=-42, waiting=1, holds=11),)
     assert summary.used_ns(0xDEADBEEF00000001) == 7 << 33
     assert summary.used_ns(0) is None and summary.used_ns(1) is None
 
@@ -248,33 +251,36 @@ def test_snapshot_reads_the_live_file(tmp_path: Path) -> None:
 # -- summarize (pure) ---------------------------------------------------------------------
 
 
-def _region(entries: dict[int, tuple[int, int]], token: int = 0, lease: int = 0,
+def _region(entries: dict[int, tuple[int, int]], grant: int = 0, beat: int = 0,
             pid: int = 0) -> VgpuSched:
     raw = VgpuSched()
     for i, (key, used) in entries.items():
         raw.entries[i].key, raw.entries[i].used_ns = key, used
-    raw.token, raw.token_lease_ns, raw.token_pid = token, lease, pid
+    raw.grant, raw.broker_beat_ns, raw.broker_pid = grant, beat, pid
     return raw
 
 
+DEAD = sc.BROKER_DEAD_NS
+
+
 @pytest.mark.parametrize(
-    ("token", "lease", "now", "holder"),
+    ("grant", "beat", "now", "holder"),
     [
-        (0, 0, 100, None),                       # free
-        ((9 << 8) | 2, 200, 100, 20),            # held, lease current
-        ((9 << 8) | 2, 200, 200, 20),            # the lease's last nanosecond
-        ((9 << 8) | 2, 200, 201, None),          # lapsed: the holder died
-        ((9 << 8) | 2, 0, 10**18, 20),           # no lease written (yet): trust the token
-        ((9 << 8) | 3, 200, 100, None),          # held by a free entry: nonsense, nobody
-        ((9 << 8) | 0xFF, 200, 100, None),       # beyond the table
+        (0, 100, 100, None),                     # free
+        ((9 << 8) | 2, 100, 100, 20),            # held, broker alive
+        ((9 << 8) | 2, 100, 100 + DEAD - 1, 20),  # the heartbeat's last nanosecond
+        ((9 << 8) | 2, 100, 100 + DEAD, None),   # the broker is gone: nobody holds it
+        ((9 << 8) | 2, 0, 10**18, None),         # no broker ever served it
+        ((9 << 8) | 3, 100, 100, None),          # granted to a free entry: nonsense, nobody
+        ((9 << 8) | 0xFF, 100, 100, None),       # beyond the table
     ],
-    ids=["free", "held", "lease-edge", "lapsed", "no-lease", "free-entry", "out-of-range"],
+    ids=["free", "held", "beat-edge", "broker-gone", "no-broker", "free-entry", "out-of-range"],
 )
-def test_summarize_holder(token: int, lease: int, now: int, holder: int | None) -> None:
-    raw = _region({0: (10, 1), 1: (20, 2)}, token=token, lease=lease, pid=77)
+def test_summarize_holder(grant: int, beat: int, now: int, holder: int | None) -> None:
+    raw = _region({0: (10, 1), 1: (20, 2)}, grant=grant, beat=beat, pid=77)
     s = sc.summarize(raw, now)
     assert s.holder == holder
-    assert s.holder_pid == (77 if holder is not None else 0)
+    assert s.broker_pid == (77 if beat and now - beat < DEAD else 0)
 
 
 U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
@@ -284,8 +290,8 @@ U64 = st.integers(min_value=0, max_value=(1 << 64) - 1)
                        st.tuples(U64, U64), max_size=20),
        st.integers(min_value=0, max_value=(1 << 32) - 1), U64, U64)
 def test_summarize_reports_exactly_the_used_entries(entries: dict[int, tuple[int, int]],
-                                                    token: int, lease: int, now: int) -> None:
-    s = sc.summarize(_region(entries, token=token, lease=lease), now)
+                                                    grant: int, beat: int, now: int) -> None:
+    s = sc.summarize(_region(entries, grant=grant, beat=beat), now)
     live = {i: v for i, v in sorted(entries.items()) if v[0]}
     assert [(e.index, e.key, e.used_ns) for e in s.entries] == [
         (i, k, u) for i, (k, u) in live.items()]
@@ -302,3 +308,50 @@ def test_slice_gpu_ns() -> None:
     assert sc.slice_gpu_ns([("GPU-a", 10), ("GPU-b", 10), ("GPU-c", 10), ("GPU-a", 0),
                             ("GPU-a", 11)], summaries) == [5_000, None, None, None, 7]
     assert sc.slice_gpu_ns([], summaries) == []
+
+
+# -- a slice's own files (vgpud's side) -----------------------------------------------
+
+
+def test_slice_keys_are_derived_from_the_slice_id() -> None:
+    keys = {sc.slice_key_of(f"s{n}", i) for n in range(50) for i in range(4)}
+    assert len(keys) == 200 and 0 not in keys
+    assert sc.slice_key_of("s1", 0) == sc.slice_key_of("s1", 0)
+
+
+def test_slice_files_are_made_kept_and_removed(tmp_path: Path) -> None:
+    key = sc.slice_key_of("abc", 0)
+    req = tmp_path / f"{UUID}.{key:016x}.req"
+    conf = tmp_path / f"{UUID}.{key:016x}.conf"
+    sc.write_slice_files(tmp_path, UUID, key, share=30, priority=1, policy=0, floor=5)
+    raw = VgpuSchedReq.from_buffer_copy(req.read_bytes())
+    assert (raw.magic, raw.version, raw.size, raw.key) == (
+        sc.SCHED_REQ_MAGIC, sc.SCHED_VERSION, sc.REQ_SIZE, key)
+    assert conf.read_text() == "share=30 priority=1 policy=0 floor=5\n"
+    assert stat.S_IMODE(req.stat().st_mode) == sc.REQ_FILE_MODE
+    assert stat.S_IMODE(conf.stat().st_mode) == sc.CONF_FILE_MODE
+    # New settings: the .conf changes; the .req (mounted in a running container) stays.
+    inode = req.stat().st_ino
+    with req.open("r+b") as f:  # what the slice's processes write
+        f.seek(VgpuSchedReq.want.offset)
+        f.write(struct.pack("I", 3))
+    sc.write_slice_files(tmp_path, UUID, key, share=55, priority=2, policy=1, floor=0)
+    assert req.stat().st_ino == inode
+    assert VgpuSchedReq.from_buffer_copy(req.read_bytes()).want == 3
+    assert conf.read_text() == "share=55 priority=2 policy=1 floor=0\n"
+    # A .req that is not this slice's (truncated, zeroed) is made again.
+    os.truncate(req, 10)
+    sc.write_slice_files(tmp_path, UUID, key, share=55, priority=2, policy=1, floor=0)
+    assert VgpuSchedReq.from_buffer_copy(req.read_bytes()).key == key
+    other = sc.slice_key_of("other", 0)
+    sc.write_slice_files(tmp_path, UUID, other, share=10, priority=1, policy=0, floor=0)
+    assert sc.slice_file_keys(tmp_path) == {key, other}
+    sc.remove_slice_files(tmp_path, [key])
+    assert sc.slice_file_keys(tmp_path) == {other}
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
+
+
+def test_slice_files_refuse_a_uuid_that_cannot_name_a_file(tmp_path: Path) -> None:
+    with pytest.raises(SchedError, match="not a usable GPU UUID"):
+        sc.write_slice_files(tmp_path, "../x", 1, share=30, priority=1, policy=0, floor=0)
+    assert os.listdir(tmp_path) == []

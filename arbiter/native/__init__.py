@@ -12,7 +12,7 @@ __all__ = ["LIBRARY_NAME", "PROGRAMS", "libvgpu_path", "program_path"]
 
 LIBRARY_NAME = "libvgpu.so"
 #: The compiled fast path (shim/native/): `make` builds them into build/bin/.
-PROGRAMS = ("vgpu-runtime", "vgpu-hook")
+PROGRAMS = ("vgpu-runtime", "vgpu-hook", "vgpu-broker")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 # arbiter/native/ -> arbiter/ -> repository root (only meaningful in a checkout).
 _CHECKOUT_ROOT = _PACKAGE_DIR.parent.parent
