@@ -1,0 +1,279 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A hostile tenant against compute, end to end on real runc (issue 9's first test).
+
+One vGPU container (fixed 20 %) runs build/tests/scribble, which writes random words,
+all-ones, far-future times and forgeries at every offset of every file vgpu mounted
+into it, truncates them, zeroes their magic or floods the scheduling directory (one
+mode per test, one per finding of issue 9), beside its own greedy load. Two neighbour
+containers on the same GPU run meanwhile: a greedy load in a fixed 40 % slice and a
+step loop (8 kernels of 500 us, synced, then 2 ms of CPU work: ~65 % of the GPU
+alone) in a fixed 30 % slice. Every container starts through vgpu-runtime on runc,
+against a real vgpud (and its vgpu-broker) on simgpu.
+
+The neighbours run a calm half, then scribble starts. Each test asserts: both
+neighbours exit 0, the attack costs neither more than TOL against its own calm half,
+and each keeps at least FLOOR of its share, at most TOL above it; the attacker gets no more
+than its own; the GPU's file refused every write (EROFS/EACCES) and is whole; the
+broker still lists each slice with vgpud's settings and never took on a made-up
+slice; vgpud answers (mid-attack too) and the broker is the same process it was.
+"""
+from __future__ import annotations
+
+import array
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import NATIVE_BIN, SIMGPU_DIR, TEST_BIN, clean_env
+from images import make_bundle
+from vgpud_harness import Vgpud, pb
+
+from arbiter.sched import open_sched, slice_key_of
+
+pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
+                                reason="needs runc and root (real containers)")
+
+SCRIBBLE = TEST_BIN / "scribble"
+RUNTIME = NATIVE_BIN / "vgpu-runtime"
+
+LEAD_S = 3.0       # three containers are up by then on a loaded 2-core VM
+SECONDS = 8.0      # the neighbours' load window: a calm half, then the attack
+WARM_S = 1.0       # the calm half is measured from here (every slice has settled) ...
+ATTACK_S = 4.0     # ... to here, when scribble starts
+SETTLE_S = 0.5     # the attacked half is measured from ATTACK_S + SETTLE_S to the end
+TOL = 4.0          # percentage points (as tests/test_compute.py): the attack costs a
+                   # neighbour no more than this against its own calm half
+FLOOR = 0.5        # and leaves it at least this part of its share (a stall shows at once).
+                   # Not tighter: the calm half itself is short of the share beside greedy
+                   # fixed neighbours on a loaded 2-core VM (step loop fixed 30: 19-26 %,
+                   # greedy fixed 40: 33-39 %; host processes without containers show the
+                   # same), an accuracy matter of the scheduler (tests/test_compute_accuracy),
+                   # which the calm-versus-attacked comparison does not depend on.
+
+GREEDY = ("greedy", 40, "--kernel busy_1000us")
+STEP = ("step", 30, "--kernel busy_500us --sync-every 8 --cpu-gap-us 2000")
+ATTACKER_SHARE = 20
+FIXED, NORMAL = 0, 1   # enum vgpu_policy / vgpu_priority
+
+MODES = ["lease", "priority", "index", "truncate", "magic", "full"]
+REFUSED = {"EROFS", "EACCES", "EPERM"}
+
+
+class Host:
+    """A vgpud on a private simgpu; containers started by vgpu-runtime on runc."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.sim = tmp / "sim"
+        self.sim.mkdir()
+        env = clean_env()
+        env["SIMGPU_STATE"] = str(self.sim / "simgpu.state")
+        self.vgpud = Vgpud(tmp, env, {
+            "nvml": {"library": str(SIMGPU_DIR / "libnvidia-ml.so.1")},
+            "hook": {"wait_s": 10},
+        }).start()
+        # What vgpu-runtime reads: vgpud's socket and run dir, runc below it.
+        self.runtime_config = tmp / "runtime.yaml"
+        self.runtime_config.write_text(
+            f"paths:\n  socket: {self.vgpud.socket}\n  run_dir: {self.vgpud.run_dir}\n"
+            "runtime:\n  lower: runc\n")
+        self.env = clean_env()
+        self.env.update(VGPU_CONFIG=str(self.runtime_config),
+                        VGPU_SOCKET=str(self.vgpud.socket))
+        self.n = 0
+
+    @property
+    def sched_dir(self) -> Path:
+        return self.vgpud.run_dir / "sched"
+
+    def gpu_file(self) -> Path:
+        [gpu] = [p for p in self.sched_dir.iterdir()
+                 if p.name.startswith("GPU-") and "." not in p.name]
+        return gpu
+
+    def start(self, script: str, annotations: dict[str, str],
+              extra_bin: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+        self.n += 1
+        cid = f"vgpu-hostile-{os.getpid()}-{self.n}"
+        bundle = make_bundle(
+            self.tmp / cid, args=["/bin/sh", "-c", script], annotations=annotations,
+            env=["SIMGPU_STATE=/sim/simgpu.state"],
+            mounts=[{"destination": "/sim", "type": "bind", "source": str(self.sim),
+                     "options": ["rbind", "rw"]}])
+        if extra_bin is not None:
+            shutil.copy2(extra_bin, bundle / "rootfs/usr/bin" / extra_bin.name)
+        cmd = [str(RUNTIME), "--root", str(self.vgpud.runc), "run", "--bundle", str(bundle), cid]
+        return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True), cid
+
+    def slices(self) -> list[pb.Slice]:
+        return list(self.vgpud.stub.List(pb.ListRequest(), timeout=5).slices)
+
+    def healthy(self) -> bool:
+        try:
+            self.vgpud.stub.Health(pb.HealthRequest(), timeout=5)
+            return True
+        except grpc.RpcError:
+            return False
+
+    def broker_pids(self) -> list[int]:
+        """vgpu-broker processes serving this vgpud's scheduling directory."""
+        want = str(self.sched_dir)
+        pids = []
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"vgpu-broker") and want.encode() in argv:
+                pids.append(int(d.name))
+        return pids
+
+    def close(self) -> None:
+        for d in self.tmp.iterdir():
+            if d.name.startswith("vgpu-hostile-"):
+                subprocess.run(["runc", "--root", str(self.vgpud.runc), "delete", "-f", d.name],
+                               capture_output=True)
+        self.vgpud.close()
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = Host(tmp_path)
+    yield h
+    h.close()
+
+
+def share_of(path: Path, a: int, b: int) -> float:
+    """Percent of [a, b) the launches traced in `path` occupied the GPU (Trace.share)."""
+    raw = array.array("Q", path.read_bytes())
+    busy = sum(g for t, g in zip(raw[0::3], raw[1::3], strict=False) if a <= t < b)
+    return busy / (b - a) * 100
+
+
+def first_launch(path: Path) -> int:
+    raw = array.array("Q", path.read_bytes())
+    return min(raw[0::3]) if raw else 0
+
+
+def entries(gpu: Path) -> dict[int, tuple[int, int, int]]:
+    """key -> (share, priority, policy) of every slice the broker lists."""
+    with open_sched(gpu) as s:
+        snap = s.snapshot()
+    return {e.key: (e.share, e.priority, e.policy) for e in snap.entries if e.key}
+
+
+def broker_beat(gpu: Path) -> tuple[int, int]:
+    with open_sched(gpu) as s:
+        snap = s.snapshot()
+    return snap.broker_pid, snap.broker_beat_ns
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hostile_tenant_cannot_touch_neighbours_compute(host, mode):
+    start = time.monotonic_ns() + int(LEAD_S * 1e9)
+    until = start + int(SECONDS * 1e9)
+    calm = (start + int(WARM_S * 1e9), start + int(ATTACK_S * 1e9))
+    attack_at = start + int(ATTACK_S * 1e9)
+    a, b = attack_at + int(SETTLE_S * 1e9), until
+    [broker] = host.broker_pids()
+
+    neighbours = []
+    for name, pct, load in (GREEDY, STEP):
+        script = (f"gpu_load {load} --start-at {start} --until {until} "
+                  f"--trace /sim/trace-{name} > /sim/out-{name} 2> /sim/err-{name}")
+        p, cid = host.start(script, {"vgpu.io/memory": "256Mi", "vgpu.io/compute": str(pct),
+                                     "vgpu.io/policy": "fixed"})
+        neighbours.append((name, pct, p, cid))
+    # The attacker: its own greedy load in the background, scribble until the window ends.
+    attack = (f"(gpu_load --kernel busy_1000us --start-at {start} --until {until} "
+              f"--trace /sim/trace-attacker > /dev/null 2> /sim/err-attacker; "
+              f"echo $? > /sim/rc-attacker) & "
+              f"scribble {mode} 0 --from {attack_at} --until {until + 300_000_000} "
+              f"--seed {os.getpid()} > /sim/scribble.json 2> /sim/scribble.err; "
+              f"echo scribble-exit $?")
+    attacker, _ = host.start(attack, {"vgpu.io/memory": "256Mi",
+                                      "vgpu.io/compute": str(ATTACKER_SHARE),
+                                      "vgpu.io/policy": "fixed"}, extra_bin=SCRIBBLE)
+
+    # Mid-window, under attack: vgpud answers (List reads every slice's region) and the
+    # broker lists each slice with vgpud's settings, the attacker's included.
+    host.vgpud.wait_for(lambda: len(host.slices()) == 3, timeout=LEAD_S + 10,
+                        what="three slices")
+    time.sleep(max(0.0, (a + (b - a) // 2 - time.monotonic_ns()) / 1e9))
+    listed = {s.vgpus[0].compute_percent: s for s in host.slices()}
+    assert sorted(listed) == sorted([ATTACKER_SHARE, GREEDY[1], STEP[1]])
+    keys = {pct: slice_key_of(s.id, 0) for pct, s in listed.items()}
+    seen = entries(host.gpu_file())
+    for pct, key in keys.items():
+        assert seen.get(key) == (pct, NORMAL, FIXED), (pct, seen)
+    assert len(seen) == 3, f"the broker took on made-up slices: {seen}"
+    assert host.healthy()
+
+    outs = {}
+    for name, _, p, _ in neighbours:
+        outs[name] = p.communicate(timeout=SECONDS + 60)
+    a_out, a_err = attacker.communicate(timeout=SECONDS + 60)
+    report = json.loads((host.sim / "scribble.json").read_text())
+    files = {f["kind"]: f for f in report["files"]}
+
+    traces = {n: host.sim / f"trace-{n}" for n in ("greedy", "step", "attacker")}
+    shares = {n: (share_of(t, *calm), share_of(t, a, b)) for n, t in traces.items()
+              if t.exists() and t.stat().st_size}  # (a load that never ended wrote none)
+    print(f"hostile {mode}: calm -> attacked: "
+          f"{', '.join(f'{k} {c:.1f} -> {v:.1f} %' for k, (c, v) in shares.items())}; "
+          f"scribble {report['rounds']} rounds")
+    # Each neighbour exited 0 and kept its share: the attack cost it nothing.
+    for name, pct, p, _ in neighbours:
+        err = (host.sim / f"err-{name}").read_text()
+        assert p.returncode == 0, f"{name} ({mode}): {outs[name]} {err}"
+        assert "vgpu:" not in err, f"{name} ({mode}) complained: {err}"
+        trace = host.sim / f"trace-{name}"
+        assert first_launch(trace) < calm[0], f"{name} started late: raise LEAD_S"
+        before, got = shares[name]
+        what = (f"{mode}: the {name} neighbour (fixed {pct}) got {before:.1f} % calm, "
+                f"{got:.1f} % attacked")
+        assert got >= min(before, pct) - TOL, what
+        assert pct * FLOOR <= got <= pct + TOL, what
+    # The attacker gained nothing: at most its own share, whatever it forged (its own
+    # load may well have lost its slice's files and been refused, or died of SIGBUS).
+    if "attacker" in shares:
+        assert shares["attacker"][1] <= ATTACKER_SHARE + TOL, mode
+    assert "scribble-exit 0" in a_out, f"scribble crashed: {a_out} {a_err}"
+
+    # The attack happened: it found every file vgpu mounted, and wrote its own.
+    assert {"gpu", "req", "region", "lib", "preload"} <= set(files), report
+    own = files["req"]
+    if mode == "truncate":
+        assert own["truncates_ok"] > 0, own
+    elif mode not in ("full", "none"):
+        assert own["writes_ok"] > 0, own
+    # ... and could write nothing shared: the GPU's file and libvgpu are read-only.
+    gpu = files["gpu"]
+    assert gpu["mount_ro"] and gpu["open_rw"] in REFUSED and gpu["open_wo"] in REFUSED, gpu
+    assert gpu["map_rw"] == "EACCES", gpu
+    assert gpu["writes_ok"] == 0 and gpu["truncates_ok"] == 0, gpu
+    assert files["lib"]["open_rw"] in REFUSED, files["lib"]
+    if mode == "full":
+        full = report["full"]
+        assert full["created"] > 0, full            # in its own rootfs, seen by nobody
+        for op in ("rename_over_gpu", "link_gpu", "rename_gpu_away", "unlink_gpu",
+                   "symlink_over_gpu", "mknod_over_gpu"):
+            assert full[op] != "ok", (op, full)
+
+    # Afterwards: vgpud answers, the broker is the same process and beating, the GPU's
+    # file is whole, and the host's scheduling directory holds no file the tenant made.
+    assert host.healthy()
+    assert host.broker_pids() == [broker], "the broker died (and was restarted)"
+    pid, beat = broker_beat(host.gpu_file())
+    assert pid == broker and time.monotonic_ns() - beat < 1_000_000_000
+    made = {p.name for p in host.sched_dir.iterdir()} - {host.gpu_file().name}
+    assert all(n.endswith((".req", ".conf")) for n in made), made
+    assert len(made) <= 6, made
