@@ -122,7 +122,9 @@ class VgpuSched(ctypes.Structure):
         ("active_mask", ctypes.c_uint32),
         ("handoffs", ctypes.c_uint64),
         ("revocations", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 12),
+        ("active", ctypes.c_uint32),
+        ("broker_epoch", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 11),
         ("entries", VgpuSchedEntry * SCHED_ENTRIES),
     ]
 

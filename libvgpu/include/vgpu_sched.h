@@ -79,11 +79,13 @@ struct vgpu_sched {
     _Atomic uint64_t broker_beat_ns; /* the broker's heartbeat (at least every 10 ms) */
     _Atomic uint32_t broker_pid;     /* the broker's pid (informational) */
     _Atomic uint32_t contended;      /* 1 while a slice other than the holder waits */
-    _Atomic uint32_t present[3];     /* slices registered, per priority (enum vgpu_priority) */
+    _Atomic uint32_t present[3];     /* slices seen within 1 s, per priority (enum vgpu_priority) */
     _Atomic uint32_t active_mask;    /* bit p: a slice of priority p was active within 5 ms */
     _Atomic uint64_t handoffs;       /* grants made, for metrics */
     _Atomic uint64_t revocations;    /* grants the broker took back, for metrics */
-    uint64_t reserved[12];
+    _Atomic uint32_t active;         /* slices active within 5 ms: a holder keeps a short queue if > 1 */
+    _Atomic uint32_t broker_epoch;   /* bumped by each broker that starts; an older one stops */
+    uint64_t reserved[11];
     struct vgpu_sched_entry entries[VGPU_SCHED_ENTRIES];
 };
 

@@ -47,10 +47,13 @@
 #define DEBT_CAP_NS (20 * MS)      /* burst: idle time used beyond the share is not owed past this */
 #define ACTIVE_NS (5 * MS)         /* "active": requested, held or reported within this */
 #define TAIL_MAX_NS (50 * MS)      /* a revoked holder's queued work charged to it at most this long */
-#define SEG_MAX 8                  /* holds whose GPU time is not settled yet */
+#define SEG_MAX 8
+#define CONTENDED_IDLE_DIV 4        /* claimed idle honoured while others wait: a quarter of that time */                  /* holds whose GPU time is not settled yet */
 #define RELEASE_SLACK_NS (200 * US)/* a release is dated at most this long before the broker saw it */
 #define RESCAN_NS (20 * MS)        /* new, changed and gone slices are seen within this */
 #define RESCAN_RUNG_NS (2 * MS)   /* ... and within this when a slice rings */
+#define PRESENT_NS (1000 * MS)    /* "present": requested, held or reported within this */
+#define STALE_NS (60000 * MS)     /* standalone: a slice silent this long is dropped (its file stays) */
 #define BEAT_NS (10 * MS)          /* the longest sleep: the heartbeat's period */
 #define LEASE_NS (50 * MS)         /* a holder silent this long (dead, stopped) loses the token to a waiter */
 #define FUTURE_NS (1 * MS)         /* a claimed time later than now by more than this is a lie */
@@ -64,6 +67,7 @@ struct bslice {
     uint32_t share, prio, policy, floor;
     int64_t credit, floor_credit;
     uint64_t credit_ts, last_active, used, registered;
+    uint64_t last_seen;            /* last request, hold or report: "present" within PRESENT_NS */
     uint32_t holds;
     struct vgpu_sched_req req;     /* this step's snapshot; zeros when unreadable */
     int waiting, seen;
@@ -126,6 +130,12 @@ int vg_sched_header_ok(const struct vgpu_sched *s)
 {
     return s->magic == VGPU_SCHED_MAGIC && s->version == VGPU_SCHED_VERSION && s->size == sizeof(*s) &&
            s->entry_capacity == VGPU_SCHED_ENTRIES;
+}
+
+/* A claimed time: within [lo, now + FUTURE_NS], else not believed (0). */
+static uint64_t believed(uint64_t t, uint64_t lo, uint64_t now)
+{
+    return t >= lo && t <= now + FUTURE_NS ? t : 0;
 }
 
 /* ---- slices: settings, registration ---- */
@@ -191,7 +201,7 @@ static void take_on(struct vg_bgpu *g, int i, uint64_t key, uint64_t now)
     struct bslice *b = &g->sl[i];
     b->credit = (int64_t)START_CREDIT_NS;
     b->floor_credit = 0;
-    b->credit_ts = b->last_active = b->registered = now;
+    b->credit_ts = b->last_active = b->registered = b->last_seen = now;
     b->used = 0;
     b->holds = 0;
     b->waiting = 0;
@@ -288,6 +298,13 @@ static void rescan(struct vg_bgpu *g, uint64_t now)
                     close(fd);
                 continue;
             }
+            struct vgpu_sched_req r;
+            if (!g->confs && (pread(fd, &r, sizeof(r), 0) != (ssize_t)sizeof(r) ||
+                              !(believed(r.want_ns, now - STALE_NS, now) ||
+                                believed(r.active_ns, now - STALE_NS, now)))) {
+                close(fd); /* standalone: a file a process left behind long ago */
+                continue;
+            }
             b->fd = fd;
             b->mem = NULL;
             take_on(g, i, key, now);
@@ -295,15 +312,14 @@ static void rescan(struct vg_bgpu *g, uint64_t now)
         b->seen = 1;
     }
     closedir(d);
-    for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++)
-        if (g->sl[i].key && !g->sl[i].seen)
+    for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++) {
+        struct bslice *b = &g->sl[i];
+        int stale = !g->confs && now - b->last_seen > STALE_NS && g->holder != (int)i;
+        for (int k = 0; stale && k < g->nseg; k++)
+            stale = g->seg[k].slice != (int)i;
+        if (b->key && (!b->seen || stale))
             drop(g, (int)i, now);
-}
-
-/* A claimed time: within [lo, now + FUTURE_NS], else not believed (0). */
-static uint64_t believed(uint64_t t, uint64_t lo, uint64_t now)
-{
-    return t >= lo && t <= now + FUTURE_NS ? t : 0;
+    }
 }
 
 /* ---- credit ---- */
@@ -407,13 +423,18 @@ static int best_waiter(const struct vg_bgpu *g, int self, uint64_t now, struct s
     return best;
 }
 
-/* Idle time of the current hold that counts: claimed by the holder, within the
- * hold's uncontended part. */
-static uint64_t idle_allowed(const struct vg_bgpu *g)
+/* Idle time of the current hold that counts: claimed by the holder, in full for
+ * the part of the hold in which nobody else waited, and at most a quarter of the
+ * rest (the short sync gaps of a step loop that keeps the token through them:
+ * a false claim gains at most that, and the out-of-band guard sees the rest). */
+static uint64_t idle_allowed(const struct vg_bgpu *g, uint64_t now)
 {
     const struct vgpu_sched_req *r = &g->sl[g->holder].req;
     uint64_t idle = (r->owner_seq == g->seq) ? r->idle_ns : 0;
-    return idle > g->uncontended ? g->uncontended : idle;
+    uint64_t span = now > g->granted ? now - g->granted : 0;
+    uint64_t contended = span > g->uncontended ? span - g->uncontended : 0;
+    uint64_t cap = g->uncontended + contended / CONTENDED_IDLE_DIV;
+    return idle > cap ? cap : idle;
 }
 
 /* GPU time of the current hold so far (0 while its work waits behind another's). */
@@ -422,7 +443,7 @@ static uint64_t live_charge(const struct vg_bgpu *g, uint64_t now)
     const struct seg *c = &g->seg[g->nseg - 1];
     if (g->nseg != 1 || now <= c->start)
         return 0;
-    uint64_t span = now - c->start, idle = idle_allowed(g);
+    uint64_t span = now - c->start, idle = idle_allowed(g, now);
     return span - (idle > span ? span : idle);
 }
 
@@ -487,7 +508,7 @@ static void end_hold(struct vg_bgpu *g, uint64_t end, uint64_t now, int revoked)
     c->end = end > c->granted ? end : c->granted;
     /* A grant no process took before we took it back left nothing queued. */
     c->revoked = revoked && g->sl[g->holder].req.owner_seq == g->seq;
-    uint64_t idle = idle_allowed(g);
+    uint64_t idle = idle_allowed(g, end);
     c->idle = idle;
     g->holder = -1;
     if (revoked)
@@ -562,15 +583,18 @@ static void read_all(struct vg_bgpu *g, uint64_t *sig)
 static void publish(struct vg_bgpu *g, uint64_t now)
 {
     struct vgpu_sched *s = g->s;
-    uint32_t present[3] = {0, 0, 0}, mask = 0, contended = 0;
+    uint32_t present[3] = {0, 0, 0}, mask = 0, contended = 0, active = 0;
     for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++) {
         struct bslice *b = &g->sl[i];
         if (!b->key)
             continue;
         struct vgpu_sched_entry *e = &s->entries[i];
-        present[b->prio]++;
-        if (now - b->last_active < ACTIVE_NS)
+        if (now - b->last_active < ACTIVE_NS) {
             mask |= 1u << b->prio;
+            active++;
+        }
+        if (now - b->last_seen < PRESENT_NS)
+            present[b->prio]++;
         if (b->waiting && (int)i != g->holder)
             contended = 1;
         atomic_store(&e->share, b->share);
@@ -587,6 +611,7 @@ static void publish(struct vg_bgpu *g, uint64_t now)
         atomic_store(&s->present[p], present[p]);
     atomic_store(&s->active_mask, mask);
     atomic_store(&s->contended, contended);
+    atomic_store(&s->active, active);
     atomic_store(&s->broker_beat_ns, now);
 }
 
@@ -610,6 +635,13 @@ static uint64_t step(struct vg_bgpu *g)
          * holder is not: a dead high-priority slice must not hold the others back). */
         if (b->waiting || ((int)i == g->holder && now - g->granted < ACTIVE_NS))
             b->last_active = now;
+        uint64_t seen = believed(r->want_ns, now - PRESENT_NS, now);
+        uint64_t rep = believed(r->active_ns, now - PRESENT_NS, now);
+        seen = rep > seen ? rep : seen;
+        if (b->waiting || (int)i == g->holder)
+            seen = now;
+        if (seen > b->last_seen)
+            b->last_seen = seen > now ? now : seen;
         uint64_t a = believed(r->active_ns, now - ACTIVE_NS, now);
         if (a > b->last_active)
             b->last_active = a > now ? now : a;
@@ -676,7 +708,9 @@ static uint64_t step(struct vg_bgpu *g)
 void vg_bgpu_run(struct vg_bgpu *g, volatile int *stop)
 {
     atomic_store(&g->s->broker_pid, (uint32_t)getpid());
-    while (!*stop) {
+    /* A broker that was stopped (SIGSTOP) and replaced must not come back to it. */
+    uint32_t epoch = atomic_fetch_add(&g->s->broker_epoch, 1) + 1;
+    while (!*stop && atomic_load(&g->s->broker_epoch) == epoch) {
         uint64_t sleep = step(g);
         atomic_store(&g->s->doorbell, 1);
         uint64_t sig;

@@ -25,7 +25,8 @@ struct vg_bgpu *vg_bgpu_open(const char *path, int confs, const char **why);
  * posts in req. */
 struct vg_bgpu *vg_bgpu_private(struct vgpu_sched *s, struct vgpu_sched_req *req, uint64_t key);
 
-/* Serve until *stop becomes nonzero (checked at least every 10 ms). */
+/* Serve until *stop becomes nonzero or another broker starts on the same file
+ * (checked at least every 10 ms). */
 void vg_bgpu_run(struct vg_bgpu *g, volatile int *stop);
 
 /* Ring the broker's doorbell after writing a request (any party; needs only

@@ -45,11 +45,14 @@
 #define US 1000ull
 #define MS 1000000ull
 #define IDLE_HOLD_NS (2 * MS)      /* uncontended: an empty queue keeps the token this long */
+#define EMPTY_POLL_NS (20 * US)    /* an empty queue is looked at again after this */
+#define GAP_HOLD_NS (150 * US)     /* contended: ... this long (a step loop's sync gap, not its CPU work) */
 #define QUEUE_NS (4 * MS)          /* queued work a holder keeps ahead of the GPU */
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
 #define EVENT_EVERY_NS (50 * US)   /* one event per this much launched work */
 #define WANT_RENEW_NS (1 * MS)     /* waiters renew their request this often */
 #define BROKER_DEAD_NS (50 * MS)   /* standalone: a broker silent this long is replaced */
+#define BROKER_STOPPED_NS (500 * MS) /* ... even if its process lives on, stopped, with the lock */
 #define ACTIVE_RENEW_NS (1 * MS)   /* a 100% slice reports activity this often */
 #define PEND_MAX 256u
 #define FREE_MAX 64u
@@ -61,6 +64,7 @@ struct ev {
     CUcontext ctx;
     unsigned launches; /* launches this event closes */
     uint64_t serial;   /* events are numbered in the order they were recorded */
+    uint64_t recorded; /* when (CLOCK_MONOTONIC) */
 };
 
 struct sdev {
@@ -71,16 +75,25 @@ struct sdev {
     uint64_t key;
     int entry;                   /* our entry in s, -1 until the broker lists us */
     int lock_fd;                 /* standalone: held while this process runs the broker */
+    int brokering;               /* standalone: a thread of this process serves this GPU */
     char path[400];              /* the GPU file (standalone: for the election) */
-    /* under g_lock: */
+    /* under g_lock; holding, launching, launches, done, ev_mark, npend, idle_from and
+     * depth_now are also read (and launching, launches changed) with atomics by the
+     * launch fast path, which takes no lock while the token is held and the queue has room: */
     int holding, acquiring, draining;
+    unsigned depth_now;          /* launches we may have queued now (depth()) */
+    uint64_t launches;           /* launches admitted; launches - done are queued */
+    uint64_t seen_launches, empty_since; /* what it saw when it last found the queue empty */
     uint32_t grant, seq, drain_seq;
     uint64_t ev_serial, drain_serial;  /* a revoked hold drains when its last event (this) completes */
-    unsigned launching, since_ev, every;
+    unsigned launching, every;
+    uint64_t done;               /* launches known to have completed (reaped events) */
+    uint64_t ev_mark;            /* launches when the last event was recorded */
     CUstream ev_stream;
     uint64_t last_launch, idle_from, idle_total, last_active, last_beat;
-    uint64_t busy_from, hold_busy, hold_done; /* kernel-length estimate of this hold */
-    unsigned queued;             /* launches submitted and not yet completed */
+    uint64_t busy_from;          /* our queue has not been empty since (for the slot's busy time) */
+    uint64_t per_ns;             /* GPU time per launch, moving average; 0 = not known yet */
+    uint64_t last_done;          /* when the last reaped event completed */
     struct ev pend[PEND_MAX];
     unsigned npend;
     struct ev freel[FREE_MAX];
@@ -162,12 +175,6 @@ static int broker_alive(const struct sdev *d, uint64_t now)
 
 /* ---- standalone: run the broker here when nobody does ---- */
 
-static void *broker_thread(void *arg)
-{
-    vg_bgpu_run(arg, &g_broker_stop);
-    return NULL;
-}
-
 static void start_detached(void *(*fn)(void *), void *arg)
 {
     pthread_t t;
@@ -182,26 +189,60 @@ static void start_detached(void *(*fn)(void *), void *arg)
     pthread_attr_destroy(&attr);
 }
 
-/* Become the GPU's broker if its file's lock is free (its holder died). */
+struct broker_job {
+    struct vg_bgpu *g;
+    int *running; /* cleared when the broker stops (replaced): this process may run one again */
+};
+
+static void *broker_thread(void *arg)
+{
+    struct broker_job *job = arg;
+    vg_bgpu_run(job->g, &g_broker_stop);
+    if (job->running)
+        __atomic_store_n(job->running, 0, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void start_broker(struct vg_bgpu *g, int *running)
+{
+    static struct broker_job jobs[VG_MAX_DEVICES + 1];
+    static int njobs;
+    if (njobs >= (int)(sizeof(jobs) / sizeof(jobs[0])))
+        return; /* (a process replaces brokers this often only in a pathological test) */
+    struct broker_job *job = &jobs[njobs++];
+    job->g = g;
+    job->running = running;
+    if (running)
+        __atomic_store_n(running, 1, __ATOMIC_RELEASE);
+    start_detached(broker_thread, job);
+}
+
+
+/* Become the GPU's broker if its file's lock is free (its holder died), or if the
+ * broker has been silent so long that its process must be stopped: a new broker
+ * bumps the epoch, and the old one stops serving when it runs again. */
 static void try_elect(struct sdev *d)
 {
-    if (vg_cfg.sched_from_arbiter || d->lock_fd >= 0 || !d->path[0])
+    if (vg_cfg.sched_from_arbiter || !d->path[0] || __atomic_load_n(&d->brokering, __ATOMIC_ACQUIRE))
         return;
-    int fd = open(d->path, O_RDWR | O_CLOEXEC);
-    if (fd < 0)
-        return;
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        close(fd);
-        return;
+    if (d->lock_fd < 0) {
+        int fd = open(d->path, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            return;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
+            d->lock_fd = fd;
+        } else {
+            close(fd);
+            uint64_t beat = atomic_load(&d->s->broker_beat_ns), now = vg_broker_now();
+            if (beat && now > beat && now - beat < BROKER_STOPPED_NS)
+                return;
+        }
     }
     const char *why = "";
     struct vg_bgpu *g = vg_bgpu_open(d->path, 0, &why);
-    if (!g) {
-        close(fd);
+    if (!g)
         return;
-    }
-    d->lock_fd = fd;
-    start_detached(broker_thread, g);
+    start_broker(g, &d->brokering);
 }
 
 /* ---- per-device setup ---- */
@@ -321,7 +362,7 @@ static int setup_private(struct sdev *d, const char *uuid)
     struct vg_bgpu *g = vg_bgpu_private(d->s, d->q, d->key);
     if (!g)
         return -1;
-    start_detached(broker_thread, g);
+    start_broker(g, NULL);
     return 0;
 }
 
@@ -345,10 +386,12 @@ static void after_fork_child(void)
     for (int i = 0; i < VG_MAX_DEVICES; i++) {
         struct sdev *d = &g_dev[i];
         d->holding = d->acquiring = d->draining = 0;
-        d->launching = d->npend = d->nfree = d->queued = 0;
+        d->launching = d->npend = d->nfree = 0;
+        d->launches = d->done = d->ev_mark = 0;
         if (d->lock_fd >= 0)
             close(d->lock_fd); /* the parent keeps the lock; we must not outlive it holding it */
         d->lock_fd = -1;
+        d->brokering = 0;
         if (d->state == ST_ON && !d->path[0])
             d->state = ST_OFF; /* a private broker ran in the parent: there is none here */
     }
@@ -422,9 +465,29 @@ static struct sdev *sdev_get(int dev, int *refused)
 
 /* ---- the holder's side ---- */
 
+/* GPU time per launch, from when events complete: the time since the previous
+ * completion (or the recording, if the GPU was idle for us meanwhile), per launch. */
+static void estimate(struct sdev *d, const struct ev *e, uint64_t now)
+{
+    uint64_t from = d->last_done > e->recorded ? d->last_done : e->recorded;
+    d->last_done = now;
+    if (now <= from || !e->launches)
+        return;
+    /* A late look only ever makes a launch seem longer: follow shorter samples at once,
+     * longer ones slowly (kernels that really grow longer are learnt within ~64 events). */
+    uint64_t per = (now - from) / e->launches;
+    if (!d->per_ns || per < d->per_ns)
+        d->per_ns = per;
+    else
+        d->per_ns += (per - d->per_ns) / 64;
+    if (!d->per_ns)
+        d->per_ns = 1;
+}
+
 /* Events whose work completed go back to the free list. */
 static void reap(struct sdev *d)
 {
+    uint64_t now = vg_broker_now();
     unsigned kept = 0;
     for (unsigned i = 0; i < d->npend; i++) {
         CUresult rc = p_event_query(d->pend[i].ev);
@@ -432,17 +495,17 @@ static void reap(struct sdev *d)
             d->pend[kept++] = d->pend[i];
             continue;
         }
-        d->queued -= d->pend[i].launches < d->queued ? d->pend[i].launches : d->queued;
-        d->hold_done += d->pend[i].launches;
+        __atomic_add_fetch(&d->done, d->pend[i].launches, __ATOMIC_SEQ_CST);
+        estimate(d, &d->pend[i], now);
         if (rc == CUDA_SUCCESS && d->nfree < FREE_MAX)
             d->freel[d->nfree++] = d->pend[i];
         else if (rc == CUDA_SUCCESS)
             p_event_destroy(d->pend[i].ev);
         /* any other answer: its context is gone, and the event with it */
     }
-    d->npend = kept;
-    if (!d->npend)
-        d->queued = 0; /* launches after the last event: at most EVENT_EVERY_NS of work */
+    __atomic_store_n(&d->npend, kept, __ATOMIC_SEQ_CST);
+    if (!kept && d->ev_mark > d->done) /* launches after the last event (< EVENT_EVERY_NS): done */
+        __atomic_store_n(&d->done, d->ev_mark, __ATOMIC_SEQ_CST);
 }
 
 static void report_drained(struct sdev *d, uint64_t now)
@@ -459,7 +522,7 @@ static void give_back(struct sdev *d, uint64_t now)
     atomic_store(&d->q->idle_ns, d->idle_total + (now > d->idle_from ? now - d->idle_from : 0));
     atomic_store(&d->q->release_ns, now);
     atomic_store(&d->q->release_seq, d->seq);
-    d->holding = 0;
+    __atomic_store_n(&d->holding, 0, __ATOMIC_SEQ_CST);
     d->idle_from = 0;
     vg_broker_ring(d->s);
     pthread_cond_broadcast(&g_cond);
@@ -469,10 +532,29 @@ static void note_busy(struct sdev *d, int dev, uint64_t now)
 {
     if (d->busy_from && now > d->busy_from) {
         uint64_t dt = now - d->busy_from;
-        d->hold_busy += dt;
         vg_note_busy(dev, dt, now);
     }
     d->busy_from = 0;
+}
+
+/* Queued launches kept ahead of the GPU: about QUEUE_NS of work, less while other
+ * slices use the GPU (what we queue is what they wait for once they ask). */
+static unsigned depth(const struct sdev *d, int contended)
+{
+    uint64_t q = contended ? QUEUE_CONTENDED_NS : QUEUE_NS;
+    if (!d->per_ns)
+        return 4;
+    uint64_t n = q / d->per_ns;
+    return n < 2 ? 2 : n > 100000 ? 100000 : (unsigned)n;
+}
+
+/* Launches per event: about EVENT_EVERY_NS of work. */
+static unsigned every(const struct sdev *d)
+{
+    if (!d->per_ns)
+        return 1;
+    uint64_t n = EVENT_EVERY_NS / d->per_ns;
+    return n < 1 ? 1 : n > 64 ? 64 : (unsigned)n;
 }
 
 static void *holder_thread(void *arg)
@@ -490,16 +572,18 @@ static void *holder_thread(void *arg)
             busy = 1;
             reap(d);
             uint64_t now = vg_broker_now();
-            if (d->holding && atomic_load(&d->s->grant) != d->grant) {
+            if (d->holding && atomic_load(&d->s->grant) != d->grant &&
+                !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
                 /* Revoked: what we queued still runs, and is ours until it ends. */
-                d->holding = 0;
+                __atomic_store_n(&d->holding, 0, __ATOMIC_SEQ_CST);
                 note_busy(d, dev, now);
                 d->draining = 1;
                 d->drain_seq = d->seq;
                 d->drain_serial = d->ev_serial;
                 pthread_cond_broadcast(&g_cond);
             }
-            if (d->npend && !d->launching) {
+            d->depth_now = depth(d, atomic_load(&d->s->contended) || atomic_load(&d->s->active) > 1);
+            if (d->npend && !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
                 /* Block on our oldest event: a launch waiting for room goes in the moment
                  * one completes, and the drain is dated when it happens, not at a poll. */
                 CUevent first = d->pend[0].ev;
@@ -519,17 +603,39 @@ static void *holder_thread(void *arg)
                 if (!d->holding)
                     continue;
             }
-            if (!d->holding || d->npend || d->launching)
+            if (d->npend)
+                d->empty_since = 0;
+            if (!d->holding || d->npend)
                 continue;
             if (!d->idle_from) {
-                note_busy(d, dev, now);
-                d->idle_from = now;
+                /* Idle once the queue stayed empty a whole poll with no launch in it (then
+                 * since it drained): a queue that empties between launches is not idle, and
+                 * telling the launch path costs it its lock-free way. */
+                uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_RELAXED);
+                if (!d->empty_since || n != d->seen_launches) {
+                    d->empty_since = now;
+                    d->seen_launches = n;
+                    wait_ns = EMPTY_POLL_NS;
+                    continue;
+                }
+                /* Claim the queue empty, then look again for a launch that passed the fast
+                 * path meanwhile (it checks idle_from after counting itself in launching). */
+                __atomic_store_n(&d->idle_from, d->empty_since, __ATOMIC_SEQ_CST);
+                if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST) ||
+                    __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST) != n) {
+                    d->idle_from = 0;
+                    continue;
+                }
+                note_busy(d, dev, d->empty_since);
             }
+            if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
+                continue;
             uint64_t since = d->last_launch > d->idle_from ? d->last_launch : d->idle_from;
-            if (atomic_load(&d->s->contended) || now - since >= IDLE_HOLD_NS)
+            uint64_t hold = atomic_load(&d->s->contended) ? GAP_HOLD_NS : IDLE_HOLD_NS;
+            if (now - since >= hold)
                 give_back(d, now);
             else
-                wait_ns = IDLE_HOLD_NS - (now - since);
+                wait_ns = hold - (now - since);
         }
         pthread_cond_broadcast(&g_cond);
         if (!busy) {
@@ -537,7 +643,7 @@ static void *holder_thread(void *arg)
             continue;
         }
         /* An empty queue: wake for a launch, a revocation or a waiter (contended). */
-        uint64_t t = wait_ns ? (wait_ns < 100 * US ? wait_ns : 100 * US) : 20 * US;
+        uint64_t t = wait_ns ? (wait_ns < 100 * US ? wait_ns : 100 * US) : 50 * US;
         struct timespec ts = deadline_in(t);
         pthread_cond_timedwait(&g_thread_cond, &g_lock, &ts);
     }
@@ -567,6 +673,10 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
         uint32_t g = atomic_load(&s->grant);
         if (grant_is_ours(d, g)) {
             uint32_t seq = g >> 8, cur = atomic_load(&q->owner_seq);
+            /* A new hold claims no idle time yet (zeroed before it is ours: the broker
+             * believes idle_ns only for the seq in owner_seq). */
+            if (cur != seq)
+                atomic_store(&q->idle_ns, 0);
             if (cur != seq && atomic_compare_exchange_strong(&q->owner_seq, &cur, seq)) {
                 *grant_out = g;
                 break;
@@ -587,27 +697,6 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
     }
     if (atomic_fetch_sub(&q->want, 1) == 1)
         atomic_store(&q->want_ns, 0); /* nobody of this slice waits any more */
-}
-
-/* Queued launches kept ahead of the GPU: about QUEUE_NS of work. */
-static unsigned depth(const struct sdev *d, int contended)
-{
-    uint64_t q = contended ? QUEUE_CONTENDED_NS : QUEUE_NS;
-    if (d->hold_done < 4 || d->hold_busy < 100 * US)
-        return 4;
-    uint64_t per = d->hold_busy / d->hold_done;
-    uint64_t n = per ? q / per : PEND_MAX;
-    return n < 2 ? 2 : n > 100000 ? 100000 : (unsigned)n;
-}
-
-/* Launches per event: about EVENT_EVERY_NS of work. */
-static unsigned every(const struct sdev *d)
-{
-    if (d->hold_done < 4 || !d->hold_busy)
-        return 1;
-    uint64_t per = d->hold_busy / d->hold_done;
-    uint64_t n = per ? EVENT_EVERY_NS / per : 64;
-    return n < 1 ? 1 : n > 64 ? 64 : (unsigned)n;
 }
 
 static int device_of(void)
@@ -659,6 +748,34 @@ static int full_share(struct sdev *d)
     return 1;
 }
 
+/* The launch path while we hold the token with room in the queue: two atomic adds,
+ * no lock. The holder thread may be giving the token back at this very moment: we
+ * count ourselves in `launching` first, then look again (it looks at `launching`
+ * after claiming the queue empty, so one of us sees the other). */
+/* Launches queued: admitted and not known to have completed. */
+static unsigned queued_of(const struct sdev *d)
+{
+    uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_RELAXED), c = __atomic_load_n(&d->done, __ATOMIC_RELAXED);
+    return n > c ? (unsigned)(n - c < UINT32_MAX ? n - c : UINT32_MAX) : 0;
+}
+
+static int admit_fast(struct sdev *d)
+{
+    if (!__atomic_load_n(&d->holding, __ATOMIC_SEQ_CST) || atomic_load(&d->s->grant) != d->grant ||
+        __atomic_load_n(&d->idle_from, __ATOMIC_RELAXED) ||
+        queued_of(d) + __atomic_load_n(&d->launching, __ATOMIC_RELAXED) >=
+            __atomic_load_n(&d->depth_now, __ATOMIC_RELAXED))
+        return 0;
+    __atomic_add_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&d->holding, __ATOMIC_SEQ_CST) && atomic_load(&d->s->grant) == d->grant &&
+        !__atomic_load_n(&d->idle_from, __ATOMIC_SEQ_CST)) {
+        __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
 struct vg_ticket vg_sched_admit(CUstream stream)
 {
     struct vg_ticket t = {-1, stream, 0};
@@ -675,10 +792,14 @@ struct vg_ticket vg_sched_admit(CUstream stream)
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     if (p_is_capturing && p_is_capturing(stream, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
         return t; /* recorded into a graph, not run: the graph's launch is charged */
+    t.dev = dev;
+    if (admit_fast(d))
+        return t;
     pthread_mutex_lock(&g_lock);
     for (;;) {
         if (d->holding && atomic_load(&d->s->grant) == d->grant) {
-            if (d->queued + d->launching < depth(d, (int)atomic_load(&d->s->contended)))
+            int others = atomic_load(&d->s->contended) || atomic_load(&d->s->active) > 1;
+            if (queued_of(d) + d->launching < depth(d, others))
                 break;
         } else if (!d->holding && !d->acquiring && !d->draining) {
             /* (One hold at a time: a revoked hold's drain is reported before the next request.) */
@@ -694,8 +815,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->idle_total = 0;
             d->idle_from = 0;
             d->busy_from = 0;
-            d->hold_busy = d->hold_done = 0;
             d->last_launch = vg_broker_now();
+            d->depth_now = depth(d, 1);
             start_thread();
             pthread_cond_signal(&g_thread_cond);
             pthread_cond_broadcast(&g_cond);
@@ -705,7 +826,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         struct timespec ts = deadline_in(MS);
         pthread_cond_timedwait(&g_cond, &g_lock, &ts);
     }
-    if (!d->queued && !d->launching) {
+    if (d->idle_from || !queued_of(d)) {
         /* The queue was empty: the GPU starts on our work now. */
         uint64_t now = vg_broker_now();
         if (d->idle_from) {
@@ -717,9 +838,9 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         if (!d->busy_from)
             d->busy_from = now;
     }
-    d->launching++;
+    __atomic_add_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_lock);
-    t.dev = dev;
     return t;
 }
 
@@ -745,30 +866,37 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
     if (t.dev < 0)
         return;
     struct sdev *d = &g_dev[t.dev];
+    if (rc != CUDA_SUCCESS) {
+        __atomic_sub_fetch(&d->launches, 1, __ATOMIC_SEQ_CST); /* nothing was queued */
+        __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
+        return;
+    }
+    /* An event closes ~EVENT_EVERY_NS of launches, a stream change, or the first launch
+     * on an empty queue; launches in between take no lock. */
+    uint64_t since = __atomic_load_n(&d->launches, __ATOMIC_RELAXED) - __atomic_load_n(&d->ev_mark, __ATOMIC_RELAXED);
+    if (since < __atomic_load_n(&d->every, __ATOMIC_RELAXED) && t.stream == d->ev_stream &&
+        __atomic_load_n(&d->npend, __ATOMIC_SEQ_CST)) {
+        __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
+        return;
+    }
     pthread_mutex_lock(&g_lock);
-    d->launching--;
-    if (rc == CUDA_SUCCESS) {
-        d->queued++;
-        d->since_ev++;
-        /* An event closes ~EVENT_EVERY_NS of launches, a stream change, or the first launch on an empty queue. */
-        if (d->since_ev >= d->every || t.stream != d->ev_stream || !d->npend) {
-            struct ev ev;
-            if (d->npend < PEND_MAX && take_event(d, &ev) == 0) {
-                ev.launches = d->since_ev;
-                ev.serial = ++d->ev_serial;
-                if (p_event_record(ev.ev, t.stream) == CUDA_SUCCESS) {
-                    d->pend[d->npend++] = ev;
-                    d->since_ev = 0;
-                    d->ev_stream = t.stream;
-                    d->every = every(d);
-                } else {
-                    p_event_destroy(ev.ev); /* e.g. a stream of another context: the hold still covers it */
-                }
-            }
+    struct ev ev;
+    uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+    if (n > d->ev_mark && d->npend < PEND_MAX && take_event(d, &ev) == 0) {
+        ev.launches = (unsigned)(n - d->ev_mark);
+        ev.serial = ++d->ev_serial;
+        ev.recorded = vg_broker_now();
+        if (p_event_record(ev.ev, t.stream) == CUDA_SUCCESS) {
+            d->pend[d->npend] = ev;
+            __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);
+            __atomic_store_n(&d->npend, d->npend + 1, __ATOMIC_SEQ_CST);
+            d->ev_stream = t.stream;
+            d->every = every(d);
+        } else {
+            p_event_destroy(ev.ev); /* e.g. a stream of another context: the hold still covers it */
         }
     }
-    if (!d->launching)
-        pthread_cond_signal(&g_thread_cond);
+    __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&g_lock);
 }
 

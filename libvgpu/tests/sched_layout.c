@@ -38,6 +38,8 @@ int main(void)
     FIELD(struct vgpu_sched, active_mask, 0);
     FIELD(struct vgpu_sched, handoffs, 0);
     FIELD(struct vgpu_sched, revocations, 0);
+    FIELD(struct vgpu_sched, active, 0);
+    FIELD(struct vgpu_sched, broker_epoch, 0);
     FIELD(struct vgpu_sched, reserved, 0);
     FIELD(struct vgpu_sched, entries, 1);
     printf("    }\n  },\n");

@@ -401,15 +401,26 @@ int main(int argc, char **argv)
                     die("launch", r);
             printf("{\"op\":\"launch\",\"kernel\":\"%s\",\"n\":%llu}\n", kind, n);
         } else if (sscanf(op, "bench_launch:%llu", &n) == 1) {
+            /* bench_launch:N[:KERNEL]: N launches of KERNEL (default noop, 1 us on simgpu) */
             CUmodule mod;
             CUfunction f;
             static const char image[] = "simgpu";
-            if ((r = cu.ModuleLoadData(&mod, image)) != CUDA_SUCCESS || (r = cu.ModuleGetFunction(&f, mod, "noop")))
+            const char *kernel = strchr(op + strlen("bench_launch:"), ':');
+            kernel = kernel ? kernel + 1 : "noop";
+            if ((r = cu.ModuleLoadData(&mod, image)) != CUDA_SUCCESS || (r = cu.ModuleGetFunction(&f, mod, kernel)))
                 die("module", r);
+            /* Wall time per call, and this thread's CPU time per call (what a launch costs
+             * the caller, without the time it waits for a full queue to drain). */
+            struct timespec c0, c1;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
             uint64_t t0 = now_ns();
             for (unsigned long long j = 0; j < n; j++)
                 cu.LaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-            printf("{\"op\":\"bench_launch\",\"n\":%llu,\"ns_per_call\":%.1f}\n", n, (double)(now_ns() - t0) / n);
+            uint64_t wall = now_ns() - t0;
+            clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+            double cpu = (double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec);
+            printf("{\"op\":\"bench_launch\",\"n\":%llu,\"ns_per_call\":%.1f,\"cpu_ns_per_call\":%.1f}\n", n,
+                   (double)wall / n, cpu / n);
         } else if (sscanf(op, "bench_alloc:%llu:%llu", &bytes, &n) == 2) {
             CUdeviceptr p;
             uint64_t t0 = now_ns();
