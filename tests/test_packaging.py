@@ -23,7 +23,8 @@ def test_wheel_ships_libvgpu_and_types(tmp_path: Path) -> None:
         names = set(zf.namelist())
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
         lib = zf.read("arbiter/native/libvgpu.so")
-        programs = {n: zf.read(f"arbiter/native/bin/{n}") for n in ("vgpu-runtime", "vgpu-hook", "vgpu-broker")}
+        programs = {n: zf.read(f"arbiter/native/bin/{n}")
+                    for n in ("vgpu-runtime", "vgpu-hook", "vgpu-broker")}
         modes = {n: zf.getinfo(f"arbiter/native/bin/{n}").external_attr >> 16 for n in programs}
         sidecar = zf.read("arbiter/native/bin/vgpu-python").decode()
         entry_points = zf.read(
