@@ -153,7 +153,8 @@ class VgpuSchedReq(ctypes.Structure):
         ("drain_ns", ctypes.c_uint64),
         ("idle_ns", ctypes.c_uint64),
         ("active_ns", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 19),
+        ("idle_since", ctypes.c_uint64),
+        ("reserved", ctypes.c_uint64 * 18),
     ]
 
 

@@ -110,7 +110,8 @@ struct vgpu_sched_req {
     _Atomic uint64_t drain_ns;       /* when it completed (after a revocation) */
     _Atomic uint64_t idle_ns;        /* GPU-queue-empty time within the grant owner_seq */
     _Atomic uint64_t active_ns;      /* holders and 100% slices renew it: alive and using the GPU */
-    uint64_t reserved[19];
+    _Atomic uint64_t idle_since;     /* the holder's GPU queue has been empty since (0 = busy) */
+    uint64_t reserved[18];
 };
 
 #endif

@@ -43,6 +43,7 @@
 #define QUANTUM_NS (10 * MS)       /* longest hold while another slice with equal claim waits */
 #define START_CREDIT_NS (2 * MS)   /* a slice new on the GPU may start at once */
 #define MIN_HOLD_NS (2 * MS)       /* a fixed slice waits for this much credit: fewer hand-overs */
+#define MIN_HOLD_ALONE_NS (100 * US)/* ... or this much while no other slice waits (no hand-over) */
 #define CREDIT_CAP_NS (20 * MS)    /* the most credit an idle slice keeps */
 #define DEBT_CAP_NS (20 * MS)      /* burst: idle time used beyond the share is not owed past this */
 #define ACTIVE_NS (5 * MS)         /* "active": requested, held or reported within this */
@@ -98,6 +99,7 @@ struct vg_bgpu {
     int nseg;
     uint64_t last_scan, sig;
     int rung;                      /* woken by a ring: a new slice may be asking */
+    unsigned active;               /* slices active within ACTIVE_NS, as of the last step */
 };
 
 uint64_t vg_broker_now(void)
@@ -324,15 +326,18 @@ static void rescan(struct vg_bgpu *g, uint64_t now)
 
 /* ---- credit ---- */
 
-static void add_capped(int64_t *b, int64_t add)
+static void add_capped(int64_t *b, int64_t add, int64_t cap)
 {
     int64_t next = *b + add;
-    if (next > (int64_t)CREDIT_CAP_NS)
-        next = *b > (int64_t)CREDIT_CAP_NS ? *b : (int64_t)CREDIT_CAP_NS;
+    if (next > cap)
+        next = *b > cap ? *b : cap;
     *b = next;
 }
 
-static void refill(struct bslice *b, uint64_t now)
+/* Earn share% (and floor%) of the wall time since the last refill. The cap applies
+ * to credit net of what is charged but not settled yet (unsettled): a long hold
+ * earns while it runs and pays at its end, and must not lose what it earned. */
+static void refill(struct bslice *b, uint64_t now, int64_t unsettled)
 {
     if (now <= b->credit_ts)
         return;
@@ -340,9 +345,9 @@ static void refill(struct bslice *b, uint64_t now)
     b->credit_ts = now;
     if (dt > 10 * CREDIT_CAP_NS)
         dt = 10 * CREDIT_CAP_NS;
-    add_capped(&b->credit, (int64_t)(dt * b->share / 100));
+    add_capped(&b->credit, (int64_t)(dt * b->share / 100), (int64_t)CREDIT_CAP_NS + unsettled);
     if (b->floor)
-        add_capped(&b->floor_credit, (int64_t)(dt * b->floor / 100));
+        add_capped(&b->floor_credit, (int64_t)(dt * b->floor / 100), (int64_t)CREDIT_CAP_NS + unsettled);
 }
 
 static void charge(struct vg_bgpu *g, int i, uint64_t dt, int on_floor)
@@ -378,6 +383,14 @@ static int higher_active(const struct vg_bgpu *g, uint32_t prio, uint64_t now)
     return 0;
 }
 
+/* The credit a fixed slice needs to take the token: enough for a worthwhile hold when
+ * other slices use the GPU too, a little when it is alone on it (its CPU work between
+ * steps then overlaps the time it earns credit in). */
+static int64_t min_hold(const struct vg_bgpu *g)
+{
+    return g->active > 1 ? (int64_t)MIN_HOLD_NS : (int64_t)MIN_HOLD_ALONE_NS;
+}
+
 static struct standing standing_of(const struct vg_bgpu *g, const struct bslice *b, int64_t credit, uint64_t now)
 {
     struct standing st = {0};
@@ -388,7 +401,7 @@ static struct standing standing_of(const struct vg_bgpu *g, const struct bslice 
         st.on_floor = 1;
         st.eligible = st.floor_due = b->floor && b->floor_credit >= (int64_t)MIN_HOLD_NS;
     } else if (b->policy == VGPU_POLICY_FIXED) {
-        st.eligible = credit >= (int64_t)MIN_HOLD_NS;
+        st.eligible = credit >= min_hold(g);
     } else {
         st.eligible = 1;
     }
@@ -430,7 +443,12 @@ static int best_waiter(const struct vg_bgpu *g, int self, uint64_t now, struct s
 static uint64_t idle_allowed(const struct vg_bgpu *g, uint64_t now)
 {
     const struct vgpu_sched_req *r = &g->sl[g->holder].req;
-    uint64_t idle = (r->owner_seq == g->seq) ? r->idle_ns : 0;
+    uint64_t idle = 0;
+    if (r->owner_seq == g->seq) {
+        /* What it reported, and the empty spell it is in now (its end is not known yet). */
+        uint64_t since = believed(r->idle_since, g->granted, now);
+        idle = r->idle_ns + (since && since < now ? now - since : 0);
+    }
     uint64_t span = now > g->granted ? now - g->granted : 0;
     uint64_t contended = span > g->uncontended ? span - g->uncontended : 0;
     uint64_t cap = g->uncontended + contended / CONTENDED_IDLE_DIV;
@@ -445,6 +463,18 @@ static uint64_t live_charge(const struct vg_bgpu *g, uint64_t now)
         return 0;
     uint64_t span = now - c->start, idle = idle_allowed(g, now);
     return span - (idle > span ? span : idle);
+}
+
+/* GPU time slice i ran in holds not settled yet, as far as known now. */
+static uint64_t unsettled(const struct vg_bgpu *g, int i, uint64_t now)
+{
+    if (!g->nseg || g->seg[0].slice != i || !g->seg[0].start)
+        return 0; /* only the oldest hold has a known start */
+    const struct seg *s0 = &g->seg[0];
+    if (!s0->end)
+        return live_charge(g, now);
+    uint64_t end = s0->end > s0->start ? s0->end : s0->start;
+    return (now > end ? now : end) - s0->start;
 }
 
 static void publish_grant(struct vg_bgpu *g, uint32_t v, uint64_t now)
@@ -612,6 +642,7 @@ static void publish(struct vg_bgpu *g, uint64_t now)
     atomic_store(&s->active_mask, mask);
     atomic_store(&s->contended, contended);
     atomic_store(&s->active, active);
+    g->active = active;
     atomic_store(&s->broker_beat_ns, now);
 }
 
@@ -628,7 +659,7 @@ static uint64_t step(struct vg_bgpu *g)
         struct bslice *b = &g->sl[i];
         if (!b->key)
             continue;
-        refill(b, now);
+        refill(b, now, (int64_t)unsettled(g, (int)i, now));
         const struct vgpu_sched_req *r = &b->req;
         b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, now - ACTIVE_NS, now);
         /* Active: waiting, or renewing its lease or its 100% activity (a lapsed
@@ -685,8 +716,8 @@ static uint64_t step(struct vg_bgpu *g)
         if (!b->key || !b->waiting || (int)i == g->holder)
             continue;
         waiters = 1;
-        if (b->policy == VGPU_POLICY_FIXED && b->credit < (int64_t)MIN_HOLD_NS) {
-            uint64_t t = (uint64_t)((int64_t)MIN_HOLD_NS - b->credit) * 100 / b->share;
+        if (b->policy == VGPU_POLICY_FIXED && b->credit < min_hold(g)) {
+            uint64_t t = (uint64_t)(min_hold(g) - b->credit) * 100 / b->share;
             if (t < sleep)
                 sleep = t;
         }

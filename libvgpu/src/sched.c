@@ -519,6 +519,7 @@ static void report_drained(struct sdev *d, uint64_t now)
 /* Give the token back; the time our queue sat empty in this hold is not ours to pay. */
 static void give_back(struct sdev *d, uint64_t now)
 {
+    atomic_store(&d->q->idle_since, 0);
     atomic_store(&d->q->idle_ns, d->idle_total + (now > d->idle_from ? now - d->idle_from : 0));
     atomic_store(&d->q->release_ns, now);
     atomic_store(&d->q->release_seq, d->seq);
@@ -627,6 +628,7 @@ static void *holder_thread(void *arg)
                     continue;
                 }
                 note_busy(d, dev, d->empty_since);
+                atomic_store(&d->q->idle_since, d->empty_since);
             }
             if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
                 continue;
@@ -675,8 +677,10 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
             uint32_t seq = g >> 8, cur = atomic_load(&q->owner_seq);
             /* A new hold claims no idle time yet (zeroed before it is ours: the broker
              * believes idle_ns only for the seq in owner_seq). */
-            if (cur != seq)
+            if (cur != seq) {
                 atomic_store(&q->idle_ns, 0);
+                atomic_store(&q->idle_since, 0);
+            }
             if (cur != seq && atomic_compare_exchange_strong(&q->owner_seq, &cur, seq)) {
                 *grant_out = g;
                 break;
@@ -830,6 +834,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         /* The queue was empty: the GPU starts on our work now. */
         uint64_t now = vg_broker_now();
         if (d->idle_from) {
+            /* (idle_since first: the broker may count a spell short, never twice) */
+            atomic_store(&d->q->idle_since, 0);
             d->idle_total += now - d->idle_from;
             atomic_store(&d->q->idle_ns, d->idle_total);
             d->idle_from = 0;

@@ -78,6 +78,7 @@ int main(void)
     FIELD(struct vgpu_sched_req, drain_ns, 0);
     FIELD(struct vgpu_sched_req, idle_ns, 0);
     FIELD(struct vgpu_sched_req, active_ns, 0);
+    FIELD(struct vgpu_sched_req, idle_since, 0);
     FIELD(struct vgpu_sched_req, reserved, 1);
     printf("    }\n  },\n");
     printf("  \"constants\": {\n");
