@@ -619,6 +619,14 @@ static void *holder_thread(void *arg)
                     wait_ns = EMPTY_POLL_NS;
                     continue;
                 }
+                /* Launches after the last event ran on after it: about their length. */
+                uint64_t uncovered = n > d->ev_mark ? n - d->ev_mark : 0;
+                uint64_t from = d->empty_since + uncovered * d->per_ns;
+                if (from >= now) {
+                    wait_ns = from - now + 1;
+                    continue;
+                }
+                d->empty_since = from;
                 /* Claim the queue empty, then look again for a launch that passed the fast
                  * path meanwhile (it checks idle_from after counting itself in launching). */
                 __atomic_store_n(&d->idle_from, d->empty_since, __ATOMIC_SEQ_CST);
