@@ -99,6 +99,14 @@ class Run:
         return self.t0 + int(seconds * 1e9)
 
 
+def read_trace(path: Path, summary: dict | None = None, stderr: str = "") -> Trace:
+    """The launches gpu_load --trace wrote to path (none when it wrote no file)."""
+    raw = array.array("Q")
+    if path.exists():
+        raw.frombytes(path.read_bytes())
+    return Trace(list(raw[0::3]), list(raw[1::3]), list(raw[2::3]), summary or {}, stderr)
+
+
 def load_env(tmp: Path, devices: str) -> dict[str, str]:
     env = clean_env()
     env.update(LD_LIBRARY_PATH=str(SIMGPU_DIR), SIMGPU_STATE=str(tmp / "simgpu.state"),
@@ -140,12 +148,7 @@ def run_loads(tmp: Path, loads: Sequence[Load], seconds: float, devices: str = "
                 q.kill()
             raise AssertionError(f"gpu_load {i} did not finish: a scheduler deadlock?") from None
         summary = json.loads(out) if p.returncode == 0 and out.strip() else {}
-        raw = array.array("Q")
-        path = tmp / f"trace{i}"
-        if path.exists():
-            raw.frombytes(path.read_bytes())
-        traces.append(Trace(list(raw[0::3]), list(raw[1::3]), list(raw[2::3]),
-                            {"returncode": p.returncode, **summary}, err))
+        traces.append(read_trace(tmp / f"trace{i}", {"returncode": p.returncode, **summary}, err))
     run.traces = traces
     return run
 

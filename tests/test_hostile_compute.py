@@ -19,7 +19,6 @@ slice; vgpud answers (mid-attack too) and the broker is the same process it was.
 """
 from __future__ import annotations
 
-import array
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import NATIVE_BIN, SIMGPU_DIR, TEST_BIN, clean_env
+from gpu_loads import read_trace
 from images import make_bundle
 from vgpud_harness import Vgpud, pb
 
@@ -152,15 +152,13 @@ def host(tmp_path):
 
 
 def share_of(path: Path, a: int, b: int) -> float:
-    """Percent of [a, b) the launches traced in `path` occupied the GPU (Trace.share)."""
-    raw = array.array("Q", path.read_bytes())
-    busy = sum(g for t, g in zip(raw[0::3], raw[1::3], strict=False) if a <= t < b)
-    return busy / (b - a) * 100
+    """Percent of [a, b) the launches traced in `path` occupied the GPU."""
+    return read_trace(path).share(a, b)
 
 
 def first_launch(path: Path) -> int:
-    raw = array.array("Q", path.read_bytes())
-    return min(raw[0::3]) if raw else 0
+    t = read_trace(path).t
+    return min(t) if t else 0
 
 
 def entries(gpu: Path) -> dict[int, tuple[int, int, int]]:

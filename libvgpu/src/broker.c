@@ -116,6 +116,11 @@ static long futex(_Atomic uint32_t *w, int op, uint32_t val, uint64_t ns)
     return syscall(SYS_futex, (uint32_t *)w, op, val, op == FUTEX_WAIT ? &ts : NULL, NULL, 0);
 }
 
+void vg_futex_wait(_Atomic uint32_t *w, uint32_t val, uint64_t ns)
+{
+    futex(w, FUTEX_WAIT, val, ns);
+}
+
 void vg_broker_ring(struct vgpu_sched *s)
 {
     /* The broker sets the doorbell, checks every request once more, then

@@ -29,6 +29,10 @@ struct vg_bgpu *vg_bgpu_private(struct vgpu_sched *s, struct vgpu_sched_req *req
  * (checked at least every 10 ms). */
 void vg_bgpu_run(struct vg_bgpu *g, volatile int *stop);
 
+/* Sleep on a process-shared futex word while it holds val, at most ns (a wait only
+ * reads the word: a read-only mapping will do). */
+void vg_futex_wait(_Atomic uint32_t *w, uint32_t val, uint64_t ns);
+
 /* Ring the broker's doorbell after writing a request (any party; needs only
  * read access to the mapping: a futex wake writes nothing). */
 void vg_broker_ring(struct vgpu_sched *s);

@@ -25,7 +25,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -34,7 +33,6 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -135,12 +133,6 @@ static struct timespec deadline_in(uint64_t ns)
         ts.tv_nsec -= 1000000000L;
     }
     return ts;
-}
-
-static void futex_wait(_Atomic uint32_t *w, uint32_t val, uint64_t ns)
-{
-    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
-    syscall(SYS_futex, (uint32_t *)w, FUTEX_WAIT, val, &ts, NULL, 0);
 }
 
 /* ---- what the GPU file says, checked ---- */
@@ -694,7 +686,7 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
                 break;
             }
         }
-        futex_wait(&s->grant, g, WANT_RENEW_NS);
+        vg_futex_wait(&s->grant, g, WANT_RENEW_NS);
         now = vg_broker_now();
         if (now - renewed >= WANT_RENEW_NS) {
             renewed = now;
@@ -733,7 +725,7 @@ static void await_entry(struct sdev *d)
             fprintf(stderr, "vgpu: %s: no broker serves this slice yet; waiting\n", d->path);
             said = 1;
         }
-        futex_wait(&d->s->grant, atomic_load(&d->s->grant), MS);
+        vg_futex_wait(&d->s->grant, atomic_load(&d->s->grant), MS);
     }
 }
 
