@@ -194,7 +194,7 @@ def test_hostile_tenant_cannot_touch_neighbours_compute(host, mode):
     attack = (f"(gpu_load --kernel busy_1000us --start-at {start} --until {until} "
               f"--trace /sim/trace-attacker > /dev/null 2> /sim/err-attacker; "
               f"echo $? > /sim/rc-attacker) & "
-              f"scribble {mode} 0 --from {attack_at} --until {until + 300_000_000} "
+              f"nice -n 19 scribble {mode} 0 --from {attack_at} --until {until + 300_000_000} "
               f"--seed {os.getpid()} > /sim/scribble.json 2> /sim/scribble.err; "
               f"echo scribble-exit $?")
     attacker, _ = host.start(attack, {"vgpu.io/memory": "256Mi",

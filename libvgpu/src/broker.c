@@ -43,7 +43,7 @@
 #define QUANTUM_NS (10 * MS)       /* longest hold while another slice with equal claim waits */
 #define START_CREDIT_NS (2 * MS)   /* a slice new on the GPU may start at once */
 #define MIN_HOLD_NS (2 * MS)       /* a fixed slice waits for this much credit: fewer hand-overs */
-#define MIN_HOLD_ALONE_NS (100 * US)/* ... or this much while no other slice waits (no hand-over) */
+#define MIN_HOLD_ALONE_NS (1000 * US)/* ... or this much while no other slice waits (no hand-over) */
 #define CREDIT_CAP_NS (20 * MS)    /* the most credit an idle slice keeps */
 #define DEBT_CAP_NS (20 * MS)      /* burst: idle time used beyond the share is not owed past this */
 #define ACTIVE_NS (5 * MS)         /* "active": requested, held or reported within this */

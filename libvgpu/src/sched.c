@@ -47,7 +47,8 @@
 #define GAP_HOLD_NS (150 * US)     /* contended: ... this long (a step loop's sync gap, not its CPU work) */
 #define QUEUE_NS (4 * MS)          /* queued work a holder keeps ahead of the GPU */
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
-#define EVENT_EVERY_NS (50 * US)   /* one event per this much launched work */
+#define EVENT_EVERY_NS (100 * US)   /* one event per this much launched work */
+#define PER_SAMPLES 15             /* completions the kernel-length estimate looks at */
 #define WANT_RENEW_NS (1 * MS)     /* waiters renew their request this often */
 #define BROKER_DEAD_NS (50 * MS)   /* standalone: a broker silent this long is replaced */
 #define BROKER_STOPPED_NS (500 * MS) /* ... even if its process lives on, stopped, with the lock */
@@ -84,13 +85,17 @@ struct sdev {
     uint64_t seen_launches, empty_since; /* what it saw when it last found the queue empty */
     uint32_t grant, seq, drain_seq;
     uint64_t ev_serial, drain_serial;  /* a revoked hold drains when its last event (this) completes */
+    uint64_t drain_uncovered;    /* ... and the launches after that event have run */
     unsigned launching, every;
     uint64_t done;               /* launches known to have completed (reaped events) */
     uint64_t ev_mark;            /* launches when the last event was recorded */
     CUstream ev_stream;
     uint64_t last_launch, idle_from, idle_total, last_active, last_beat;
+    uint64_t hold_from;          /* when this process took the current hold */
     uint64_t busy_from;          /* our queue has not been empty since (for the slot's busy time) */
-    uint64_t per_ns;             /* GPU time per launch, moving average; 0 = not known yet */
+    uint64_t per_ns;             /* GPU time per launch (estimate()); 0 = not known yet */
+    uint64_t per_samples[PER_SAMPLES];
+    unsigned nsamples;
     uint64_t last_done;          /* when the last reaped event completed */
     struct ev pend[PEND_MAX];
     unsigned npend;
@@ -458,22 +463,28 @@ static struct sdev *sdev_get(int dev, int *refused)
 /* ---- the holder's side ---- */
 
 /* GPU time per launch, from when events complete: the time since the previous
- * completion (or the recording, if the GPU was idle for us meanwhile), per launch. */
+ * completion (or the recording, if the GPU was idle for us meanwhile), per launch.
+ * A late look (a holder thread that wakes late on a loaded CPU) makes one sample
+ * long and the next one short, so the estimate is the median of the recent ones:
+ * an estimate that is short lets launches after the last event go unseen. */
 static void estimate(struct sdev *d, const struct ev *e, uint64_t now)
 {
     uint64_t from = d->last_done > e->recorded ? d->last_done : e->recorded;
     d->last_done = now;
     if (now <= from || !e->launches)
         return;
-    /* A late look only ever makes a launch seem longer: follow shorter samples at once,
-     * longer ones slowly (kernels that really grow longer are learnt within ~64 events). */
     uint64_t per = (now - from) / e->launches;
-    if (!d->per_ns || per < d->per_ns)
-        d->per_ns = per;
-    else
-        d->per_ns += (per - d->per_ns) / 64;
-    if (!d->per_ns)
-        d->per_ns = 1;
+    d->per_samples[d->nsamples++ % PER_SAMPLES] = per ? per : 1;
+    unsigned n = d->nsamples < PER_SAMPLES ? d->nsamples : PER_SAMPLES;
+    uint64_t v[PER_SAMPLES];
+    memcpy(v, d->per_samples, n * sizeof(v[0]));
+    for (unsigned i = 1; i < n; i++) /* (insertion sort of at most PER_SAMPLES) */
+        for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            uint64_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    d->per_ns = v[n / 2];
 }
 
 /* Events whose work completed go back to the free list. */
@@ -573,6 +584,7 @@ static void *holder_thread(void *arg)
                 d->draining = 1;
                 d->drain_seq = d->seq;
                 d->drain_serial = d->ev_serial;
+                d->drain_uncovered = d->launches > d->ev_mark ? d->launches - d->ev_mark : 0;
                 pthread_cond_broadcast(&g_cond);
             }
             d->depth_now = depth(d, atomic_load(&d->s->contended) || atomic_load(&d->s->active) > 1);
@@ -590,9 +602,15 @@ static void *holder_thread(void *arg)
                 d->last_beat = now; /* the lease: a holder that stops renewing it loses the token */
                 atomic_store(&d->q->active_ns, now);
             }
-            if (d->draining) {
-                if (!d->npend || d->pend[0].serial > d->drain_serial)
+            if (d->draining && (!d->npend || d->pend[0].serial > d->drain_serial)) {
+                /* Launches after the last event run on after it: about their length. */
+                uint64_t end = d->last_done + d->drain_uncovered * d->per_ns;
+                if (now >= end)
                     report_drained(d, now);
+                else
+                    wait_ns = end - now;
+            }
+            if (d->draining) {
                 if (!d->holding)
                     continue;
             }
@@ -766,7 +784,7 @@ static unsigned queued_of(const struct sdev *d)
 static int admit_fast(struct sdev *d)
 {
     if (!__atomic_load_n(&d->holding, __ATOMIC_SEQ_CST) || atomic_load(&d->s->grant) != d->grant ||
-        __atomic_load_n(&d->idle_from, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&d->idle_from, __ATOMIC_RELAXED) || !queued_of(d) ||
         queued_of(d) + __atomic_load_n(&d->launching, __ATOMIC_RELAXED) >=
             __atomic_load_n(&d->depth_now, __ATOMIC_RELAXED))
         return 0;
@@ -820,6 +838,11 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->idle_from = 0;
             d->busy_from = 0;
             d->last_launch = vg_broker_now();
+            /* From the grant: waking up to it is not GPU time (the broker believes a
+             * claim only within the hold it dates itself). */
+            d->hold_from = atomic_load(&d->s->grant_ns);
+            if (d->hold_from > d->last_launch)
+                d->hold_from = d->last_launch;
             d->depth_now = depth(d, 1);
             start_thread();
             pthread_cond_signal(&g_thread_cond);
@@ -839,6 +862,14 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->idle_total += now - d->idle_from;
             atomic_store(&d->q->idle_ns, d->idle_total);
             d->idle_from = 0;
+        } else if (!d->launching && d->npend == 0) {
+            /* A gap shorter than the holder thread's look (a sync, then the next step):
+             * empty since its last work was seen complete, within this hold. */
+            uint64_t from = d->last_done > d->hold_from ? d->last_done : d->hold_from;
+            if (now > from) {
+                d->idle_total += now - from;
+                atomic_store(&d->q->idle_ns, d->idle_total);
+            }
         }
         d->last_launch = now;
         if (!d->busy_from)
