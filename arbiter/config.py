@@ -56,6 +56,8 @@ RELOADABLE = frozenset({
     "drift_action",
     "guard_action",
     "guard_margin",
+    "guard_memory_action",
+    "guard_memory_margin",
 })
 
 _SCHEMA_NAME = "vgpud.schema.json"
@@ -83,6 +85,8 @@ class Config:
     guard_action: str = "throttle"                 # flag | kill | throttle (arbiter.guard)
     guard_margin: int = 10                         # percentage points above the share
     guard_interval_s: float = 0.5
+    guard_memory_action: str = "kill"              # flag | kill | throttle (arbiter.memguard)
+    guard_memory_margin: int = 512 << 20           # bytes per process above the memory limit
     cgroup_root: Path | None = None                # None: find the cgroup v2 mount
     metrics_address: str = "127.0.0.1:9400"        # '' disables the endpoint
     devices_include: tuple[int | str, ...] | None = None   # None: every GPU NVML reports
@@ -367,6 +371,14 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
             key_path = ("defaults", "context_reserve")
             raise ConfigError(path, f"{raw!r} is not 0 or a memory quantity: {MEMORY_FORMS}",
                               key=_dotted(key_path), line=lines.value(key_path)) from e
+    if "guard_memory_margin" in values:
+        raw = values["guard_memory_margin"]
+        try:
+            values["guard_memory_margin"] = _memory(raw)
+        except QuantityError as e:
+            key_path = ("guard", "memory_margin")
+            raise ConfigError(path, f"{raw!r} is not 0 or a memory quantity: {MEMORY_FORMS}",
+                              key=_dotted(key_path), line=lines.value(key_path)) from e
     address = values.get("metrics_address", "")
     if address and int(address.rsplit(":", 1)[1]) > 65535:
         key_path = ("metrics", "address")
@@ -422,6 +434,8 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("guard", "action"): "guard_action",
     ("guard", "margin_percent"): "guard_margin",
     ("guard", "interval_s"): "guard_interval_s",
+    ("guard", "memory_action"): "guard_memory_action",
+    ("guard", "memory_margin"): "guard_memory_margin",
     ("guard", "cgroup_root"): "cgroup_root",
     ("metrics", "address"): "metrics_address",
     ("devices", "include"): "devices_include",

@@ -214,6 +214,7 @@ class Daemon:
         return ComputeGuard(
             self.arbiter, lambda: inventory.process_utilisation(gpus),
             action=c.guard_action, margin=c.guard_margin, interval_s=c.guard_interval_s,
+            memory_action=c.guard_memory_action, memory_margin=c.guard_memory_margin,
             freezer=Freezer(root) if root is not None else None,
             ledger=c.run_dir / "guard-frozen", proc=self.proc, metrics=self.metrics)
 
@@ -328,7 +329,9 @@ class Daemon:
         self.reconciler.configure(drift_action=self.config.drift_action,
                                   interval_s=self.config.reconcile_interval_s)
         if self.guard is not None:
-            self.guard.configure(action=self.config.guard_action, margin=self.config.guard_margin)
+            self.guard.configure(action=self.config.guard_action, margin=self.config.guard_margin,
+                                 memory_action=self.config.guard_memory_action,
+                                 memory_margin=self.config.guard_memory_margin)
         if ignored:
             log.warning("reload: %s change only after a restart", ", ".join(ignored))
         self.arbiter.emit("reload", changed=[n for n in changed if n not in ignored],

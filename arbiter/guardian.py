@@ -1,10 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vgpud's compute guard: the thread that measures, decides (arbiter.guard) and acts.
+"""vgpud's out-of-band guard: the thread that measures, decides and acts, for compute
+(arbiter.guard) and memory (arbiter.memguard) alike.
 
 Every interval_s (0.5 s) it reads NVML's per-process utilisation of the last
-window_s (1 s), attributes it to slices by the pids the host knows for them
-(arbiter.attribution.SlicePids.host: never pids a tenant wrote), and acts on
-each new finding by `action`:
+window_s (1 s) and NVML's per-process device memory, attributes both to slices
+by the pids the host knows for them (arbiter.attribution.SlicePids.host: the
+owner, its descendants, its container's pid namespace; never pids a tenant
+wrote, so a tenant cannot point the guard at a neighbour), and acts.
+
+Compute: on each new finding (a slice above its share), by `action`:
 
 - flag: event `guard.over_share` and vgpu_guard_findings_total;
 - kill: that, then SIGKILL to the slice's processes that used the GPU
@@ -20,6 +24,21 @@ each new finding by `action`:
   (`ledger`), so a vgpud killed with SIGKILL thaws them when it starts again.
 
 A greedy bypass is caught within about window * allowance + interval: under 1.5 s.
+
+Memory: a slice whose processes hold more than its limit (plus memory_margin
+per process) on a GPU in CONFIRM (2) measurements in a row, by `memory_action`:
+
+- flag: event `guard.over_memory` and vgpu_guard_findings_total, once per episode;
+- kill (the default, see arbiter.memguard): that, then SIGKILL to the fewest of
+  the slice's processes on that GPU, largest first, that bring it back within
+  its limit (event `guard.kill`, resource "memory"), repeated while it stays over;
+- throttle: that, then the freezer holds the cgroups of its processes on that GPU
+  at the least run fraction until it is back within its limit. It gives no
+  memory back (a frozen process keeps its allocations): it only stops the
+  slice from taking more, which is why it is not the default.
+
+A bypass that allocates past its limit is caught within CONFIRM * interval_s
+plus one NVML read: under 1.5 s.
 """
 from __future__ import annotations
 
@@ -29,21 +48,22 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arbiter import guard
+from arbiter import guard, memguard
 from arbiter.attribution import SlicePids
 from arbiter.core import Arbiter
 from arbiter.freezer import DutyCycle, Freezer, cgroup_of
 from arbiter.model import Policy, Slice
 
-__all__ = ["ComputeGuard"]
+__all__ = ["ComputeGuard", "Findings", "Guardian"]
 
 log = logging.getLogger("vgpud")
 
+#: GPU index -> host pid -> a measure (SM % over the window, or bytes of device memory).
 Measure = Callable[[], Mapping[int, Mapping[int, int]]]
 
 
@@ -53,13 +73,22 @@ class _Throttle:
 
     slice_id: str
     gpu: int
-    allowed: int
+    allowed: int | None           # the compute allowance it steers to; None: memory only
     cycle: DutyCycle
     adjusted: float               # monotonic time of the last run-fraction change
+    memory: bool = False          # held at the least run fraction: the slice is over its memory
 
 
-class ComputeGuard:
-    """Catches slices whose processes use more of a GPU than their share, out of band."""
+@dataclass(frozen=True)
+class Findings:
+    """What one tick found: slices above their compute share, and above their memory limit."""
+
+    compute: list[guard.Finding]
+    memory: list[memguard.MemoryFinding]
+
+
+class Guardian:
+    """Catches slices whose processes use more of a GPU or its memory than granted, out of band."""
 
     def __init__(
         self,
@@ -68,6 +97,9 @@ class ComputeGuard:
         *,
         action: str = guard.DEFAULT_ACTION,
         margin: int = guard.DEFAULT_MARGIN,
+        memory_action: str = memguard.DEFAULT_ACTION,
+        memory_margin: int = memguard.DEFAULT_MARGIN,
+        memory: Measure | None = None,
         interval_s: float = 0.5,
         window_s: float = 1.0,
         freezer: Freezer | None = None,
@@ -80,6 +112,11 @@ class ComputeGuard:
         self.measure = measure
         self.action = action
         self.margin = margin
+        self.memory_action = memory_action
+        self.memory_margin = memory_margin
+        # NVML's per-process memory comes with the arbiter's sample (one NVML read).
+        self.memory = memory if memory is not None else (
+            lambda: memguard.process_memory(arbiter.sample()))
         self.interval_s = interval_s
         self.window_s = window_s
         self.freezer = freezer
@@ -89,27 +126,40 @@ class ComputeGuard:
         self.metrics = metrics
         self._throttles: dict[str, _Throttle] = {}   # cgroup -> throttle
         self._over: set[tuple[str, int]] = set()     # (slice, gpu) over in the last tick
+        self._mem_seen: dict[tuple[str, int], int] = {}     # (slice, gpu) -> ticks over in a row
+        self._mem_flagged: set[tuple[str, int]] = set()     # episodes already reported
+        self._mem_killed: dict[tuple[str, int], set[int]] = {}  # pids SIGKILLed this episode
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- settings --------------------------------------------------------------
 
-    def configure(self, *, action: str, margin: int) -> None:
-        """Apply reloaded settings; leaving throttle lifts every throttle."""
+    def configure(self, *, action: str, margin: int, memory_action: str | None = None,
+                  memory_margin: int | None = None) -> None:
+        """Apply reloaded settings; leaving throttle lifts the throttles it made."""
         with self._lock:
             self.action, self.margin = action, margin
-            if action != "throttle":
-                for cg in list(self._throttles):
+            if memory_action is not None:
+                self.memory_action = memory_action
+            if memory_margin is not None:
+                self.memory_margin = memory_margin
+            for cg, t in list(self._throttles.items()):
+                if t.memory and self.memory_action != "throttle":
+                    t.memory = False
+                if t.allowed is not None and action != "throttle":
+                    t.allowed = None
+                if not t.memory and t.allowed is None:
                     self._lift(cg, "action changed")
 
     # -- one tick --------------------------------------------------------------
 
-    def tick(self) -> list[guard.Finding]:
+    def tick(self) -> Findings:
         """Measure once, act on new findings, steer the throttles; return the findings."""
         with self._lock:
             slices = {s.id: s for s in self.arbiter.slices()}
             util = self.measure() if slices else {}
+            memory = self.memory() if slices else {}
             owners = SlicePids(self.arbiter.regions.pids, self.proc)
             host = {sid: owners.host(s) for sid, s in slices.items()}
             uses = [guard.SliceUse(s.id, g.gpu_index, g.compute, s.policy == Policy.BURST,
@@ -117,7 +167,8 @@ class ComputeGuard:
                                     if p in host[s.id]})
                     for s in slices.values() for g in s.grants]
             found = guard.findings(uses, self.margin)
-            held = {(t.slice_id, t.gpu) for t in self._throttles.values()}
+            held = {(t.slice_id, t.gpu) for t in self._throttles.values()
+                    if t.allowed is not None}
             over = set()
             for f in found:
                 over.add((f.slice_id, f.gpu))
@@ -125,8 +176,9 @@ class ComputeGuard:
                     continue  # one event per episode; a throttle already steers it
                 self._act(slices[f.slice_id], f, host[f.slice_id])
             self._over = over
+            mem_found = self._check_memory(slices, memory, host)
             self._steer(slices, {(u.slice_id, u.gpu): u.used for u in uses})
-            return found
+            return Findings(found, mem_found)
 
     def _act(self, s: Slice, f: guard.Finding, pids: set[int]) -> None:
         self.arbiter.emit("guard.over_share", slice=s.id, owner=s.owner, gpu=f.gpu,
@@ -134,33 +186,96 @@ class ComputeGuard:
         if self.metrics is not None and hasattr(self.metrics, "guard_finding"):
             self.metrics.guard_finding(self.action)
         if self.action == "kill":
-            killed = []
-            for pid in f.pids:
-                with contextlib.suppress(OSError):
-                    self._kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-            self.arbiter.emit("guard.kill", slice=s.id, owner=s.owner, gpu=f.gpu, pids=killed)
+            killed = self._sigkill(f.pids)
+            self.arbiter.emit("guard.kill", slice=s.id, owner=s.owner, gpu=f.gpu, pids=killed,
+                              resource="compute")
         elif self.action == "throttle":
-            self._throttle(s, f, pids)
+            self._hold(s, f.gpu, f.pids, pids, allowed=f.allowed,
+                       run=guard.first_run_fraction(f.allowed, f.used))
 
-    def _throttle(self, s: Slice, f: guard.Finding, pids: set[int]) -> None:
-        cgroups = {cg for cg in (cgroup_of(p, self.proc) for p in f.pids) if cg is not None}
+    def _sigkill(self, pids: Iterable[int]) -> list[int]:
+        killed = []
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                self._kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
+
+    # -- memory ----------------------------------------------------------------
+
+    def _check_memory(self, slices: Mapping[str, Slice], memory: Mapping[int, Mapping[int, int]],
+                      host: Mapping[str, set[int]]) -> list[memguard.MemoryFinding]:
+        """Count each (slice, GPU) over its memory; act on those over CONFIRM ticks in a row."""
+        uses = memguard.slice_uses(list(slices.values()), memory, host)
+        found = []
+        seen: dict[tuple[str, int], int] = {}
+        for f in memguard.findings(uses, self.memory_margin):
+            key = (f.slice_id, f.gpu)
+            seen[key] = self._mem_seen.get(key, 0) + 1
+            if seen[key] >= memguard.CONFIRM:
+                found.append(f)
+                self._act_memory(slices[f.slice_id], f, host[f.slice_id])
+        self._mem_seen = seen
+        # An episode ends when its slice is back within its limit: report the next one anew.
+        self._mem_flagged &= set(seen)
+        self._mem_killed = {k: v for k, v in self._mem_killed.items() if k in seen}
+        return found
+
+    def _act_memory(self, s: Slice, f: memguard.MemoryFinding, pids: set[int]) -> None:
+        key = (f.slice_id, f.gpu)
+        action = self.memory_action
+        if key not in self._mem_flagged:
+            self._mem_flagged.add(key)
+            self.arbiter.emit("guard.over_memory", slice=s.id, owner=s.owner, gpu=f.gpu,
+                              used=f.used, limit=f.limit, allowed=f.allowed, pids=list(f.pids),
+                              action=action)
+            if self.metrics is not None and hasattr(self.metrics, "guard_finding"):
+                self.metrics.guard_finding(action)
+            log.warning("guard: slice %s holds %d bytes on GPU %d, limit %d: %s",
+                        s.id, f.used, f.gpu, f.limit, action)
+        if action == "kill":
+            # Again while it stays over (a new process may take the memory back), but
+            # each pid once per episode: a killed process may linger in NVML a moment.
+            done = self._mem_killed.setdefault(key, set())
+            todo = [p for p in f.victims if p not in done]
+            done.update(todo)
+            if todo:
+                self.arbiter.emit("guard.kill", slice=s.id, owner=s.owner, gpu=f.gpu,
+                                  pids=self._sigkill(todo), resource="memory")
+        elif action == "throttle":
+            self._hold(s, f.gpu, f.pids, pids, allowed=None, run=guard.MIN_RUN_FRACTION)
+
+    # -- throttles ---------------------------------------------------------------
+
+    def _hold(self, s: Slice, gpu: int, offenders: Iterable[int], pids: set[int], *,
+              allowed: int | None, run: float) -> None:
+        """Throttle the cgroups of offenders: for compute (allowed) or memory (None)."""
+        memory = allowed is None
+        cgroups = {cg for cg in (cgroup_of(p, self.proc) for p in offenders) if cg is not None}
         for cg in sorted(cgroups):
-            if cg in self._throttles:
+            t = self._throttles.get(cg)
+            if t is not None:  # already held: add this reason to it
+                if memory and not t.memory:
+                    t.memory = True
+                    t.cycle.run_fraction = guard.MIN_RUN_FRACTION
+                elif not memory and t.allowed is None:
+                    t.allowed = allowed
                 continue
             why = self._refusal(cg, pids)
             if why:
                 self.arbiter.emit("guard.throttle_refused", slice=s.id, owner=s.owner,
-                                  gpu=f.gpu, cgroup=cg, reason=why)
+                                  gpu=gpu, cgroup=cg, reason=why,
+                                  resource="memory" if memory else "compute")
                 continue
             assert self.freezer is not None
-            run = guard.first_run_fraction(f.allowed, f.used)
             cycle = DutyCycle(self.freezer, cg, run)
-            self._throttles[cg] = _Throttle(s.id, f.gpu, f.allowed, cycle, time.monotonic())
+            self._throttles[cg] = _Throttle(s.id, gpu, allowed, cycle, time.monotonic(),
+                                            memory=memory)
             self._write_ledger()
             cycle.start()
-            self.arbiter.emit("guard.throttle", slice=s.id, owner=s.owner, gpu=f.gpu,
-                              cgroup=cg, run_fraction=round(run, 3), allowed=f.allowed)
+            self.arbiter.emit("guard.throttle", slice=s.id, owner=s.owner, gpu=gpu,
+                              cgroup=cg, run_fraction=round(run, 3), allowed=allowed,
+                              resource="memory" if memory else "compute")
 
     def _refusal(self, cgroup: str, pids: set[int]) -> str:
         """Why the cgroup must not be frozen for this slice ("" when it may be)."""
@@ -189,7 +304,16 @@ class ComputeGuard:
             if not self.freezer.members(cg):
                 self._lift(cg, "processes gone")
                 continue
-            if now - t.adjusted < self.window_s:
+            if t.memory:
+                if (t.slice_id, t.gpu) in self._mem_seen:
+                    continue  # still over its memory: held at the least run fraction
+                t.memory = False
+                if t.allowed is None:
+                    self._lift(cg, "within its memory limit")
+                    continue
+                t.adjusted = now  # back to steering its compute share from here
+                continue
+            if t.allowed is None or now - t.adjusted < self.window_s:
                 continue  # the window still holds time from before the last change
             run = guard.next_run_fraction(t.cycle.run_fraction, t.allowed,
                                           used.get((t.slice_id, t.gpu), 0))
@@ -252,7 +376,7 @@ class ComputeGuard:
             try:
                 self.tick()
             except Exception:
-                log.exception("compute guard tick failed")
+                log.exception("guard tick failed")
 
     def stop(self) -> None:
         """Stop ticking and thaw every throttled cgroup."""
@@ -262,3 +386,7 @@ class ComputeGuard:
         with self._lock:
             for cg in list(self._throttles):
                 self._lift(cg, "vgpud stopping")
+
+
+#: The name vgpud knows it by (it guarded compute only at first).
+ComputeGuard = Guardian

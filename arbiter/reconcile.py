@@ -11,12 +11,14 @@ a thread. An owner is gone when:
   /run/docker/runtime-runc/moby/<id>). A container slice without a pid is only
   released when the runtime state is gone.
 
-Drift is a slice whose NVML-measured memory on a GPU (the processes registered
-in its region, its owner pid, and for containers every host process in the
-owner's pid namespace) exceeds its limit there: libvgpu is cooperative and a
-process can bypass it. Drift is reported as an event (`reconcile.drift`); with
-drift_action "kill" the processes holding that memory get SIGKILL
-(`reconcile.kill`).
+Drift is a slice whose NVML-measured memory on a GPU (its owner pid, the
+owner's descendants, and for containers every host process in the owner's pid
+namespace: never pids written in its region) exceeds its limit there: libvgpu
+is cooperative and a process can bypass it. Drift is reported as an event
+(`reconcile.drift`); with drift_action "kill" the fewest of those processes,
+largest first, that bring it back within its limit get SIGKILL
+(`reconcile.kill`). The guard (arbiter.guardian) makes the same decisions
+(arbiter.memguard) every 0.5 s; this pass is its slower backstop.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from arbiter import memguard
 from arbiter.attribution import SlicePids
 from arbiter.core import Arbiter
 from arbiter.model import OwnerKind, Slice
@@ -134,6 +137,12 @@ class Reconciler:
             return report
 
     def _check_drift(self, report: PassReport) -> None:
+        """Memory above the limit per NVML, on the pids the host attributes to each slice.
+
+        The decisions are arbiter.memguard's (the guard's, at its faster pace); the
+        processes are SlicePids.host, never region slots: a tenant that writes a
+        neighbour's pid into its slot must not get that neighbour killed.
+        """
         slices = self.arbiter.slices()
         if not slices:
             return
@@ -141,28 +150,23 @@ class Reconciler:
         if not samples:
             return
         owners = SlicePids(self.arbiter.regions.pids, self.proc)
-        for s in slices:
-            pids_of = owners.of(s)
-            for i, g in enumerate(s.grants):
-                smp = samples.get(g.gpu_index)
-                per_pid: Mapping[int, int] = getattr(smp, "processes", None) or {}
-                offenders = {p: per_pid[p] for p in pids_of[i] if per_pid.get(p, 0) > 0}
-                used = sum(offenders.values())
-                if used <= g.memory:
-                    continue
-                report.drift.append((s.id, g.gpu_index, used, g.memory))
-                self.arbiter.emit("reconcile.drift", slice=s.id, owner=s.owner,
-                                   gpu=g.gpu_index, used=used, limit=g.memory,
-                                   pids=sorted(offenders))
-                if self.metrics is not None and hasattr(self.metrics, "drift"):
-                    self.metrics.drift()
-                if self.drift_action == "kill":
-                    for pid in sorted(offenders):
-                        with contextlib.suppress(OSError):
-                            self._kill(pid, signal.SIGKILL)
-                            report.killed.append(pid)
-                    self.arbiter.emit("reconcile.kill", slice=s.id, owner=s.owner,
-                                       gpu=g.gpu_index, pids=sorted(offenders))
+        host = {s.id: owners.host(s) for s in slices}
+        by_id = {s.id: s for s in slices}
+        uses = memguard.slice_uses(slices, memguard.process_memory(samples), host)
+        for f in memguard.findings(uses):
+            s = by_id[f.slice_id]
+            report.drift.append((s.id, f.gpu, f.used, f.limit))
+            self.arbiter.emit("reconcile.drift", slice=s.id, owner=s.owner, gpu=f.gpu,
+                              used=f.used, limit=f.limit, pids=list(f.pids))
+            if self.metrics is not None and hasattr(self.metrics, "drift"):
+                self.metrics.drift()
+            if self.drift_action == "kill":
+                for pid in f.victims:
+                    with contextlib.suppress(OSError):
+                        self._kill(pid, signal.SIGKILL)
+                        report.killed.append(pid)
+                self.arbiter.emit("reconcile.kill", slice=s.id, owner=s.owner,
+                                  gpu=f.gpu, pids=sorted(f.victims))
 
     # -- the thread ------------------------------------------------------------
 

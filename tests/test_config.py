@@ -409,7 +409,7 @@ def test_replace_reloadable(tmp_path: Path) -> None:
         defaults: {compute: 20, priority: low, policy: burst, context_reserve: 1Gi,
                    priority_floor: 30}
         reconcile: {interval_s: 1, drift_action: kill}
-        guard: {action: flag, margin_percent: 20}
+        guard: {action: flag, margin_percent: 20, memory_action: flag, memory_margin: 0}
         metrics: {address: ''}
         """))
     merged = old.replace_reloadable(new)

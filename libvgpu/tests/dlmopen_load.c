@@ -3,17 +3,19 @@
  * dlmopen_load.c - a greedy GPU workload that bypasses libvgpu.
  *
  *   dlmopen_load [--library libcuda.so.1] [--kernel busy_1000us] [--queue N]
- *                [--device N] [--seconds S] [--report-ms MS]
+ *                [--device N] [--seconds S] [--report-ms MS] [--alloc BYTES]
  *
  * Loads the driver with dlmopen(LM_ID_NEWLM, ...): a new link-map namespace
  * has its own copy of every library, and LD_PRELOAD applies to the base
  * namespace only, so a preloaded libvgpu never sees these calls (symbols are
  * looked up with that namespace's own dlsym, past libvgpu's). This is the
- * out-of-band case vgpud's compute guard must catch through NVML.
+ * out-of-band case vgpud's guard must catch through NVML: compute, and with
+ * --alloc BYTES device memory (cuMemAlloc_v2 of BYTES before the ready line,
+ * held until the end; --queue 0 launches nothing and only holds it).
  *
  * Launches KERNEL (simgpu: busy_<N>us occupies the engine N us) in batches of
  * --queue and synchronises after each batch, as fast as the GPU takes them.
- * Prints {"op":"ready","pid":P} once the driver is set up, a progress line
+ * Prints {"op":"ready","pid":P,"allocated":BYTES} once the driver is set up, a progress line
  * {"op":"progress","t":NS,"gpu_ns":NS} every --report-ms (GPU time of the
  * kernels completed so far, CLOCK_MONOTONIC t), and a summary at the end.
  * Built without linking the driver (see the Makefile).
@@ -37,6 +39,7 @@ struct driver {
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                        CUstream, void **, void **);
     CUresult (*sync)(void);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
 };
 
 static uint64_t now_ns(void)
@@ -97,12 +100,14 @@ static void load(const char *library, struct driver *d)
     *(void **)&d->get_function = sym(h, "cuModuleGetFunction");
     *(void **)&d->launch = sym(h, "cuLaunchKernel");
     *(void **)&d->sync = sym(h, "cuCtxSynchronize");
+    *(void **)&d->mem_alloc = sym(h, "cuMemAlloc_v2");
 }
 
 int main(int argc, char **argv)
 {
     const char *library = "libcuda.so.1", *kernel = "busy_1000us";
     int queue = 4, device = 0;
+    unsigned long long alloc = 0;
     double seconds = 2.0, report_ms = 100.0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *k = argv[i], *v = argv[i + 1];
@@ -118,14 +123,16 @@ int main(int argc, char **argv)
             seconds = atof(v);
         else if (!strcmp(k, "--report-ms"))
             report_ms = atof(v);
+        else if (!strcmp(k, "--alloc"))
+            alloc = strtoull(v, NULL, 0);
         else {
             fprintf(stderr, "dlmopen_load: unknown option %s\n", k);
             return 2;
         }
     }
     unsigned us = 0;
-    if (sscanf(kernel, "busy_%uus", &us) != 1 || queue < 1 || report_ms <= 0) {
-        fprintf(stderr, "dlmopen_load: --kernel busy_<N>us, --queue >= 1, --report-ms > 0\n");
+    if (sscanf(kernel, "busy_%uus", &us) != 1 || queue < 0 || report_ms <= 0) {
+        fprintf(stderr, "dlmopen_load: --kernel busy_<N>us, --queue >= 0, --report-ms > 0\n");
         return 2;
     }
     struct driver d;
@@ -141,13 +148,20 @@ int main(int argc, char **argv)
     if ((r = d.device_get(&dev, device)) || (r = d.ctx_retain(&ctx, dev)) || (r = d.ctx_set(ctx)) ||
         (r = d.module_load(&mod, image)) || (r = d.get_function(&f, mod, kernel)))
         die("setup", r);
-    printf("{\"op\":\"ready\",\"pid\":%d}\n", (int)getpid());
+    CUdeviceptr held = 0;
+    if (alloc && (r = d.mem_alloc(&held, (size_t)alloc)))
+        die("cuMemAlloc_v2", r);
+    printf("{\"op\":\"ready\",\"pid\":%d,\"allocated\":%llu}\n", (int)getpid(), alloc);
     fflush(stdout);
 
     uint64_t start = now_ns(), until = start + (uint64_t)(seconds * 1e9);
     uint64_t every = (uint64_t)(report_ms * 1e6), next = start + every;
     uint64_t launches = 0, gpu_ns = 0, kernel_ns = (uint64_t)us * 1000;
     while (now_ns() < until) {
+        if (queue == 0) { /* hold the memory, launch nothing */
+            usleep(10000);
+            continue;
+        }
         for (int i = 0; i < queue; i++)
             if ((r = d.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)))
                 die("cuLaunchKernel", r);
