@@ -5,10 +5,14 @@
           [--log-level LEVEL]
 
 Flags override the config file (--config, else $VGPU_CONFIG, else
-/etc/vgpu/config.yaml; a missing file means the built-in defaults). A config
-error prints one line and exits 2; any other failure to start prints one line
-and exits 1. SIGHUP reloads the reloadable config keys; SIGTERM/SIGINT drain
-the gRPC server and stop. One log line per event goes to stderr.
+/etc/vgpu/config.yaml; only that default path may be missing, meaning the
+built-in defaults). A config error prints one line and exits 2; any other
+failure to start prints one line, leaves no socket behind and exits 1 (another
+vgpud on the same state dir: it names the state dir and that vgpud's pid, and
+touches nothing). A metrics address that cannot be bound is one warning line:
+vgpud serves containers meanwhile and retries. SIGHUP reloads the reloadable
+config keys; SIGTERM/SIGINT drain the gRPC server and stop. One log line per
+event goes to stderr.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -40,7 +45,7 @@ from arbiter.events import EventLog
 from arbiter.freezer import Freezer, find_root
 from arbiter.guardian import ComputeGuard
 from arbiter.lifecycle import LifecycleServer, lifecycle_socket
-from arbiter.metrics import Metrics, Snapshot, parse_address
+from arbiter.metrics import Metrics, Snapshot
 from arbiter.native import program_path
 from arbiter.proto import vgpu_pb2_grpc
 from arbiter.reconcile import Reconciler
@@ -55,6 +60,7 @@ from arbiter.sched import (
 )
 from arbiter.service import ArbiterService
 from arbiter.state import Store
+from arbiter.statelock import StateLock
 
 __all__ = ["Daemon", "DaemonError", "main"]
 
@@ -65,6 +71,12 @@ log = logging.getLogger("vgpud")
 # gave ~480 pairs/s and p99 ~23 ms at 8 clients, 4 gave ~580/s and ~18 ms).
 _WORKERS = 4
 _DRAIN_S = 5.0
+#: The run dir: others may pass through (a runtime in a user namespace opening a
+#: bind-mount source by its path) but not list it. The scheduling dir holds per-slice
+#: files containers write (their .req), reached through bind mounts: no host user
+#: but root needs a way in.
+_RUN_DIR_MODE = 0o711
+_SCHED_DIR_MODE = 0o700
 
 
 class DaemonError(VgpuError):
@@ -101,6 +113,7 @@ class Daemon:
         self._reload = threading.Event()
         self._wake = threading.Event()
         self._lock_fd: int | None = None
+        self._state_lock: StateLock | None = None
         self.server: grpc.Server | None = None
         self.metrics: Metrics | None = None
         self.store: Store | None = None
@@ -122,7 +135,8 @@ class Daemon:
             # shared directory (/tmp) whose mode is not ours to change.
             if not sock.parent.is_dir():
                 sock.parent.mkdir(parents=True, exist_ok=True)
-                os.chmod(sock.parent, 0o755)
+                os.chmod(sock.parent,
+                         _RUN_DIR_MODE if sock.parent == self.config.run_dir else 0o755)
         except OSError as e:
             raise DaemonError(f"cannot make socket directory {sock.parent}: {e.strerror}") from e
         lock = sock.with_name(sock.name + ".lock")
@@ -142,11 +156,45 @@ class Daemon:
             log.info("removing stale socket %s", sock)
             sock.unlink()
 
+    def _lock_state_dir(self) -> None:
+        """Hold the state dir's lock for the daemon's life: one vgpud per state dir."""
+        c = self.config
+        try:
+            self._state_lock = StateLock.acquire(c.state_dir, c.socket)
+        except OSError as e:
+            raise DaemonError(f"cannot lock the state dir {c.state_dir}: "
+                              f"{e.strerror or e}") from e
+
+    def _prepare_run_dir(self) -> None:
+        """The run dir and its scheduling dir: ours (vgpud's uid), never writable by others.
+
+        Set at every start, so a run dir an older vgpud made 0755 is closed too.
+        slices/ is Regions' (0711; each slice's own directory 0700).
+        """
+        c = self.config
+        sched = c.run_dir / SCHED_DIR_NAME
+        for d, mode in ((c.run_dir, _RUN_DIR_MODE), (sched, _SCHED_DIR_MODE)):
+            try:
+                if not d.is_dir():
+                    d.mkdir(mode=mode, parents=True, exist_ok=True)
+                st = d.stat()
+                if st.st_uid != os.geteuid():
+                    # Its owner could swap any file vgpud makes there.
+                    raise DaemonError(f"{d} belongs to uid {st.st_uid}, not to vgpud's "
+                                      f"uid {os.geteuid()}: refusing to keep slices there")
+                if stat.S_IMODE(st.st_mode) != mode:
+                    os.chmod(d, mode)
+                    log.info("%s: mode %04o, was %04o", d, mode, stat.S_IMODE(st.st_mode))
+            except OSError as e:
+                raise DaemonError(f"cannot prepare {d}: {e.strerror or e}") from e
+
     def start(self) -> None:
         """Bring every part up; raise VgpuError with a one-line reason on failure."""
         c = self.config
+        self._lock_state_dir()  # first: a second vgpud must touch nothing
         self._claim_socket()
         gpus = inventory.discover(c)
+        self._prepare_run_dir()
         regions = Regions(c.run_dir, context_reserve=c.context_reserve, proc=self.proc)
         regions.prepare()
         # Before any slice exists (and before the hook can ask for one to mount):
@@ -168,6 +216,7 @@ class Daemon:
             settings=Settings.from_config(c), metrics=self.metrics,
             sample=inventory.sample, proc=self.proc)
         self.arbiter.start()
+        self._watch_regions(regions)
         self.reconciler = Reconciler(
             self.arbiter, runtime_state_roots=c.runtime_state_roots,
             drift_action=c.drift_action, interval_s=c.reconcile_interval_s, proc=self.proc,
@@ -199,9 +248,26 @@ class Daemon:
         os.chmod(c.socket, 0o600)
         self._serve_lifecycle(service)
         if c.metrics_address:
-            self._serve_metrics(c.metrics_address)
+            # A taken or unresolvable address is one warning and retries: the
+            # containers vgpud serves do not depend on being scraped.
+            self.metrics.start(c.metrics_address, key="metrics.address")
         log.info("vgpud serving on unix:%s with %d GPU(s), %d slice(s)", c.socket, len(gpus),
                  len(self.arbiter.slices()))
+
+    def _watch_regions(self, regions: Regions) -> None:
+        """Tenant-damaged usage files and run-dir parts made again: an event and a metric."""
+        arbiter, metrics = self.arbiter, self.metrics
+        assert arbiter is not None and metrics is not None
+
+        def bad_usage(slice_id: str, ordinal: int, reason: str) -> None:
+            metrics.bad_usage_file()
+            arbiter.emit("usage.malformed", slice=slice_id, vgpu=ordinal, reason=reason)
+
+        def remade(what: str, path: Path) -> None:
+            arbiter.emit("rundir.remade", what=what, path=str(path))
+
+        regions.on_bad_usage = bad_usage
+        regions.on_remade = remade
 
     def _make_guard(self) -> ComputeGuard:
         """The out-of-band compute guard (arbiter.guardian) on this host's cgroup v2 root."""
@@ -281,13 +347,6 @@ class Daemon:
                 log.warning("metrics: %s", e)
         return out
 
-    def _serve_metrics(self, address: str) -> None:
-        assert self.metrics is not None
-        self.metrics.serve(address)
-        host, _ = parse_address(address)
-        host = f"[{host}]" if ":" in host else host
-        log.info("serving metrics on http://%s:%s/metrics", host, self.metrics.port)
-
     # -- run -------------------------------------------------------------------
 
     def install_signals(self) -> None:
@@ -338,39 +397,66 @@ class Daemon:
                           needs_restart=list(ignored))
 
     def close(self) -> None:
-        """Drain and stop everything that started (safe after a partial start)."""
-        if self.lifecycle is not None:
-            self.lifecycle.close()
-        if self.server is not None:
-            self.server.stop(_DRAIN_S).wait()
-        if self.reconciler is not None:
-            self.reconciler.stop()
-        if self.guard is not None:  # thaws every cgroup it throttles
-            self.guard.stop()
-        if self.broker is not None:
-            self.broker.stop()
-        if self.metrics is not None:
-            self.metrics.close()
-        if self.store is not None:
-            self.store.close()
-        with contextlib.suppress(Exception):
-            inventory.shutdown()
-        if self.events is not None:
+        """Drain and stop everything that started (safe after a partial start).
+
+        The sockets and locks go even when a step before fails."""
+        try:
+            if self.lifecycle is not None:
+                self.lifecycle.close()
+            if self.server is not None:
+                self.server.stop(_DRAIN_S).wait()
+            if self.reconciler is not None:
+                self.reconciler.stop()
+            if self.guard is not None:  # thaws every cgroup it throttles
+                self.guard.stop()
+            if self.broker is not None:
+                self.broker.stop()
+            if self.metrics is not None:
+                self.metrics.close()
+            if self.store is not None:
+                self.store.close()
             with contextlib.suppress(Exception):
-                self.events.close()
+                inventory.shutdown()
+            if self.events is not None:
+                with contextlib.suppress(Exception):
+                    self.events.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Remove this vgpud's sockets (only once it served them) and let its locks go."""
+        sockets = []
         if self.server is not None:
+            sockets.append(self.config.socket)
+        if self.lifecycle is not None:  # its close() removes it; not when that failed
+            sockets.append(lifecycle_socket(self.config.socket))
+        for path in sockets:
             with contextlib.suppress(FileNotFoundError):
-                self.config.socket.unlink()
+                path.unlink()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+        if self._state_lock is not None:  # last: nothing of this vgpud runs any more
+            self._state_lock.close()
+            self._state_lock = None
+
+
+def _start_failure(e: Exception) -> str:
+    """The one line a failed start prints, whatever failed."""
+    if isinstance(e, VgpuError):
+        return str(e)
+    if isinstance(e, OSError) and e.strerror:
+        where = f"{e.filename}: " if e.filename else ""
+        return str(DaemonError(f"{where}{e.strerror}"))
+    return str(DaemonError(f"{type(e).__name__}: {e}"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """vgpud's command line."""
     p = argparse.ArgumentParser(prog="vgpud", description="vgpu host arbiter daemon")
     p.add_argument("--config", help="config file (default: $VGPU_CONFIG or "
-                   "/etc/vgpu/config.yaml; missing = built-in defaults)")
+                   "/etc/vgpu/config.yaml; only that default may be missing, "
+                   "meaning the built-in defaults)")
     p.add_argument("--socket", help="gRPC unix socket (overrides paths.socket)")
     p.add_argument("--state-dir", help="state directory (overrides paths.state_dir)")
     p.add_argument("--run-dir", help="runtime directory (overrides paths.run_dir)")
@@ -392,13 +478,21 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"vgpud: {e}", file=sys.stderr)
         return 2
+    # Whatever umask vgpud inherits, nothing it makes is writable by other users
+    # (files whose mode matters get it explicitly as well).
+    os.umask(0o022)
     daemon = Daemon(config, path, overrides)
     daemon.install_signals()
     try:
         daemon.start()
-    except VgpuError as e:
-        print(f"vgpud: {e}", file=sys.stderr)
-        daemon.close()
+    except Exception as e:
+        # One line, whatever failed; the traceback only at debug level.
+        log.debug("start failed", exc_info=True)
+        print(f"vgpud: {_start_failure(e)}", file=sys.stderr)
+        try:
+            daemon.close()  # no socket left behind
+        except Exception:
+            log.debug("close after a failed start", exc_info=True)
         return 1
     try:
         daemon.run()

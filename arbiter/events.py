@@ -21,7 +21,7 @@ __all__ = ["KINDS", "EventLog", "read_events"]
 KINDS = frozenset({
     "allocate", "release", "evict", "update",
     "reconcile.release", "reconcile.drift", "reconcile.kill",
-    "start", "reload",
+    "start", "reload", "usage.malformed", "rundir.remade",
 })
 
 

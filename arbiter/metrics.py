@@ -9,6 +9,7 @@ when a slice goes away.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,11 @@ from arbiter.model import Gpu, Policy, Priority, Slice
 __all__ = ["Metrics", "Snapshot", "parse_address"]
 
 log = logging.getLogger(__name__)
+
+#: Seconds between tries to bind a metrics address that failed: doubling from the
+#: first, at most the last (a port freed later is served within RETRY_MAX_S).
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 10.0
 
 #: Allocation latency buckets (seconds): the target is p99 < 20 ms with durable writes.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -193,10 +199,18 @@ class Metrics:
             "vgpu_guard_findings_total",
             "Slices the compute guard measured above their share, by the action taken.",
             ["action"], registry=self.registry)
+        self._bad_usage = Counter(
+            "vgpu_usage_file_errors_total",
+            "Times a slice's usage file (written by its tenant) read malformed or missing.",
+            registry=self.registry)
         self._collector = _SnapshotCollector()
         self.registry.register(self._collector)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()           # _server, _thread and _closed
+        self._closed = False
+        self._stop = threading.Event()          # ends the retry thread
+        self._retry: threading.Thread | None = None
 
     def allocation(self, seconds: float, outcome: str) -> None:
         """Count one Allocate call and record how long it took."""
@@ -219,15 +233,77 @@ class Metrics:
         """Count one compute guard finding (a slice above its share) and its action."""
         self._guard.labels(action=action).inc()
 
+    def bad_usage_file(self) -> None:
+        """Count one malformed usage file (each slice, vGPU and reason once)."""
+        self._bad_usage.inc()
+
     def set_source(self, fn: Callable[[], Snapshot] | None) -> None:
         """Use fn() at each scrape for the per-GPU and per-slice gauges (None: export none)."""
         self._collector.source = fn
 
     def serve(self, address: str) -> WSGIServer:
-        """Serve /metrics over HTTP at 'HOST:PORT' (port 0: any free port) on a daemon thread."""
+        """Serve /metrics over HTTP at 'HOST:PORT' (port 0: any free port) on a daemon thread.
+
+        Raises OSError (socket.gaierror included) when the address cannot be bound.
+        """
         host, port = parse_address(address)
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
-        return self._server
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._server, self._thread = server, thread
+        if closed:  # close() ran while this bound: serve nothing after it
+            _shutdown(server, thread)
+        return server
+
+    def start(self, address: str, *, key: str = "metrics.address",
+              first_s: float = RETRY_FIRST_S, max_s: float = RETRY_MAX_S) -> bool:
+        """Serve /metrics at address now, or say why not in one line and keep retrying.
+
+        The retries run on a daemon thread, doubling the wait from first_s to max_s,
+        until the address binds or close(); each prints nothing unless the reason
+        changes. True when serving now. `key` names the setting in the messages.
+        """
+        try:
+            self.serve(address)
+        except OSError as e:
+            log.warning("%s %r: %s; serving containers without metrics, retrying every "
+                        "%g s backing off to %g s", key, address, _bind_problem(address, e),
+                        first_s, max_s)
+            self._retry = threading.Thread(
+                target=self._keep_trying, args=(address, key, first_s, max_s,
+                                                _bind_problem(address, e)),
+                name="vgpud-metrics-bind", daemon=True)
+            self._retry.start()
+            return False
+        self._say_serving(address)
+        return True
+
+    def _keep_trying(self, address: str, key: str, first_s: float, max_s: float,
+                     reason: str) -> None:
+        delay, tries = first_s, 1
+        while not self._stop.wait(delay):
+            tries += 1
+            try:
+                self.serve(address)
+            except OSError as e:
+                now = _bind_problem(address, e)
+                if now != reason:
+                    log.warning("%s %r: %s; still retrying", key, address, now)
+                    reason = now
+                else:
+                    log.debug("%s %r: try %d: %s", key, address, tries, now)
+                delay = min(delay * 2, max_s)
+                continue
+            if not self._stop.is_set():
+                self._say_serving(address, tries)
+            return
+
+    def _say_serving(self, address: str, tries: int = 1) -> None:
+        host, _ = parse_address(address)
+        host = f"[{host}]" if ":" in host else host
+        after = f" (bound at try {tries})" if tries > 1 else ""
+        log.info("serving metrics on http://%s:%s/metrics%s", host, self.port, after)
 
     @property
     def port(self) -> int | None:
@@ -235,11 +311,30 @@ class Metrics:
         return int(self._server.server_port) if self._server is not None else None
 
     def close(self) -> None:
-        """Stop the HTTP server, if serving."""
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
+        """Stop the HTTP server, if serving, and any retry to bind one."""
+        self._stop.set()
+        if self._retry is not None:
+            # A retry may sit in a slow DNS lookup: it serves nothing once it returns.
+            self._retry.join(timeout=5)
+            self._retry = None
+        with self._lock:
+            self._closed = True
+            server, thread = self._server, self._thread
+            self._server = self._thread = None
         if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join(timeout=5)
+            _shutdown(server, thread)
+
+
+def _shutdown(server: WSGIServer, thread: threading.Thread | None) -> None:
+    server.shutdown()
+    server.server_close()
+    if thread is not None:
+        thread.join(timeout=5)
+
+
+def _bind_problem(address: str, e: OSError) -> str:
+    """Why the metrics address could not be served, in words (no errno numbers)."""
+    if isinstance(e, socket.gaierror):
+        host, _ = parse_address(address)
+        return f"cannot resolve host {host!r}: {e.strerror or e}"
+    return f"cannot listen there: {e.strerror or e}"

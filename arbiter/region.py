@@ -1,13 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Slice region files: a ctypes mirror of struct vgpu_region (libvgpu/include/vgpu_region.h).
+"""Slice region files: a ctypes mirror of struct vgpu_region and struct vgpu_usage
+(libvgpu/include/vgpu_region.h).
 
 The C header is the one definition of the layout; tests/test_region_layout.py
 proves that this mirror agrees with it field by field.
 
-Live fields are read and written with single aligned native loads and stores
-through the mmap (struct's native formats copy 4 or 8 bytes at once; the
-"=" / "<" formats would copy byte by byte and tear), so a running libvgpu
-never sees half a value. The arbiter is the only writer of the limits.
+Per vGPU, `vgpu<i>` holds the limits and the slice's identity: the arbiter is its
+only writer (containers mount it read-only). Live fields are read and written with
+single aligned native loads and stores through the mmap (struct's native formats
+copy 4 or 8 bytes at once; the "=" / "<" formats would copy byte by byte and tear),
+so a running libvgpu never sees half a value. `vgpu<i>.usage` holds one slot per
+process and is written by the slice's own processes, so it is tenant data: read
+with pread (a file its tenant shrinks reads short, it cannot fault us) and every
+field bounded.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import errno
 import mmap
 import os
 import secrets
+import stat
 import struct
 import tempfile
 from pathlib import Path
@@ -33,6 +39,7 @@ __all__ = [
     "REGION_UUID_LEN",
     "REGION_VERSION",
     "SLOT_REAPING",
+    "USAGE_MAGIC",
     "Policy",
     "Priority",
     "ProcessUsage",
@@ -40,17 +47,23 @@ __all__ = [
     "Region",
     "VgSlot",
     "VgpuRegion",
+    "VgpuUsage",
     "create_region",
+    "create_usage",
     "new_slice_key",
     "open_region",
     "pid_alive",
     "pid_namespace_inode",
     "proc_start_time",
+    "read_slots",
+    "usage_path_of",
     "visible_pid",
 ]
 
 REGION_MAGIC = 0x55504756  # "VGPU" little-endian
-REGION_VERSION = 1
+USAGE_MAGIC = 0x53554756  # "VGUS" little-endian
+REGION_VERSION = 2
+USAGE_SUFFIX = ".usage"
 REGION_SLOTS = 1024
 REGION_UUID_LEN = 96
 FLAG_ARBITER = 0x1  # made by vgpud: env vars never override it
@@ -111,17 +124,38 @@ class VgpuRegion(ctypes.Structure):
         ("policy", ctypes.c_uint32),
         ("priority_floor", ctypes.c_uint32),
         ("generation", ctypes.c_uint64),
-        ("slot_high_water", ctypes.c_uint32),
+        ("reserved_hw", ctypes.c_uint32),
         ("reserved32", ctypes.c_uint32),
         ("slice_key", ctypes.c_uint64),
         ("reserved", ctypes.c_uint64 * 23),
+    ]
+
+
+class VgpuUsage(ctypes.Structure):
+    """struct vgpu_usage (libvgpu/include/vgpu_region.h): the slots of a vGPU's processes."""
+
+    _fields_ = [
+        ("magic", ctypes.c_uint32),
+        ("version", ctypes.c_uint32),
+        ("size", ctypes.c_uint32),
+        ("slot_capacity", ctypes.c_uint32),
+        ("slot_high_water", ctypes.c_uint32),
+        ("reserved32", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 5),
         ("slots", VgSlot * REGION_SLOTS),
     ]
 
 
 REGION_SIZE = ctypes.sizeof(VgpuRegion)
+USAGE_SIZE = ctypes.sizeof(VgpuUsage)
 SLOT_SIZE = ctypes.sizeof(VgSlot)
-_SLOTS_OFFSET: int = VgpuRegion.slots.offset
+_SLOTS_OFFSET: int = VgpuUsage.slots.offset
+
+
+def usage_path_of(region_path: str | Path) -> Path:
+    """The usage file beside a region file (`vgpu<i>` -> `vgpu<i>.usage`)."""
+    region_path = Path(region_path)
+    return region_path.with_name(region_path.name + USAGE_SUFFIX)
 
 
 def _field(cls: type[ctypes.Structure], name: str) -> tuple[int, str]:
@@ -293,13 +327,15 @@ def create_region(
     context_reserve: int = 0,
     arbiter: bool = True,
     mode: int = 0o644,
+    usage_mode: int = 0o666,
     replace: bool = False,
     slice_key: int | None = None,
 ) -> Path:
-    """Make a region file atomically: nobody ever sees it half made.
+    """Make a region file atomically (nobody ever sees it half made), and its usage file
+    beside it unless that exists (a container may have it mounted: it keeps its inode).
 
-    The file is written under a temporary name in the same directory, magic
-    last, then linked into place; an existing file is an error unless replace.
+    Each file is written under a temporary name in the same directory, magic
+    last, then linked into place; an existing region is an error unless replace.
     slice_key names the slice in the GPU's scheduling region (arbiter.sched);
     None draws a random non-zero one.
     """
@@ -307,8 +343,8 @@ def create_region(
     _check_limits(memory_limit, compute_share, priority, policy, priority_floor, context_reserve)
     if slice_key is None:
         slice_key = new_slice_key()
-    if not 0 <= slice_key <= _U64_MAX:
-        raise ValueError(f"slice_key {slice_key} is not a 64-bit value")
+    if not 0 < slice_key <= _U64_MAX:
+        raise ValueError(f"slice_key {slice_key} is not a non-zero 64-bit value")
     uuid_bytes = uuid.encode()
     if len(uuid_bytes) >= REGION_UUID_LEN or b"\0" in uuid_bytes:
         raise ValueError(f"uuid {uuid!r} is not a string of under {REGION_UUID_LEN} bytes")
@@ -331,6 +367,37 @@ def create_region(
     header.priority_floor = priority_floor
     header.slice_key = slice_key
 
+    _write_whole(path, bytes(header), VgpuRegion.magic.offset, REGION_MAGIC, mode, replace)
+    create_usage(usage_path_of(path), mode=usage_mode)
+    return path
+
+
+def create_usage(path: str | Path, *, mode: int = 0o666) -> bool:
+    """Make an empty usage file unless one is there (it keeps its inode); True if made."""
+    path = Path(path)
+    if path.exists():
+        return False
+    try:
+        _write_whole(path, bytes(_new_usage()), VgpuUsage.magic.offset, USAGE_MAGIC, mode,
+                     replace=False)
+    except RegionError as e:
+        if e.reason == "it already exists":
+            return False
+        raise
+    return True
+
+
+def _new_usage() -> VgpuUsage:
+    u = VgpuUsage()
+    u.version = REGION_VERSION
+    u.size = USAGE_SIZE
+    u.slot_capacity = REGION_SLOTS
+    return u
+
+
+def _write_whole(path: Path, data: bytes, magic_offset: int, magic: int, mode: int,
+                 replace: bool) -> None:
+    """Write data under a temporary name, magic last, then link it into place."""
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -338,11 +405,10 @@ def create_region(
     try:
         try:
             os.fchmod(fd, mode)  # not subject to the umask, unlike open()
-            data = bytes(header)
             written = 0
             while written < len(data):
                 written += os.pwrite(fd, data[written:], written)
-            os.pwrite(fd, struct.pack("I", REGION_MAGIC), VgpuRegion.magic.offset)
+            os.pwrite(fd, struct.pack("I", magic), magic_offset)
             # No fsync: region files live on tmpfs (/run) and vgpud remakes them
             # from its store at start; the store is what must survive a crash.
         finally:
@@ -357,7 +423,6 @@ def create_region(
             os.unlink(tmp)
         reason = "it already exists" if e.errno == errno.EEXIST else (e.strerror or str(e))
         raise RegionError(path, "create", reason) from e
-    return path
 
 
 class Region:
@@ -380,14 +445,17 @@ class Region:
         off, fmt = _field(VgpuRegion, name)
         struct.pack_into(fmt, self._mm, off, value)
 
-    def _slot(self, index: int) -> tuple[int, int, int, int]:
-        """(pid, start_time, used, pid_ns) of slot index."""
-        base = _SLOTS_OFFSET + index * SLOT_SIZE
-        pid = struct.unpack_from("I", self._mm, base + VgSlot.pid.offset)[0]
-        start = struct.unpack_from("Q", self._mm, base + VgSlot.start_time.offset)[0]
-        used = struct.unpack_from("Q", self._mm, base + VgSlot.used.offset)[0]
-        pid_ns = struct.unpack_from("Q", self._mm, base + VgSlot.pid_ns.offset)[0]
-        return pid, start, used, pid_ns
+    @property
+    def usage_path(self) -> Path:
+        """The vGPU's usage file (written by the slice's processes)."""
+        return usage_path_of(self.path)
+
+    def slots(self) -> list[tuple[int, int, int, int]]:
+        """(pid, start_time, used, pid_ns) of each used slot of the usage file.
+
+        Tenant data: read with pread, the header checked, the high water bounded, a
+        file that shrank reads short. Raises RegionError naming what is wrong."""
+        return read_slots(self.usage_path)
 
     # -- header ----------------------------------------------------------------
 
@@ -450,18 +518,15 @@ class Region:
 
     @property
     def slice_key(self) -> int:
-        """The slice's name in the GPU's scheduling region (arbiter.sched); 0 = none yet.
+        """The slice's name in the GPU's scheduling region (arbiter.sched), never 0.
 
-        Set once, by whoever makes the file; a region made without one (by an older
-        vgpud) is named by the first libvgpu process that uses it, with a
-        compare-and-swap: the arbiter never writes it after creation, so that the two
-        can never race."""
+        Set once, by whoever makes the file; read-only to the slice's processes."""
         return self._load("slice_key")
 
     @property
     def slot_high_water(self) -> int:
-        """Slots [0, high water) have been used."""
-        return self._load("slot_high_water")
+        """Slots [0, high water) of the usage file have been used (bounded)."""
+        return len(self.slots())
 
     def set_limits(
         self,
@@ -496,28 +561,24 @@ class Region:
 
     # -- usage -----------------------------------------------------------------
 
-    def _slot_indices(self) -> range:
-        return range(min(self.slot_high_water, REGION_SLOTS))
-
     def used_bytes(self, live_only: bool = True) -> int:
         """Device memory charged to the slice; live_only skips slots of dead processes."""
         total = 0
         view = ProcessView(self._proc)
-        for i in self._slot_indices():
-            pid, start, used, pid_ns = self._slot(i)
+        for pid, start, used, pid_ns in self.slots():
             if not live_only or view.alive(pid, start, pid_ns):
                 total += used
-        return total
+        return min(total, _U64_MAX)
 
     def processes(self) -> list[ProcessUsage]:
         """The live processes that hold a slot, with their charged memory.
 
         pids are as this process's namespace numbers them: a container's processes
-        seen from the host have their host pids."""
+        seen from the host have their host pids. What a slot names is the tenant's
+        word: attribution that acts on processes must not rest on it."""
         out = []
         view = ProcessView(self._proc)
-        for i in self._slot_indices():
-            pid, start, used, pid_ns = self._slot(i)
+        for pid, start, used, pid_ns in self.slots():
             visible = view.visible(pid, start, pid_ns)
             if visible:
                 out.append(ProcessUsage(visible, used))
@@ -537,6 +598,46 @@ class Region:
 
     def __repr__(self) -> str:
         return f"Region({str(self.path)!r})"
+
+
+_USAGE_HEAD = struct.Struct("IIIII")  # magic, version, size, slot_capacity, slot_high_water
+_SLOT = struct.Struct("IIQQQQQ16x")  # pid, flags, start_time, used, busy_ns, last_active, pid_ns
+
+
+def read_slots(path: str | Path) -> list[tuple[int, int, int, int]]:
+    """(pid, start_time, used, pid_ns) of the used slots of a usage file, read by pread.
+
+    Raises RegionError naming the first thing wrong: missing, short, bad header."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise RegionError(path, "read", e.strerror or str(e)) from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RegionError(path, "read", "not a regular file")
+        data = os.pread(fd, USAGE_SIZE, 0)
+    except OSError as e:
+        raise RegionError(path, "read", e.strerror or str(e)) from e
+    finally:
+        os.close(fd)
+    if len(data) < _SLOTS_OFFSET:
+        raise RegionError(path, "read", f"truncated: {len(data)} bytes, expected {USAGE_SIZE}")
+    magic, version, size, capacity, high_water = _USAGE_HEAD.unpack_from(data, 0)
+    if magic != USAGE_MAGIC:
+        raise RegionError(path, "read", f"bad magic 0x{magic:08x}, expected 0x{USAGE_MAGIC:08x}")
+    if (version, size, capacity) != (REGION_VERSION, USAGE_SIZE, REGION_SLOTS):
+        raise RegionError(path, "read", f"version {version} size {size} slots {capacity}, "
+                          f"expected {REGION_VERSION}, {USAGE_SIZE}, {REGION_SLOTS}")
+    used = min(high_water, REGION_SLOTS, (len(data) - _SLOTS_OFFSET) // SLOT_SIZE)
+    if used < min(high_water, REGION_SLOTS):
+        raise RegionError(path, "read", f"truncated: {len(data)} bytes, expected {USAGE_SIZE}")
+    out = []
+    for i in range(used):
+        pid, _flags, start, nbytes, _busy, _last, pid_ns = _SLOT.unpack_from(
+            data, _SLOTS_OFFSET + i * SLOT_SIZE)
+        out.append((pid, start, nbytes, pid_ns))
+    return out
 
 
 def open_region(path: str | Path, *, writable: bool = True, proc: str | Path = "/proc") -> Region:

@@ -2,8 +2,10 @@
 """The arbiter's side of slice files: region directories under <run_dir>/slices, and each
 slice's scheduling files under <run_dir>/sched.
 
-A slice's directory `<run_dir>/slices/<id>/` holds one region file per vGPU
-(`vgpu<i>`, the layout of arbiter.region). It is built under a hidden temporary
+A slice's directory `<run_dir>/slices/<id>/` holds per vGPU a region file
+(`vgpu<i>`: limits and identity, only vgpud writes it, containers mount it read-only)
+and a usage file (`vgpu<i>.usage`: the slice's processes write it; read here as
+untrusted data). Both follow arbiter.region's layout. It is built under a hidden temporary
 name and renamed into place, so a directory with the slice's id is always
 whole; removal renames it away first for the same reason. Each vGPU also has a
 .req and a .conf beside its GPU's scheduling file (arbiter.sched), named by a
@@ -16,13 +18,19 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from arbiter.errors import RegionError, SchedError
 from arbiter.model import Slice
-from arbiter.region import create_region, open_region
+from arbiter.region import (
+    USAGE_SUFFIX,
+    create_region,
+    create_usage,
+    open_region,
+    usage_path_of,
+)
 from arbiter.sched import (
     SCHED_DIR_NAME,
     prepare_sched_dir,
@@ -32,13 +40,17 @@ from arbiter.sched import (
     write_slice_files,
 )
 
-__all__ = ["REGION_FILE_MODE", "ReconcileReport", "Regions"]
+__all__ = ["REGION_FILE_MODE", "USAGE_FILE_MODE", "ReconcileReport", "Regions"]
 
 log = logging.getLogger(__name__)
 
-#: Container processes run as any uid and must be able to account in the file.
-REGION_FILE_MODE = 0o666
-_DIR_MODE = 0o755
+#: Limits: readable by a container's processes (any uid), written by vgpud alone.
+REGION_FILE_MODE = 0o644
+#: Usage: container processes run as any uid and account there; host users other
+#: than root cannot reach it (the slice directories are root's alone).
+USAGE_FILE_MODE = 0o666
+_ROOT_MODE = 0o711
+_DIR_MODE = 0o700
 #: The most vGPUs a slice can have (one per GPU): bounds the keys a removal looks for.
 _MAX_VGPUS = 64
 
@@ -71,21 +83,40 @@ class Regions:
         self.sched_root = self.run_dir / SCHED_DIR_NAME
         #: UUIDs of the GPUs whose scheduling files vgpud keeps (set by the daemon).
         self.sched_gpus: list[str] = []
+        #: Told (slice id, vGPU ordinal, reason) when a usage file reads malformed; the
+        #: daemon makes it an event and a metric. Once per slice, vGPU and reason.
+        self.on_bad_usage: Callable[[str, int, str], None] | None = None
+        self._bad_seen: set[tuple[str, int, str]] = set()
+        #: Told (what, path) when a part of the run dir was missing and is made again.
+        self.on_remade: Callable[[str, Path], None] | None = None
 
     # -- paths -----------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Make <run_dir> and <run_dir>/slices, world-readable (mode 0755).
+    def prepare(self) -> list[Path]:
+        """Make <run_dir> and <run_dir>/slices (mode 0711: a slice's own directory is
+        root's alone); return the directories it had to make.
 
         Directories that exist keep their mode: the operator chose it."""
+        made = []
         for d in (self.run_dir, self.root):
             if d.is_dir():
                 continue
             try:
                 d.mkdir(parents=True, exist_ok=True)
-                os.chmod(d, _DIR_MODE)
+                os.chmod(d, _ROOT_MODE)
             except OSError as e:
                 raise RegionError(d, "prepare directory for", e.strerror or str(e)) from e
+            made.append(d)
+        return made
+
+    def _ensure_root(self) -> None:
+        """<run_dir>/slices deleted while vgpud runs: made again, and said so."""
+        if self.root.is_dir():
+            return
+        for d in self.prepare():
+            log.warning("%s was missing: made it again", d)
+            if self.on_remade is not None:
+                self.on_remade("directory", d)
 
     def slice_dir(self, slice_id: str) -> Path:
         """Directory of a slice's region files."""
@@ -101,6 +132,7 @@ class Regions:
     def create(self, s: Slice) -> Path:
         """Make the slice's directory with one region file per grant, atomically."""
         final = self.slice_dir(s.id)
+        self._ensure_root()
         tmp = self.root / f".{s.id}.tmp"
         _rmtree(tmp)
         try:
@@ -131,7 +163,7 @@ class Regions:
                       compute_share=g.compute, priority=s.priority, policy=s.policy,
                       priority_floor=self.priority_floor,
                       context_reserve=self.context_reserve, arbiter=True,
-                      mode=REGION_FILE_MODE, replace=True,
+                      mode=REGION_FILE_MODE, usage_mode=USAGE_FILE_MODE, replace=True,
                       slice_key=slice_key_of(s.id, ordinal))
 
     # -- scheduling files ---------------------------------------------------------
@@ -230,9 +262,22 @@ class Regions:
             try:
                 with open_region(self.region_path(s.id, i), writable=False, proc=self.proc) as r:
                     out.append(r.used_bytes())
-            except RegionError:
+            except RegionError as e:
+                self._bad_usage(s.id, i, e)
                 out.append(0)
         return out
+
+    def _bad_usage(self, slice_id: str, ordinal: int, e: RegionError) -> None:
+        """A usage file its tenant damaged (or that is gone): said once, never fatal."""
+        key = (slice_id, ordinal, e.reason)
+        if key in self._bad_seen:
+            return
+        if len(self._bad_seen) > 10_000:
+            self._bad_seen.clear()
+        self._bad_seen.add(key)
+        log.warning("slice %s vGPU %d: %s", slice_id, ordinal, e)
+        if self.on_bad_usage is not None:
+            self.on_bad_usage(slice_id, ordinal, e.reason)
 
     def slice_keys(self, s: Slice) -> list[int]:
         """Each vGPU's slice key (its name in the GPU's scheduling region); 0 when unreadable."""
@@ -246,13 +291,16 @@ class Regions:
         return out
 
     def pids(self, s: Slice) -> dict[int, set[int]]:
-        """Live processes registered in each vGPU's region, by vGPU ordinal."""
+        """Live processes registered in each vGPU's usage file, by vGPU ordinal.
+
+        The tenant's word (it writes the file): for reporting, never for acting on."""
         out: dict[int, set[int]] = {}
         for i in range(len(s.grants)):
             try:
                 with open_region(self.region_path(s.id, i), writable=False, proc=self.proc) as r:
                     out[i] = {p.pid for p in r.processes()}
-            except RegionError:
+            except RegionError as e:
+                self._bad_usage(s.id, i, e)
                 out[i] = set()
         return out
 
@@ -296,12 +344,15 @@ class Regions:
         ok = True
         d = self.slice_dir(s.id)
         names = {region_name(i) for i in range(len(s.grants))}
+        names |= {n + USAGE_SUFFIX for n in names}
         for extra in d.iterdir():
             if extra.name not in names:
                 _rmtree(extra)
                 ok = False
         for i, g in enumerate(s.grants):
             path = d / region_name(i)
+            if create_usage(usage_path_of(path), mode=USAGE_FILE_MODE):
+                ok = False  # deleted: a container that had it mounted keeps the old one
             try:
                 with open_region(path, proc=self.proc) as r:
                     if (r.memory_limit, r.compute_share, r.priority, r.policy,

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arbiter.region import USAGE_SUFFIX, usage_path_of
 from arbiter.sched import SCHED_DIR_NAME, slice_key_of
 from oci_hook.errors import MountError
 
@@ -149,8 +150,11 @@ def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path
     nodes, then /etc/ld.so.preload (last: it names the library mounted first)."""
     mounts = [Mount(str(libvgpu), CONTAINER_LIBVGPU, executable=True)]
     for v in s.vgpus:
-        # Read-write: libvgpu in the container writes its usage into the region.
-        mounts.append(Mount(v.region_path, f"/dev/vgpu{v.index}", read_only=False))
+        # The limits and the slice's identity: read-only. Its usage is the slice's own:
+        # libvgpu in the container writes it (and nobody trusts it for anything).
+        mounts.append(Mount(v.region_path, f"/dev/vgpu{v.index}"))
+        mounts.append(Mount(str(usage_path_of(v.region_path)), f"/dev/vgpu{v.index}{USAGE_SUFFIX}",
+                            read_only=False))
     for v in s.vgpus:
         # The GPU's scheduling file is the broker's: read-only here (a futex wait on its
         # grant word only reads). The slice's .req is its own: nobody else mounts it.

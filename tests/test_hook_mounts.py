@@ -44,6 +44,7 @@ def tree(tmp_path):
     region = tmp_path / "run" / "slices" / "s1" / "vgpu0"
     region.parent.mkdir(parents=True)
     region.write_bytes(b"R" * 64)
+    region.with_name("vgpu0.usage").write_bytes(b"U" * 64)
     sched = tmp_path / "run" / "sched"
     sched.mkdir()
     (sched / "GPU-0").write_bytes(b"G" * 64)
@@ -160,11 +161,16 @@ def test_plain_image_gets_every_mount(tree, ns):
     # Only in the namespace: the host sees the image's own file and empty mount points.
     assert (rootfs / "etc/ld.so.preload").read_text() == "/lib/own.so\n"
     assert (rootfs / "dev/vgpu0").stat().st_size == 0
-    # Read-only where it should be, read-write for the region.
+    # Read-only where it should be: the limits too; read-write for the slice's usage alone.
     with pytest.raises(OSError):
         inside(ns, rootfs, "/etc/ld.so.preload").write_text("x")
-    inside(ns, rootfs, "/dev/vgpu0").write_bytes(b"W" * 64)
-    assert region.read_bytes() == b"W" * 64
+    with pytest.raises(OSError):
+        inside(ns, rootfs, "/dev/vgpu0").write_bytes(b"W" * 64)
+    with pytest.raises(OSError):
+        os.truncate(inside(ns, rootfs, "/dev/vgpu0"), 0)
+    assert region.read_bytes() == b"R" * 64
+    inside(ns, rootfs, "/dev/vgpu0.usage").write_bytes(b"W" * 64)
+    assert region.with_name("vgpu0.usage").read_bytes() == b"W" * 64
     # The GPU's scheduling file is the broker's: read-only; the slice's requests are its own.
     sched = region.parent.parent.parent / "sched"
     gpu_file = inside(ns, rootfs, f"{CONTAINER_SCHED_DIR}/GPU-0")

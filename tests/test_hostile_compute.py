@@ -190,11 +190,13 @@ def test_hostile_tenant_cannot_touch_neighbours_compute(host, mode):
         p, cid = host.start(script, {"vgpu.io/memory": "256Mi", "vgpu.io/compute": str(pct),
                                      "vgpu.io/policy": "fixed"})
         neighbours.append((name, pct, p, cid))
-    # The attacker: its own greedy load in the background, scribble until the window ends.
+    # The attacker: its own greedy load in the background, scribble until the window ends
+    # (at nice 19: its CPU use is the CPU cgroup's business, and on a 2-core VM it would
+    # slow the step neighbour's CPU work, not its GPU share).
     attack = (f"(gpu_load --kernel busy_1000us --start-at {start} --until {until} "
               f"--trace /sim/trace-attacker > /dev/null 2> /sim/err-attacker; "
               f"echo $? > /sim/rc-attacker) & "
-              f"nice -n 19 scribble {mode} 0 --from {attack_at} --until {until + 300_000_000} "
+              f"scribble {mode} 0 --nice 19 --from {attack_at} --until {until + 300_000_000} "
               f"--seed {os.getpid()} > /sim/scribble.json 2> /sim/scribble.err; "
               f"echo scribble-exit $?")
     attacker, _ = host.start(attack, {"vgpu.io/memory": "256Mi",
@@ -259,6 +261,11 @@ def test_hostile_tenant_cannot_touch_neighbours_compute(host, mode):
     assert gpu["map_rw"] == "EACCES", gpu
     assert gpu["writes_ok"] == 0 and gpu["truncates_ok"] == 0, gpu
     assert files["lib"]["open_rw"] in REFUSED, files["lib"]
+    # The slice's limits and identity are read-only too (issue 10); only its usage is its own.
+    region = files["region"]
+    assert region["mount_ro"] and region["open_rw"] in REFUSED and region["writes_ok"] == 0, region
+    assert region["truncates_ok"] == 0, region
+    assert {"gpu", "req", "region", "usage", "lib", "preload"} <= set(files), report
     if mode == "full":
         full = report["full"]
         assert full["created"] > 0, full            # in its own rootfs, seen by nobody

@@ -182,12 +182,12 @@ def test_prestart_answers_the_plan_and_poststop_releases(vgpud, tmp_path):
     assert reply["status"] == "mount" and reply["id"] == "c1" and reply["pid"] == str(os.getpid())
     assert reply["rootfs"] == str(b / "rootfs")
     targets = [v for k, v in items if k == "target"]
-    assert targets[:2] == ["/usr/lib/vgpu/libvgpu.so", "/dev/vgpu0"]
-    assert targets[2].startswith("/run/vgpu/sched/GPU-")  # the GPU's file: the broker's
-    assert targets[3].startswith(targets[2] + ".") and targets[3].endswith(".req")  # the slice's
-    assert targets[4:] == ["/dev/null", "/etc/ld.so.preload"]
-    # Read-only but for the region, the slice's own requests and the device node.
-    assert [v for k, v in items if k == "mount"] == ["exec", "rw", "", "rw", "rw,dev", ""]
+    assert targets[:3] == ["/usr/lib/vgpu/libvgpu.so", "/dev/vgpu0", "/dev/vgpu0.usage"]
+    assert targets[3].startswith("/run/vgpu/sched/GPU-")  # the GPU's file: the broker's
+    assert targets[4].startswith(targets[3] + ".") and targets[4].endswith(".req")  # the slice's
+    assert targets[5:] == ["/dev/null", "/etc/ld.so.preload"]
+    # Read-only (the limits too) but for the slice's own usage and requests, and the node.
+    assert [v for k, v in items if k == "mount"] == ["exec", "", "rw", "", "rw", "rw,dev", ""]
     assert len(slices(vgpud)) == 1
     state["status"] = "stopped"
     assert ask(vgpud, "poststop", state=json.dumps(state))["status"] == "ok"

@@ -17,7 +17,7 @@ from conftest import TEST_BIN
 
 from arbiter import region as rg
 from arbiter.errors import RegionError, VgpuError
-from arbiter.region import Policy, Priority, VgpuRegion, VgSlot
+from arbiter.region import Policy, Priority, VgpuRegion, VgpuUsage, VgSlot
 
 REGION_LAYOUT = TEST_BIN / "region_layout"
 GI = 1 << 30
@@ -29,7 +29,7 @@ def c_layout() -> dict[str, Any]:
     return read_layout(REGION_LAYOUT)
 
 
-MIRRORS = {"vgpu_region": VgpuRegion, "vg_slot": VgSlot}
+MIRRORS = {"vgpu_region": VgpuRegion, "vgpu_usage": VgpuUsage, "vg_slot": VgSlot}
 
 
 @pytest.mark.parametrize("struct_name", MIRRORS)
@@ -46,6 +46,7 @@ def test_constants(c_layout: dict[str, Any]) -> None:
     c = c_layout["constants"]
     assert c == {
         "REGION_MAGIC": rg.REGION_MAGIC,
+        "USAGE_MAGIC": rg.USAGE_MAGIC,
         "REGION_VERSION": rg.REGION_VERSION,
         "REGION_SLOTS": rg.REGION_SLOTS,
         "REGION_UUID_LEN": rg.REGION_UUID_LEN,
@@ -106,7 +107,7 @@ def test_create_mode_ignores_umask(tmp_path: Path, mode: int) -> None:
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == mode
-    assert os.listdir(tmp_path) == ["vgpu0"]  # no temporary file left behind
+    assert sorted(os.listdir(tmp_path)) == ["vgpu0", "vgpu0.usage"]  # no temporary file left
 
 
 def test_create_refuses_existing_file(tmp_path: Path) -> None:
@@ -114,9 +115,11 @@ def test_create_refuses_existing_file(tmp_path: Path) -> None:
     with pytest.raises(RegionError, match=r"failed to create .*vgpu0: it already exists"):
         make(path, memory_limit=GI)
     assert rg.open_region(path).memory_limit == 2 * GI
+    usage = rg.usage_path_of(path).stat().st_ino
     make(path, memory_limit=GI, replace=True)
     assert rg.open_region(path).memory_limit == GI
-    assert os.listdir(tmp_path) == ["vgpu0"]
+    assert sorted(os.listdir(tmp_path)) == ["vgpu0", "vgpu0.usage"]
+    assert rg.usage_path_of(path).stat().st_ino == usage  # a container may have it mounted
 
 
 def test_create_in_missing_directory(tmp_path: Path) -> None:
@@ -184,8 +187,8 @@ def test_slice_key_survives_updates(tmp_path: Path) -> None:
         key = region.slice_key
         region.set_limits(compute_share=40, priority_floor=7, memory_limit=GI)
         assert region.slice_key == key
-    with rg.open_region(make(tmp_path / "old", slice_key=0)) as region:
-        assert region.slice_key == 0  # as an older vgpud made it: libvgpu names it
+    with pytest.raises(ValueError, match="slice_key 0 is not a non-zero 64-bit value"):
+        make(tmp_path / "nokey", slice_key=0)  # the slice's name is set once, by its maker
 
 
 # -- bad files -----------------------------------------------------------------
@@ -202,13 +205,13 @@ SIZE = ctypes.sizeof(VgpuRegion)
 BAD_FILES = [
     ("empty", lambda p: p.write_bytes(b""), f"truncated: 0 bytes, expected {SIZE}"),
     ("truncated", lambda p: os.truncate(p, SIZE // 2), f"truncated: {SIZE // 2} bytes"),
-    ("header-only", lambda p: os.truncate(p, 360), "truncated: 360 bytes"),
+    ("half-header", lambda p: os.truncate(p, 200), "truncated: 200 bytes"),
     ("zero-magic", lambda p: _patch(p, "magic", 0),
      "bad magic 0x00000000, expected 0x55504756 .not a vgpu region, or one still being made"),
     ("wrong-magic", lambda p: _patch(p, "magic", 0x12345678), "bad magic 0x12345678"),
     ("not-a-region", lambda p: p.write_bytes(b"hello" * SIZE), "bad magic"),
-    ("newer-version", lambda p: _patch(p, "version", 2),
-     "layout version 2, this vgpu reads version 1"),
+    ("newer-version", lambda p: _patch(p, "version", 3),
+     "layout version 3, this vgpu reads version 2"),
     ("wrong-size", lambda p: _patch(p, "size", SIZE - 64),
      f"header size {SIZE - 64}, expected {SIZE}"),
     ("wrong-capacity", lambda p: _patch(p, "slot_capacity", 16), "slot capacity 16, expected 1024"),
@@ -257,17 +260,68 @@ def test_used_bytes_and_processes(tmp_path: Path) -> None:
         (0, 0, 0),                          # free
         (1, 0, 1600),                       # init: alive, not ours (kill gives EPERM if not root)
     ]
-    with path.open("r+b") as f, mmap.mmap(f.fileno(), SIZE) as mm:
-        region = VgpuRegion.from_buffer(mm)
-        for i, (pid, st, used) in enumerate(slots):
-            region.slots[i].pid, region.slots[i].start_time, region.slots[i].used = pid, st, used
-        region.slot_high_water = len(slots)
-        del region  # release the buffer export before the mmap closes
+    write_slots(rg.usage_path_of(path), slots)
     with rg.open_region(path, writable=False) as r:
         assert r.used_bytes() == 100 + 1600
         assert r.used_bytes(live_only=False) == 100 + 200 + 400 + 800 + 1600
         assert r.processes() == [(me, 100), (1, 1600)]
         assert r.processes()[0].pid == me
+
+
+def write_slots(usage: Path, slots: list[tuple[int, int, int]]) -> None:
+    """Fill a usage file's slots as libvgpu processes would."""
+    with usage.open("r+b") as f, mmap.mmap(f.fileno(), USAGE_SIZE) as mm:
+        u = VgpuUsage.from_buffer(mm)
+        for i, (pid, st, used) in enumerate(slots):
+            u.slots[i].pid, u.slots[i].start_time, u.slots[i].used = pid, st, used
+        u.slot_high_water = len(slots)
+        del u  # release the buffer export before the mmap closes
+
+
+USAGE_SIZE = ctypes.sizeof(VgpuUsage)
+
+
+def _patch_usage(path: Path, field: str, value: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(getattr(VgpuUsage, field).offset)
+        f.write(struct.pack("I", value))
+
+
+BAD_USAGE = [
+    ("empty", lambda p: p.write_bytes(b""), "truncated: 0 bytes"),
+    ("short", lambda p: os.truncate(p, 64 + 3 * 64 + 10), "truncated: 266 bytes"),
+    ("zero-magic", lambda p: _patch_usage(p, "magic", 0), "bad magic 0x00000000"),
+    ("wrong-version", lambda p: _patch_usage(p, "version", 9), "version 9 size"),
+    ("wrong-capacity", lambda p: _patch_usage(p, "slot_capacity", 1 << 31),
+     "version 2 size 65600 slots 2147483648"),
+    ("missing", lambda p: p.unlink(), "No such file or directory"),
+    ("fifo", lambda p: (p.unlink(), os.mkfifo(p)), "not a regular file"),
+]
+
+
+@pytest.mark.parametrize(("damage", "reason"), [(d, r) for _, d, r in BAD_USAGE],
+                         ids=[i for i, _, _ in BAD_USAGE])
+def test_a_damaged_usage_file_reads_as_an_error_never_a_fault(
+        tmp_path: Path, damage: Any, reason: str) -> None:
+    """The usage file is the tenant's to write: vgpud reads it by pread and checks it."""
+    path = make(tmp_path / "vgpu0")
+    usage = rg.usage_path_of(path)
+    write_slots(usage, [(os.getpid(), 0, 100)] * 8)
+    damage(usage)
+    with rg.open_region(path, writable=False) as r:
+        with pytest.raises(RegionError, match=f"failed to read region file {usage}: {reason}"):
+            r.used_bytes()
+        assert r.memory_limit == 2 * GI  # the limits are another file
+
+
+def test_a_high_water_past_the_table_is_bounded(tmp_path: Path) -> None:
+    path = make(tmp_path / "vgpu0")
+    usage = rg.usage_path_of(path)
+    write_slots(usage, [(os.getpid(), 0, 100)])
+    _patch_usage(usage, "slot_high_water", 0xFFFFFFFF)
+    with rg.open_region(path, writable=False) as r:
+        assert r.slot_high_water == rg.REGION_SLOTS
+        assert r.used_bytes() == 100  # every other slot is free
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 
 from arbiter.errors import RegionError
 from arbiter.model import Grant, Policy, Priority, Slice
-from arbiter.region import create_region, open_region
+from arbiter.region import open_region
 from arbiter.regions import Regions
 
 MiB = 1 << 20
@@ -27,20 +27,23 @@ def regions(tmp_path) -> Regions:
     return r
 
 
-def test_prepare_makes_world_readable_dirs(regions):
+def test_prepare_makes_dirs_only_root_can_list(regions):
     for d in (regions.run_dir, regions.root):
-        assert stat.S_IMODE(d.stat().st_mode) == 0o755
+        assert stat.S_IMODE(d.stat().st_mode) == 0o711
 
 
 def test_create_writes_one_region_per_grant(regions):
     s = make_slice()
     d = regions.create(s)
     assert d == regions.root / s.id
-    assert sorted(p.name for p in d.iterdir()) == ["vgpu0", "vgpu1"]
+    assert sorted(p.name for p in d.iterdir()) == ["vgpu0", "vgpu0.usage", "vgpu1", "vgpu1.usage"]
     assert [p.name for p in regions.root.iterdir()] == [s.id]  # no temporary left
+    assert stat.S_IMODE(d.stat().st_mode) == 0o700  # no other host user reaches the files
     for i, g in enumerate(s.grants):
         path = d / f"vgpu{i}"
-        assert stat.S_IMODE(path.stat().st_mode) == 0o666  # any container uid accounts
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644  # limits: vgpud's alone
+        # usage: any container uid accounts there (through its bind mount)
+        assert stat.S_IMODE((d / f"vgpu{i}.usage").stat().st_mode) == 0o666
         with open_region(path) as r:
             assert r.arbiter
             assert (r.uuid, r.device_index, r.memory_limit, r.compute_share) == (
@@ -112,7 +115,8 @@ def test_reconcile_dirs_makes_the_tree_match_the_store(regions):
     assert sorted(p.name for p in regions.root.iterdir()) == sorted(
         s.id for s in (kept, lost, stale, truncated))
     for s in (kept, lost, stale, truncated):
-        assert sorted(p.name for p in regions.slice_dir(s.id).iterdir()) == ["vgpu0", "vgpu1"]
+        assert sorted(p.name for p in regions.slice_dir(s.id).iterdir()) == [
+            "vgpu0", "vgpu0.usage", "vgpu1", "vgpu1.usage"]
         for i, g in enumerate(s.grants):
             with open_region(regions.region_path(s.id, i)) as r:
                 assert (r.memory_limit, r.compute_share) == (g.memory, g.compute)
@@ -169,20 +173,54 @@ def test_priority_floor_is_written_at_create_and_changed_in_place(regions):
 def test_reconcile_fixes_the_floor_in_place_and_keeps_keys(regions):
     s = make_slice(n=2)
     regions.create(s)
-    old = regions.region_path(s.id, 1)
-    g = s.grants[1]
-    # What an older vgpud made: no slice key (libvgpu's first process names it).
-    create_region(old, uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
-                  compute_share=g.compute, priority=s.priority, policy=s.policy,
-                  context_reserve=8 * MiB, mode=0o666, replace=True, slice_key=0)
     keys = regions.slice_keys(s)
-    assert keys[0] and keys[1] == 0
+    assert all(keys)
     inodes = [regions.region_path(s.id, i).stat().st_ino for i in range(2)]
     regions.priority_floor = 10  # the config changed while vgpud was down
     assert regions.reconcile_dirs([s]).fixed == (s.id,)
-    assert regions.slice_keys(s) == keys  # the arbiter never races libvgpu for a key
+    assert regions.slice_keys(s) == keys
     assert [regions.region_path(s.id, i).stat().st_ino for i in range(2)] == inodes
     for i in range(2):
         with open_region(regions.region_path(s.id, i)) as r:
             assert r.priority_floor == 10
     assert regions.reconcile_dirs([s]).fixed == ()
+
+
+def test_a_deleted_slices_dir_is_made_again_on_demand(regions):
+    remade = []
+    regions.on_remade = lambda what, path: remade.append((what, path))
+    a = make_slice("a" * 12, n=1)
+    regions.create(a)
+    import shutil
+    shutil.rmtree(regions.root)
+    b = make_slice("b" * 12, n=1)
+    regions.create(b)  # not "No such file or directory" until vgpud restarts
+    assert regions.exists(b.id)
+    assert remade == [("directory", regions.root)]
+    assert stat.S_IMODE(regions.root.stat().st_mode) == 0o711
+    assert regions.reconcile_dirs([a, b]).created == (a.id,)
+
+
+def test_a_deleted_usage_file_is_made_again_and_the_limits_keep_their_inode(regions):
+    s = make_slice(n=1)
+    regions.create(s)
+    region = regions.region_path(s.id, 0)
+    inode = region.stat().st_ino
+    usage = region.with_name("vgpu0.usage")
+    usage.unlink()
+    assert regions.usage(s) == [0]
+    assert regions.reconcile_dirs([s]).fixed == (s.id,)
+    assert usage.is_file() and region.stat().st_ino == inode
+    assert regions.usage(s) == [0]
+
+
+def test_a_damaged_usage_file_is_reported_once_per_reason(regions):
+    s = make_slice(n=2)
+    regions.create(s)
+    seen = []
+    regions.on_bad_usage = lambda sid, i, why: seen.append((sid, i, why))
+    regions.region_path(s.id, 1).with_name("vgpu1.usage").write_bytes(b"\0" * 10)
+    for _ in range(5):
+        assert regions.usage(s) == [0, 0]
+        assert regions.pids(s) == {0: set(), 1: set()}
+    assert seen == [(s.id, 1, "truncated: 10 bytes, expected 65600")]

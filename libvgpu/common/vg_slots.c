@@ -150,9 +150,17 @@ static void slot_take(struct vg_slot *s, uint32_t me, uint64_t start)
     (void)me;
 }
 
-unsigned vg_slots_reap(struct vg_slot *slots, _Atomic uint32_t *high_water)
+/* The high water as far as it can be believed: a table another process may write
+ * (a slice's usage file) must not send us past its end. */
+static uint32_t high_water_of(const _Atomic uint32_t *high_water)
 {
     uint32_t hw = atomic_load(high_water);
+    return hw > VG_SLOTS_MAX ? VG_SLOTS_MAX : hw;
+}
+
+unsigned vg_slots_reap(struct vg_slot *slots, _Atomic uint32_t *high_water)
+{
+    uint32_t hw = high_water_of(high_water);
     uint32_t marker = VG_SLOT_REAPING | (uint32_t)getpid();
     unsigned freed = 0;
     for (uint32_t i = 0; i < hw; i++) {
@@ -182,8 +190,10 @@ int vg_slots_claim(struct vg_slot *slots, uint32_t capacity, _Atomic uint32_t *h
     uint32_t me = (uint32_t)getpid();
     uint64_t start = vg_proc_start_time((pid_t)me);
     uint64_t ns = vg_pid_ns_self();
+    if (capacity > VG_SLOTS_MAX)
+        capacity = VG_SLOTS_MAX;
     for (int pass = 0; pass < 2; pass++) {
-        uint32_t hw = atomic_load(high_water);
+        uint32_t hw = high_water_of(high_water);
         /* Our own slot from before an exec: the old image's memory died with it.
          * Same pid, namespace and start time: pid 1 of two containers differ. */
         for (uint32_t i = 0; i < hw; i++) {
@@ -218,7 +228,7 @@ int vg_slots_claim(struct vg_slot *slots, uint32_t capacity, _Atomic uint32_t *h
 
 uint64_t vg_slots_used(const struct vg_slot *slots, const _Atomic uint32_t *high_water)
 {
-    uint32_t hw = atomic_load(high_water);
+    uint32_t hw = high_water_of(high_water);
     uint64_t sum = 0;
     for (uint32_t i = 0; i < hw; i++)
         sum += atomic_load(&slots[i].used);

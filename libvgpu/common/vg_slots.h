@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #define VG_SLOT_REAPING 0x80000000u /* pid field while a reaper clears the slot */
+#define VG_SLOTS_MAX 1024u            /* the largest table: a high water above it is not believed */
 
 /* 64 bytes; the layout is part of the region file format (vgpu_region.h). */
 struct vg_slot {

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * vgpu_region.h - the slice region file: one file per vGPU of a slice.
+ * vgpu_region.h - a slice's files: per vGPU, its limits and its usage.
  *
- * The arbiter creates one file per vGPU under /run/vgpu/slices/<id>/vgpu<i>
- * (the hook mounts it as /dev/vgpu<i> in the container); standalone, libvgpu
- * creates <VGPU_REGION_DIR>/vgpu<i> itself from the environment. The arbiter
- * writes the limits (and may change them in place: running processes read them
- * on every check), libvgpu writes usage into per-process slots.
+ * The arbiter creates, per vGPU, /run/vgpu/slices/<id>/vgpu<i> (struct
+ * vgpu_region: limits and identity; the hook mounts it read-only as
+ * /dev/vgpu<i>) and vgpu<i>.usage (struct vgpu_usage: one slot per process,
+ * written by libvgpu; mounted read-write as /dev/vgpu<i>.usage). A container
+ * can write only its own usage; what it writes there is never trusted for
+ * limits, identity or whom to act on. The arbiter may change limits in place:
+ * running processes read them on every check. Standalone, libvgpu creates
+ * both files in <VGPU_REGION_DIR> itself from the environment.
  *
  * This layout is a contract: arbiter/region.py mirrors it with ctypes and
  * tests/test_region_layout.py proves that sizes and offsets agree. Any change
@@ -20,7 +23,8 @@
 #include "../common/vg_slots.h"
 
 #define VGPU_REGION_MAGIC 0x55504756u /* "VGPU" little-endian */
-#define VGPU_REGION_VERSION 1u
+#define VGPU_USAGE_MAGIC 0x53554756u  /* "VGUS" little-endian */
+#define VGPU_REGION_VERSION 2u /* 2: usage slots in their own file */
 #define VGPU_REGION_SLOTS 1024u
 #define VGPU_REGION_UUID_LEN 96u
 
@@ -37,7 +41,7 @@ struct vgpu_region {
     uint32_t flags;       /* VGPU_REGION_FLAG_* */
     char uuid[VGPU_REGION_UUID_LEN]; /* physical GPU UUID ("GPU-..."), "" = by ordinal */
     uint32_t device_index;           /* physical GPU index (informational) */
-    uint32_t slot_capacity;          /* VGPU_REGION_SLOTS */
+    uint32_t slot_capacity;          /* VGPU_REGION_SLOTS: the usage file's */
     _Atomic uint64_t memory_limit;   /* bytes the slice may hold on this GPU */
     _Atomic uint64_t context_reserve;/* bytes charged per CUDA context a process creates */
     _Atomic uint32_t compute_share;  /* percent, 2..100 */
@@ -45,11 +49,23 @@ struct vgpu_region {
     _Atomic uint32_t policy;         /* enum vgpu_policy */
     _Atomic uint32_t priority_floor; /* percent a lower priority keeps while preempted */
     _Atomic uint64_t generation;     /* bumped by the arbiter on every limit change */
-    _Atomic uint32_t slot_high_water;/* slots [0, high_water) have been used */
+    uint32_t reserved_hw;            /* (version 1's slot high water) */
     uint32_t reserved32;
     _Atomic uint64_t slice_key;      /* random, set by the creator: names the slice in the
                                       * GPU's scheduling region (vgpu_sched.h); 0 = none */
     uint64_t reserved[23];           /* room for later fields without a version bump */
+};
+
+/* Written by the slice's processes (each in its own slot): read by everyone else
+ * as untrusted, bounds-checked data. */
+struct vgpu_usage {
+    uint32_t magic;                  /* VGPU_USAGE_MAGIC, written last when the file is made */
+    uint32_t version;                /* VGPU_REGION_VERSION */
+    uint32_t size;                   /* sizeof(struct vgpu_usage) */
+    uint32_t slot_capacity;          /* VGPU_REGION_SLOTS */
+    _Atomic uint32_t slot_high_water;/* slots [0, high_water) have been used */
+    uint32_t reserved32;
+    uint64_t reserved[5];
     struct vg_slot slots[VGPU_REGION_SLOTS];
 };
 

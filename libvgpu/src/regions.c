@@ -2,9 +2,9 @@
 /*
  * regions.c - the slice's accounting: one region per CUDA device ordinal.
  *
- * SLICE and SHARED modes map region files (vgpu_region.h) that other
- * processes map too; PRIVATE mode uses the same struct in anonymous memory,
- * so one code path enforces every mode.
+ * SLICE and SHARED modes map a slice's files (vgpu_region.h) that other
+ * processes map too: the limits read-only, the usage read-write; PRIVATE mode
+ * uses the same structs in anonymous memory, so one code path enforces every mode.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,8 +19,10 @@
 #include "vgpu_internal.h"
 
 struct vg_dev_region {
-    struct vgpu_region *r; /* NULL: this device is not limited */
-    int slot;              /* this process's slot in r, -1 until claimed */
+    struct vgpu_region *r; /* limits (read-only where the arbiter made them); NULL: not limited */
+    struct vgpu_usage *u;  /* the slice's usage, one slot per process */
+    int slot;              /* this process's slot in u, -1 until claimed */
+    _Atomic uint64_t mine; /* what this process charged: its slot is rewritten from this */
 };
 
 /* Filled once by vg_regions_init (under g_init_lock), read without a lock after g_ready. */
@@ -38,21 +40,20 @@ static void region_error(const char *path, const char *why)
     vg_cfg.error_result = CUDA_ERROR_OPERATING_SYSTEM;
 }
 
-static struct vgpu_region *map_region(int fd, const char *path)
+static void *map_file(int fd, const char *path, size_t size, int writable, const char *what)
 {
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         region_error(path, strerror(errno));
         return NULL;
     }
-    if ((size_t)sb.st_size < sizeof(struct vgpu_region)) {
+    if ((size_t)sb.st_size < size) {
         char why[128];
-        snprintf(why, sizeof(why), "not a vgpu region (%lld bytes, expected %zu)", (long long)sb.st_size,
-                 sizeof(struct vgpu_region));
+        snprintf(why, sizeof(why), "not a vgpu %s (%lld bytes, expected %zu)", what, (long long)sb.st_size, size);
         region_error(path, why);
         return NULL;
     }
-    void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *m = mmap(NULL, size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) {
         region_error(path, strerror(errno));
         return NULL;
@@ -70,26 +71,59 @@ static int region_valid(const struct vgpu_region *r, const char *path)
                  r->version, r->size, VGPU_REGION_VERSION, sizeof(*r));
     else if (r->slot_capacity != VGPU_REGION_SLOTS)
         snprintf(why, sizeof(why), "region has %u slots, expected %u", r->slot_capacity, VGPU_REGION_SLOTS);
+    else if (!atomic_load(&r->slice_key))
+        snprintf(why, sizeof(why), "region has no slice key");
     else
         return 1;
     region_error(path, why);
     return 0;
 }
 
+static int usage_valid(const struct vgpu_usage *u, const char *path)
+{
+    char why[160];
+    if (u->magic != VGPU_USAGE_MAGIC)
+        snprintf(why, sizeof(why), "not a vgpu usage file (magic 0x%08x)", u->magic);
+    else if (u->version != VGPU_REGION_VERSION || u->size != sizeof(*u) || u->slot_capacity != VGPU_REGION_SLOTS)
+        snprintf(why, sizeof(why), "usage file version %u size %u slots %u, this libvgpu reads %u, %zu, %u",
+                 u->version, u->size, u->slot_capacity, VGPU_REGION_VERSION, sizeof(*u), VGPU_REGION_SLOTS);
+    else
+        return 1;
+    region_error(path, why);
+    return 0;
+}
+
+/* The limits: read-only, whoever made them (a container's mount is read-only too). */
 static struct vgpu_region *open_region(const char *path)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         region_error(path, strerror(errno));
         return NULL;
     }
-    struct vgpu_region *r = map_region(fd, path);
+    struct vgpu_region *r = map_file(fd, path, sizeof(*r), 0, "region");
     close(fd);
     if (r && !region_valid(r, path)) {
         munmap(r, sizeof(*r));
         return NULL;
     }
     return r;
+}
+
+static struct vgpu_usage *open_usage(const char *path)
+{
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+        region_error(path, strerror(errno));
+        return NULL;
+    }
+    struct vgpu_usage *u = map_file(fd, path, sizeof(*u), 1, "usage file");
+    close(fd);
+    if (u && !usage_valid(u, path)) {
+        munmap(u, sizeof(*u));
+        return NULL;
+    }
+    return u;
 }
 
 uint64_t vg_random_key(void)
@@ -125,6 +159,14 @@ static void fill_region(struct vgpu_region *r, int dev, uint64_t limit, const ch
     atomic_store((_Atomic uint32_t *)&r->magic, VGPU_REGION_MAGIC);
 }
 
+static void fill_usage(struct vgpu_usage *u)
+{
+    u->version = VGPU_REGION_VERSION;
+    u->size = sizeof(*u);
+    u->slot_capacity = VGPU_REGION_SLOTS;
+    atomic_store((_Atomic uint32_t *)&u->magic, VGPU_USAGE_MAGIC);
+}
+
 struct region_fill {
     int dev;
     uint64_t limit;
@@ -137,17 +179,24 @@ static void fill_new_region(void *map, void *arg)
     fill_region(map, a->dev, a->limit, a->uuid);
 }
 
-/* SHARED mode: the first process creates the file from its env; link() makes
- * creation atomic, so racing first processes agree on one file. */
-static struct vgpu_region *open_or_create(const char *path, int dev, uint64_t limit, const char *uuid)
+static void fill_new_usage(void *map, void *arg)
 {
-    struct region_fill args = {dev, limit, uuid};
+    (void)arg;
+    fill_usage(map);
+}
+
+/* SHARED mode: the first process creates each file from its env; link() makes
+ * creation atomic, so racing first processes agree on one file. The files are
+ * this user's (0660): cooperative processes, not tenants. */
+static void *open_or_create(const char *path, size_t size, void (*fill)(void *, void *), void *arg,
+                            int is_usage)
+{
     for (int attempt = 0; attempt < 3; attempt++) {
         if (access(path, F_OK) == 0)
-            return open_region(path);
-        struct vgpu_region *r = vg_create_linked(path, sizeof(*r), 0660, 0, fill_new_region, &args);
-        if (r)
-            return r;
+            return is_usage ? (void *)open_usage(path) : (void *)open_region(path);
+        void *m = vg_create_linked(path, size, 0660, 0, fill, arg);
+        if (m)
+            return m;
         if (errno != EEXIST) {
             region_error(path, strerror(errno));
             return NULL;
@@ -157,22 +206,23 @@ static struct vgpu_region *open_or_create(const char *path, int dev, uint64_t li
     return NULL;
 }
 
-static struct vgpu_region *private_region(int dev, uint64_t limit, const char *uuid)
+static void *private_map(size_t size)
 {
-    void *m = mmap(NULL, sizeof(struct vgpu_region), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
         region_error("anonymous region", strerror(errno));
         return NULL;
     }
-    fill_region(m, dev, limit, uuid);
     return m;
 }
 
 static void after_fork_child(void)
 {
     /* The child is a new process: it needs slots of its own. */
-    for (int i = 0; i < g_ndev; i++)
+    for (int i = 0; i < g_ndev; i++) {
         g_dev[i].slot = -1;
+        g_dev[i].mine = 0; /* the parent's memory is the parent's */
+    }
     pthread_mutex_init(&g_slot_lock, NULL);
 }
 
@@ -198,15 +248,19 @@ static int init_regions(void)
         count = (int)vg_cfg.slice_devices;
     for (int i = 0; i < count; i++) {
         char path[300], uuid[VGPU_REGION_UUID_LEN] = "";
-        CUuuid u;
+        CUuuid cu;
         size_t total = 0;
-        if (get_uuid && get_uuid(&u, i) == CUDA_SUCCESS)
-            vg_format_uuid(&u, uuid, sizeof(uuid));
+        if (get_uuid && get_uuid(&cu, i) == CUDA_SUCCESS)
+            vg_format_uuid(&cu, uuid, sizeof(uuid));
         if (total_mem)
             total_mem(&total, i);
         uint64_t limit = vg_cfg.limit_dev[i] ? vg_cfg.limit_dev[i] : vg_cfg.limit_all;
         struct vgpu_region *r = NULL;
+        struct vgpu_usage *u = NULL;
+        char upath[320];
         snprintf(path, sizeof(path), "%s/vgpu%d", vg_cfg.region_dir, i);
+        snprintf(upath, sizeof(upath), "%s.usage", path);
+        struct region_fill args = {i, limit ? limit : total, uuid};
         switch (vg_cfg.mode) {
         case VG_MODE_SLICE:
             r = open_region(path);
@@ -219,23 +273,32 @@ static int init_regions(void)
                 region_error(path, why);
                 return -1;
             }
+            if (r)
+                u = open_usage(upath);
             break;
         case VG_MODE_SHARED:
-            r = open_or_create(path, i, limit ? limit : total, uuid);
+            r = open_or_create(path, sizeof(*r), fill_new_region, &args, 0);
+            if (r)
+                u = open_or_create(upath, sizeof(*u), fill_new_usage, NULL, 1);
             break;
         case VG_MODE_PRIVATE:
-            if (limit || vg_cfg.context_reserve || vg_cfg.compute_dev[i] || vg_cfg.compute_all ||
-                vg_cfg.priority >= 0 || vg_cfg.policy >= 0 || vg_cfg.floor >= 0)
-                r = private_region(i, limit ? limit : total, uuid);
-            else
+            if (!(limit || vg_cfg.context_reserve || vg_cfg.compute_dev[i] || vg_cfg.compute_all ||
+                  vg_cfg.priority >= 0 || vg_cfg.policy >= 0 || vg_cfg.floor >= 0))
                 continue; /* no limit for this device */
+            r = private_map(sizeof(*r));
+            u = r ? private_map(sizeof(*u)) : NULL;
+            if (u) {
+                fill_region(r, i, args.limit, uuid);
+                fill_usage(u);
+            }
             break;
         case VG_MODE_INERT:
             continue;
         }
-        if (!r)
+        if (!r || !u)
             return -1;
         g_dev[i].r = r;
+        g_dev[i].u = u;
         g_dev[i].slot = -1;
     }
     g_ndev = count;
@@ -280,11 +343,24 @@ static int my_slot(int dev)
         return slot;
     pthread_mutex_lock(&g_slot_lock);
     if (d->slot < 0)
-        __atomic_store_n(&d->slot, vg_slots_claim(d->r->slots, VGPU_REGION_SLOTS, &d->r->slot_high_water),
+        __atomic_store_n(&d->slot, vg_slots_claim(d->u->slots, VGPU_REGION_SLOTS, &d->u->slot_high_water),
                          __ATOMIC_RELEASE);
     slot = d->slot;
     pthread_mutex_unlock(&g_slot_lock);
     return slot;
+}
+
+/* Our slot as we left it: the usage file is writable by the whole slice, so a
+ * process that zeroed or hid our slot does not make our memory disappear. */
+static void reassert_slot(struct vg_dev_region *d, int slot)
+{
+    struct vg_slot *s = &d->u->slots[slot];
+    uint64_t mine = atomic_load(&d->mine);
+    if (atomic_load(&s->used) != mine)
+        atomic_store(&s->used, mine);
+    uint32_t hw = atomic_load(&d->u->slot_high_water);
+    while (hw <= (uint32_t)slot && !atomic_compare_exchange_weak(&d->u->slot_high_water, &hw, (uint32_t)slot + 1))
+        ;
 }
 
 int vg_charge(int dev, uint64_t bytes)
@@ -292,10 +368,15 @@ int vg_charge(int dev, uint64_t bytes)
     struct vgpu_region *r = vg_region(dev);
     if (!r)
         return 0;
+    struct vg_dev_region *d = &g_dev[dev];
     int slot = my_slot(dev);
     if (slot < 0)
         return -1; /* every slot held by a live process: refuse rather than go unaccounted */
-    return vg_slots_charge(r->slots, &r->slot_high_water, slot, bytes, atomic_load(&r->memory_limit));
+    reassert_slot(d, slot);
+    int rc = vg_slots_charge(d->u->slots, &d->u->slot_high_water, slot, bytes, atomic_load(&r->memory_limit));
+    if (rc == 0)
+        atomic_fetch_add(&d->mine, bytes);
+    return rc;
 }
 
 void vg_uncharge(int dev, uint64_t bytes)
@@ -303,15 +384,22 @@ void vg_uncharge(int dev, uint64_t bytes)
     struct vgpu_region *r = vg_region(dev);
     if (!r)
         return;
+    struct vg_dev_region *d = &g_dev[dev];
     int slot = my_slot(dev);
-    if (slot >= 0)
-        vg_slots_uncharge(r->slots, slot, bytes);
+    if (slot < 0)
+        return;
+    uint64_t cur = atomic_load(&d->mine), next;
+    do {
+        next = cur > bytes ? cur - bytes : 0;
+    } while (!atomic_compare_exchange_weak(&d->mine, &cur, next));
+    vg_slots_uncharge(d->u->slots, slot, bytes);
+    reassert_slot(d, slot);
 }
 
 uint64_t vg_used(int dev)
 {
     struct vgpu_region *r = vg_region(dev);
-    return r ? vg_slots_used_live(r->slots, &r->slot_high_water) : 0;
+    return r ? vg_slots_used_live(g_dev[dev].u->slots, &g_dev[dev].u->slot_high_water) : 0;
 }
 
 uint64_t vg_limit(int dev)
@@ -346,6 +434,6 @@ void vg_note_busy(int dev, uint64_t ns, uint64_t now)
     int slot = my_slot(dev);
     if (slot < 0)
         return;
-    atomic_fetch_add(&r->slots[slot].busy_ns, ns);
-    atomic_store(&r->slots[slot].last_active_ns, now);
+    atomic_fetch_add(&g_dev[dev].u->slots[slot].busy_ns, ns);
+    atomic_store(&g_dev[dev].u->slots[slot].last_active_ns, now);
 }

@@ -424,14 +424,7 @@ static void sdev_init(struct sdev *d, int dev)
         return;
     pthread_once(&g_atfork_once, register_atfork);
     d->r = r;
-    uint64_t key = atomic_load(&r->slice_key);
-    if (!key) {
-        /* A region from an arbiter without slice keys: the first process names it. */
-        uint64_t fresh = vg_random_key();
-        atomic_compare_exchange_strong(&r->slice_key, &key, fresh);
-        key = atomic_load(&r->slice_key);
-    }
-    d->key = key;
+    d->key = atomic_load(&r->slice_key); /* never 0: the region was checked when it was opened */
     char name[VGPU_REGION_UUID_LEN + 8];
     if (r->uuid[0])
         snprintf(name, sizeof(name), "%.*s", (int)VGPU_REGION_UUID_LEN - 1, r->uuid);

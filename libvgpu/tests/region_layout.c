@@ -33,11 +33,21 @@ int main(void)
     FIELD(struct vgpu_region, policy, 0);
     FIELD(struct vgpu_region, priority_floor, 0);
     FIELD(struct vgpu_region, generation, 0);
-    FIELD(struct vgpu_region, slot_high_water, 0);
+    FIELD(struct vgpu_region, reserved_hw, 0);
     FIELD(struct vgpu_region, reserved32, 0);
     FIELD(struct vgpu_region, slice_key, 0);
-    FIELD(struct vgpu_region, reserved, 0);
-    FIELD(struct vgpu_region, slots, 1);
+    FIELD(struct vgpu_region, reserved, 1);
+    printf("    }\n  },\n");
+    printf("  \"vgpu_usage\": {\n    \"size\": %zu,\n    \"align\": %zu,\n    \"fields\": {\n",
+           sizeof(struct vgpu_usage), alignof(struct vgpu_usage));
+    FIELD(struct vgpu_usage, magic, 0);
+    FIELD(struct vgpu_usage, version, 0);
+    FIELD(struct vgpu_usage, size, 0);
+    FIELD(struct vgpu_usage, slot_capacity, 0);
+    FIELD(struct vgpu_usage, slot_high_water, 0);
+    FIELD(struct vgpu_usage, reserved32, 0);
+    FIELD(struct vgpu_usage, reserved, 0);
+    FIELD(struct vgpu_usage, slots, 1);
     printf("    }\n  },\n");
     printf("  \"vg_slot\": {\n    \"size\": %zu,\n    \"align\": %zu,\n    \"fields\": {\n",
            sizeof(struct vg_slot), alignof(struct vg_slot));
@@ -52,6 +62,7 @@ int main(void)
     printf("    }\n  },\n");
     printf("  \"constants\": {\n");
     printf("    \"REGION_MAGIC\": %u,\n", VGPU_REGION_MAGIC);
+    printf("    \"USAGE_MAGIC\": %u,\n", VGPU_USAGE_MAGIC);
     printf("    \"REGION_VERSION\": %u,\n", VGPU_REGION_VERSION);
     printf("    \"REGION_SLOTS\": %u,\n", VGPU_REGION_SLOTS);
     printf("    \"REGION_UUID_LEN\": %u,\n", VGPU_REGION_UUID_LEN);

@@ -2,7 +2,7 @@
 /*
  * scribble.c - a hostile tenant for the compute tests (tests/test_hostile_compute.py).
  *
- *   scribble MODE SECONDS [--from NS] [--until NS] [--seed N] [--gap-us U]
+ *   scribble MODE SECONDS [--from NS] [--until NS] [--seed N] [--gap-us U] [--nice N]
  *
  * Run inside a vGPU container. Finds every file vgpu mounted into it (from
  * /proc/self/mountinfo: mount points under /dev/vgpu*, /run/vgpu/,
@@ -27,6 +27,9 @@
  *             (<uuid>.<16 hex>.req, the neighbours' keys read from the GPU
  *             file first) beside the GPU file; rename / link / unlink /
  *             symlink over the GPU file
+ *   limits    the region's memory_limit / share / priority / slice key raised
+ *             (refused: read-only), every slot of the usage file zeroed and its
+ *             high water cleared (the slice's own file: the limit must hold anyway)
  *   none      a control: find the files and probe them, write nothing
  *
  * Every mode also tries to open every file read-write and write-only (the
@@ -45,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -57,8 +61,8 @@
 #define SCHED_DIR "/run/vgpu/sched"
 #define MAX_CREATED 20000 /* made-up request files: plenty, without filling the host's disk */
 
-enum kind { K_GPU, K_REQ, K_REGION, K_LIB, K_PRELOAD, K_OTHER };
-static const char *kind_name[] = {"gpu", "req", "region", "lib", "preload", "other"};
+enum kind { K_GPU, K_REQ, K_REGION, K_USAGE, K_LIB, K_PRELOAD, K_OTHER };
+static const char *kind_name[] = {"gpu", "req", "region", "usage", "lib", "preload", "other"};
 
 struct file {
     char path[512];
@@ -145,7 +149,7 @@ static enum kind kind_of(const char *p)
 {
     size_t n = strlen(p);
     if (!strncmp(p, "/dev/vgpu", 9))
-        return K_REGION;
+        return n > 6 && !strcmp(p + n - 6, ".usage") ? K_USAGE : K_REGION;
     if (!strncmp(p, SCHED_DIR "/", sizeof(SCHED_DIR)))
         return n > 4 && !strcmp(p + n - 4, ".req") ? K_REQ : K_GPU;
     if (!strncmp(p, "/usr/lib/vgpu/", 14))
@@ -251,6 +255,8 @@ static long long size_for(const struct file *x)
         return sizeof(struct vgpu_sched_req);
     if (x->kind == K_REGION)
         return sizeof(struct vgpu_region);
+    if (x->kind == K_USAGE)
+        return sizeof(struct vgpu_usage);
     return x->size0 > 0 ? x->size0 : 64;
 }
 
@@ -283,6 +289,7 @@ static void sweep(struct file *x, int how)
 #define REQ_OFF(f) ((off_t)offsetof(struct vgpu_sched_req, f))
 #define REG_OFF(f) ((off_t)offsetof(struct vgpu_region, f))
 #define GPU_OFF(f) ((off_t)offsetof(struct vgpu_sched, f))
+#define USE_OFF(f) ((off_t)offsetof(struct vgpu_usage, f))
 
 static void lease(struct file *x, unsigned round)
 {
@@ -358,6 +365,28 @@ static void index_mode(struct file *x, unsigned round)
             put32(x, e + (off_t)offsetof(struct vgpu_sched_entry, priority), (uint32_t)rnd());
             put64(x, e + (off_t)offsetof(struct vgpu_sched_entry, key), rnd());
         }
+    }
+}
+
+/* Mode limits: raise the slice's own limits and hide what it uses. */
+static void limits_mode(struct file *x, unsigned round)
+{
+    if (x->kind == K_REGION) {
+        put64(x, REG_OFF(memory_limit), ~0ull);
+        put32(x, REG_OFF(compute_share), 100);
+        put32(x, REG_OFF(priority), VGPU_PRIORITY_HIGH);
+        put64(x, REG_OFF(slice_key), rnd() | 1);
+    } else if (x->kind == K_USAGE) {
+        /* Every slot's usage zeroed, and half the rounds the table hidden too. */
+        for (unsigned i = 0; i < VGPU_REGION_SLOTS; i++) {
+            off_t slot = USE_OFF(slots) + (off_t)(i * sizeof(struct vg_slot));
+            uint64_t used = 0;
+            if (pread(x->fd, &used, sizeof(used), slot + (off_t)offsetof(struct vg_slot, used)) == sizeof(used) &&
+                used)
+                put64(x, slot + (off_t)offsetof(struct vg_slot, used), 0);
+        }
+        if (round & 1)
+            put32(x, USE_OFF(slot_high_water), 0);
     }
 }
 
@@ -513,8 +542,8 @@ static void print_summary(const char *mode, double seconds, unsigned rounds, con
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|full|none SECONDS [--from NS] "
-                        "[--until NS] [--seed N] [--gap-us U]\n");
+        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|full|limits|none SECONDS [--from NS] "
+                        "[--until NS] [--seed N] [--gap-us U] [--nice N]\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -530,6 +559,8 @@ int main(int argc, char **argv)
             until_at = strtoull(argv[i + 1], NULL, 0);
         else if (!strcmp(argv[i], "--gap-us"))
             gap_us = (unsigned)strtoul(argv[i + 1], NULL, 0);
+        else if (!strcmp(argv[i], "--nice") && setpriority(PRIO_PROCESS, 0, atoi(argv[i + 1])) != 0)
+            perror("scribble: setpriority");
     }
     if (!g_rng)
         g_rng = 1;
@@ -546,6 +577,8 @@ int main(int argc, char **argv)
         attack = magic_mode;
     else if (!strcmp(mode, "none"))
         attack = probe_only;
+    else if (!strcmp(mode, "limits"))
+        attack = limits_mode;
     else if (strcmp(mode, "full") != 0) {
         fprintf(stderr, "scribble: unknown mode %s\n", mode);
         return 2;
