@@ -127,7 +127,9 @@ class Config:
 
 def config_path(explicit: str | Path | None = None,
                 environ: Mapping[str, str] = os.environ) -> Path:
-    """The config file to read: --config, else $VGPU_CONFIG, else /etc/vgpu/config.yaml."""
+    """The config file to read: --config, else $VGPU_CONFIG, else /etc/vgpu/config.yaml.
+
+    Only the last may be missing (load_config then gives the built-in defaults)."""
     if explicit:
         return Path(explicit)
     if environ.get("VGPU_CONFIG"):
@@ -160,16 +162,22 @@ def _validator() -> jsonschema.protocols.Validator:
 
 
 def load_config(path: Path | None, overrides: Mapping[str, object] = {},
-                *, required: bool = False) -> Config:
-    """Load and validate `path` (None or a missing file: built-in defaults) and apply overrides.
+                *, required: bool | None = None) -> Config:
+    """Load and validate `path` (None: built-in defaults) and apply overrides.
 
     `overrides` maps Config field names to values that win over the file (vgpud's
-    --socket, --state-dir, --run-dir); None values are ignored. With `required`, a
-    missing file is an error instead of the defaults.
+    --socket, --state-dir, --run-dir); None values are ignored. A missing file is an
+    error unless it is DEFAULT_CONFIG_PATH, which stands for the built-in defaults:
+    any other path was named on purpose (--config, VGPU_CONFIG, a client's config
+    passed on by the compiled runtime), and silently running on defaults would hide
+    the typo. `required` True or False makes a missing file an error or the defaults
+    whatever its path.
     """
     document: Any = {}
     tree: yaml.Node | None = None
     if path is not None:
+        if required is None:
+            required = Path(path) != DEFAULT_CONFIG_PATH
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError as e:

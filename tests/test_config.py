@@ -95,10 +95,16 @@ def test_schema_is_valid_draft_2020_12_and_closed() -> None:
     closed(schema, "#")
 
 
-def test_missing_file_gives_defaults_unless_required(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.yaml"
-    assert load_config(missing) == Config()
+def test_missing_file_is_an_error_unless_the_default_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    missing = tmp_path / "nope.yaml"  # named on purpose (--config, VGPU_CONFIG): a typo
     with pytest.raises(ConfigError, match=rf"^failed to load config {missing}: no such file$"):
+        load_config(missing)
+    assert load_config(missing, required=False) == Config()
+    # Only the default path stands for the built-in defaults when it is missing.
+    monkeypatch.setattr("arbiter.config.DEFAULT_CONFIG_PATH", missing)
+    assert load_config(missing) == Config()
+    with pytest.raises(ConfigError, match="no such file"):
         load_config(missing, required=True)
 
 
