@@ -73,7 +73,9 @@ def serve_containers(v: Vgpud, owner: str) -> None:
 
 
 def warnings(v: Vgpud) -> list[str]:
-    return [line for line in v.log().splitlines() if "WARNING" in line or "ERROR" in line]
+    """vgpud's warning and error lines about its metrics endpoint."""
+    return [line for line in v.log().splitlines()
+            if ("WARNING" in line or "ERROR" in line) and "metrics" in line]
 
 
 # ---- one vgpud per state dir ---------------------------------------------------------
