@@ -84,9 +84,10 @@ class Regions:
         #: UUIDs of the GPUs whose scheduling files vgpud keeps (set by the daemon).
         self.sched_gpus: list[str] = []
         #: Told (slice id, vGPU ordinal, reason) when a usage file reads malformed; the
-        #: daemon makes it an event and a metric. Once per slice, vGPU and reason.
+        #: daemon makes it an event and a metric. Once per slice and vGPU until it reads
+        #: whole again.
         self.on_bad_usage: Callable[[str, int, str], None] | None = None
-        self._bad_seen: set[tuple[str, int, str]] = set()
+        self._bad_seen: set[tuple[str, int]] = set()
         #: Told (what, path) when a part of the run dir was missing and is made again.
         self.on_remade: Callable[[str, Path], None] | None = None
 
@@ -262,14 +263,16 @@ class Regions:
             try:
                 with open_region(self.region_path(s.id, i), writable=False, proc=self.proc) as r:
                     out.append(r.used_bytes())
+                self._bad_seen.discard((s.id, i))  # whole again: the next spell is news
             except RegionError as e:
                 self._bad_usage(s.id, i, e)
                 out.append(0)
         return out
 
     def _bad_usage(self, slice_id: str, ordinal: int, e: RegionError) -> None:
-        """A usage file its tenant damaged (or that is gone): said once, never fatal."""
-        key = (slice_id, ordinal, e.reason)
+        """A usage file its tenant damaged (or that is gone): said once per bad spell (its
+        tenant may change it a thousand times a second), never fatal."""
+        key = (slice_id, ordinal)
         if key in self._bad_seen:
             return
         if len(self._bad_seen) > 10_000:

@@ -214,13 +214,20 @@ def test_a_deleted_usage_file_is_made_again_and_the_limits_keep_their_inode(regi
     assert regions.usage(s) == [0]
 
 
-def test_a_damaged_usage_file_is_reported_once_per_reason(regions):
+def test_a_damaged_usage_file_is_reported_once_per_bad_spell(regions):
     s = make_slice(n=2)
     regions.create(s)
     seen = []
     regions.on_bad_usage = lambda sid, i, why: seen.append((sid, i, why))
-    regions.region_path(s.id, 1).with_name("vgpu1.usage").write_bytes(b"\0" * 10)
-    for _ in range(5):
+    usage = regions.region_path(s.id, 1).with_name("vgpu1.usage")
+    whole = usage.read_bytes()
+    for n in range(5):  # its tenant rewrites it as fast as it likes: one report
+        usage.write_bytes(bytes([n]) * 10)
         assert regions.usage(s) == [0, 0]
         assert regions.pids(s) == {0: set(), 1: set()}
     assert seen == [(s.id, 1, "truncated: 10 bytes, expected 65600")]
+    usage.write_bytes(whole)
+    assert regions.usage(s) == [0, 0]
+    usage.write_bytes(b"\1" * 100)
+    assert regions.usage(s) == [0, 0]
+    assert seen[1:] == [(s.id, 1, "bad magic 0x01010101, expected 0x53554756")]  # a new spell
