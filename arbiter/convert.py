@@ -110,6 +110,7 @@ def request_from_proto(msg: pb.AllocateRequest, *, default_compute: int,
         owner_kind=msg.owner_kind or OwnerKind.CONTAINER,
         owner_pid=msg.owner_pid,
         labels=tuple(sorted(msg.labels.items())),
+        bundle=msg.bundle,
     )
 
 
@@ -119,7 +120,7 @@ def request_to_proto(r: Request) -> pb.AllocateRequest:
         owner=r.owner, memory_bytes=r.memory, compute_percent=r.compute, count=r.count,
         priority=priority_to_proto(r.priority), policy=policy_to_proto(r.policy),
         devices=list(r.devices), owner_kind=r.owner_kind, owner_pid=r.owner_pid,
-        labels=dict(r.labels),
+        labels=dict(r.labels), bundle=r.bundle,
     )
 
 
@@ -140,6 +141,7 @@ def slice_to_proto(s: Slice, *, region_dir: str = "", used: Sequence[int] = (),
         id=s.id, owner=s.owner, owner_kind=s.owner_kind, owner_pid=min(s.owner_pid, _U32_MAX),
         priority=priority_to_proto(s.priority), policy=policy_to_proto(s.policy),
         vgpus=vgpus, region_dir=region_dir, created_unix_ms=s.created_ms, labels=dict(s.labels),
+        owner_start=s.owner_start, owner_cgroup=s.owner_cgroup, owner_bundle=s.owner_bundle,
     )
 
 
@@ -153,6 +155,8 @@ def slice_from_proto(msg: pb.Slice) -> Slice:
         policy=policy_from_proto(msg.policy, Policy.FIXED),
         owner_kind=msg.owner_kind, owner_pid=msg.owner_pid, created_ms=msg.created_unix_ms,
         labels=tuple(sorted(msg.labels.items())),
+        owner_start=msg.owner_start, owner_cgroup=msg.owner_cgroup,
+        owner_bundle=msg.owner_bundle,
     )
 
 

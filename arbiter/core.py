@@ -33,13 +33,14 @@ from typing import Any, Protocol
 
 from arbiter import placement
 from arbiter.convert import DeviceView, policy_from_name, priority_from_name
-from arbiter.errors import NoCapacityError, NotFoundError, RequestError, VgpuError
+from arbiter.errors import NoCapacityError, NotFoundError, RequestError, StateError, VgpuError
+from arbiter.identity import Holder, Liveness
 from arbiter.model import Gpu, OwnerKind, Request, Slice
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
 from arbiter.region import proc_start_time
 from arbiter.regions import Regions
 
-__all__ = ["Allocation", "Arbiter", "Health", "Settings"]
+__all__ = ["Allocation", "Arbiter", "Health", "HeldError", "Settings"]
 
 log = logging.getLogger("vgpud")
 
@@ -69,6 +70,17 @@ class Settings:
     def from_config(cls, config: Any) -> Settings:
         """The Arbiter's settings out of an arbiter.config.Config."""
         return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+
+class HeldError(StateError):
+    """A slice is held by another container than the one asking (same id, other engine)."""
+
+    def __init__(self, verb: str, s: Slice, reason: str) -> None:
+        super().__init__(verb, f"slice {s.id} of owner {s.owner!r}", reason,
+                         code=StateError.CONFLICT)
+        self.slice = s
+        # The line the engine shows, after the hook's "failed to allocate a vGPU: ".
+        self.args = (f"container id {s.owner!r} is in use: slice {s.id}: {reason}",)
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,9 @@ class Arbiter:
         self._kill = kill
         self._lock = threading.RLock()
         self._slices: dict[str, Slice] = {}
-        self._owner_start: dict[str, int] = {}
+        #: Whether a slice's holder lives; the reconciler installs its own (use_liveness),
+        #: which also knows where runtimes keep state.
+        self.liveness = Liveness(self._proc)
         # Slices whose insert is queued for the store's next group commit.
         self._pending: dict[str, Future[None]] = {}
         self._started = time.monotonic()
@@ -131,15 +145,20 @@ class Arbiter:
             # reconcile_dirs then rewrites regions whose floor the config changed meanwhile.
             self.regions.priority_floor = self.settings.priority_floor
             report = self.regions.reconcile_dirs(self._slices.values())
-            for s in self._slices.values():
-                if s.owner_pid:
-                    self._owner_start[s.id] = proc_start_time(s.owner_pid, self._proc)
+            for s in list(self._slices.values()):
+                if s.owner_pid and not s.owner_start:  # recorded before start times were
+                    self._slices[s.id] = dataclasses.replace(
+                        s, owner_start=proc_start_time(s.owner_pid, self._proc))
             if report.created or report.fixed or report.removed:
                 log.warning("repaired region directories: made %s, fixed %s, removed %s",
                             list(report.created), list(report.fixed), list(report.removed))
             self.emit("start", slices=len(self._slices), devices=len(self.gpus),
                        regions_made=list(report.created), regions_fixed=list(report.fixed),
                        regions_removed=list(report.removed))
+
+    def use_liveness(self, liveness: Liveness) -> None:
+        """Judge holders by `liveness` (the reconciler's: it knows the runtime state roots)."""
+        self.liveness = liveness
 
     def reload(self, settings: Settings) -> None:
         """Apply new reloadable settings; a new priority floor reaches running slices in place."""
@@ -164,9 +183,10 @@ class Arbiter:
             return s
 
     def owner_start_time(self, slice_id: str) -> int:
-        """/proc start time of the owner pid when the slice was made (or at start), 0 if unknown."""
+        """/proc start time of the owner pid when it was recorded, 0 if unknown."""
         with self._lock:
-            return self._owner_start.get(slice_id, 0)
+            s = self._slices.get(slice_id)
+            return s.owner_start if s is not None else 0
 
     def usage(self, s: Slice) -> list[int]:
         """Memory libvgpu charges to each vGPU of the slice."""
@@ -249,30 +269,50 @@ class Arbiter:
                 policy_from_name(st.default_policy))
 
     def allocate(self, req: Request) -> Allocation:
-        """Give req.owner a slice (its existing one, if any); returns once it is durable."""
+        """Give req.owner a slice (its existing one, if any); returns once it is durable.
+
+        The owner's existing slice is given back only to the container that holds it
+        (or, before its prestart, to the same bundle); one whose holder is gone is
+        released first; one that another live container holds is refused (HeldError)."""
         t0 = time.perf_counter()
         outcome = "error"
         try:
-            with self._lock:
-                self.validate(req)
-                existing = self._by_owner(req.owner)
-                if existing is not None:
-                    if not self.regions.exists(existing.id):
-                        self.regions.create(existing)
-                    first_answer = self._pending.get(existing.id)
-                else:
-                    plan = placement.place(req, self.gpus, list(self._slices.values()),
-                                           policy=self.settings.placement_policy,
-                                           allow_preemption=self.settings.allow_preemption)
-                    if plan.evict:
-                        result = self._allocate_evicting(req, plan)
-                        outcome = "evicted"
-                        return result
-                    new, pending = self._allocate_queued(req, plan)
+            who = self._observe(req.owner_pid, req.owner_kind, req.bundle)
+            while True:
+                stale: Slice | None = None
+                bind: Future[bool] | None = None
+                with self._lock:
+                    self.validate(req)
+                    existing = self._by_owner(req.owner)
+                    if existing is not None:
+                        claim = self._claim(existing, who, "allocate")
+                        if claim == "stale":
+                            stale = existing
+                        else:
+                            if not self.regions.exists(existing.id):
+                                self.regions.create(existing)
+                            first_answer = self._pending.get(existing.id)
+                            if claim == "bind":
+                                bound, bind = self._bind(existing, who)
+                    else:
+                        plan = placement.place(req, self.gpus, list(self._slices.values()),
+                                               policy=self.settings.placement_policy,
+                                               allow_preemption=self.settings.allow_preemption)
+                        if plan.evict:
+                            result = self._allocate_evicting(req, plan, who)
+                            outcome = "evicted"
+                            return result
+                        new, pending = self._allocate_queued(req, plan, who)
+                if stale is None:
+                    break
+                # Its holder is gone (a missed poststop): free it, then allocate afresh.
+                self.release(stale.id, reason="owner_gone", event="release")
             if existing is not None:
                 # A retry must not be acknowledged before the first answer could be.
                 if first_answer is not None:
                     first_answer.result()
+                if bind is not None:
+                    existing = self._await_bind(existing, bound, bind)
                 outcome = "existing"
                 return Allocation(existing, existing=True)
             self._await_durable(new, pending, undo=self._undo_allocation)
@@ -289,17 +329,107 @@ class Arbiter:
             if self.metrics is not None:
                 self.metrics.allocation(time.perf_counter() - t0, outcome)
 
-    def _new_slice(self, req: Request, plan: placement.Placement) -> Slice:
+    def attach(self, slice_id: str, owner: str, pid: int, bundle: str = "") -> Slice:
+        """Bind the owner's slice (made at `create`) to its container's init (prestart).
+
+        NotFoundError when the owner holds no slice with that id; HeldError when another
+        live container holds it. Returns once the binding is durable."""
+        verb = "attach slice"
+        if pid <= 0:
+            raise RequestError(verb, "owner_pid", pid, "must be the container's init pid")
+        who = self._observe(pid, OwnerKind.CONTAINER, bundle)
+        with self._lock:
+            s = self._find(slice_id, owner, verb)
+            if s is None or not owner or s.owner != owner:
+                raise NotFoundError(verb, _what(slice_id, owner))
+            claim = self._claim(s, who, "attach")
+            if claim == "stale":  # another bundle's, whose holder is gone: not this one's
+                raise NotFoundError(verb, _what(slice_id, owner))
+            first_answer = self._pending.get(s.id)
+            bind = None
+            if claim == "bind":
+                bound, bind = self._bind(s, who)
+        if first_answer is not None:
+            first_answer.result()
+        return self._await_bind(s, bound, bind) if bind is not None else s
+
+    def _observe(self, pid: int, kind: str, bundle: str) -> Holder:
+        """The asker as the host sees it (pid's start time and cgroup read from /proc)."""
+        return self.liveness.observe(pid, kind=kind,
+                                     bundle=os.path.normpath(bundle) if bundle else "")
+
+    def _claim(self, s: Slice, who: Holder, verb: str) -> str:
+        """What an Allocate or Attach by `who` does with the owner's slice `s`.
+
+        "same": it is who's already; "bind": made at create, who is its container
+        starting; "stale": its holder is gone; HeldError: another live container's.
+        Before its start a slice is told from another container's by its bundle; an
+        Attach names the slice id from the container's own spec, which says it all."""
+        held = Holder.of(s)
+        if s.owner_pid:
+            if who.is_process(held):
+                return "same"
+            if not self.liveness.alive(s):
+                return "stale"
+            if (who.pid and who.cgroup and who.cgroup == s.owner_cgroup
+                    and not self.liveness.init_alive(s)):
+                return "stale"  # the same container (its cgroup), started again
+            raise self._held(verb, s, who)
+        if (verb != "attach" and who.bundle and s.owner_bundle
+                and who.bundle != s.owner_bundle):
+            if self.liveness.alive(s):
+                raise self._held(verb, s, who)
+            return "stale"
+        return "bind" if who.pid else "same"
+
+    def _held(self, verb: str, s: Slice, who: Holder) -> HeldError:
+        if s.owner_pid:
+            holder = f"a running container (init pid {s.owner_pid}"
+        else:
+            holder = "a container that is being created (not started yet"
+        if s.owner_bundle:
+            holder += f", bundle {s.owner_bundle}"
+        e = HeldError(verb, s, f"{holder}) holds it; a second container with the same id "
+                               "cannot share its slice")
+        self.emit(f"{verb}.refused", slice=s.id, owner=s.owner, holder_pid=s.owner_pid,
+                   holder_bundle=s.owner_bundle, pid=who.pid, bundle=who.bundle)
+        return e
+
+    def _bind(self, s: Slice, who: Holder) -> tuple[Slice, Future[bool]]:
+        """Record who holds s (under the lock); the write joins the next group commit."""
+        bound = dataclasses.replace(s, owner_pid=who.pid, owner_start=who.start,
+                                    owner_cgroup=who.cgroup,
+                                    owner_bundle=who.bundle or s.owner_bundle)
+        pending = self.store.bind_async(s.id, bound.owner_pid, bound.owner_start,
+                                        bound.owner_cgroup, bound.owner_bundle)
+        self._slices[s.id] = bound
+        return bound, pending
+
+    def _await_bind(self, old: Slice, bound: Slice, pending: Future[bool]) -> Slice:
+        try:
+            if not pending.result():
+                raise NotFoundError("attach slice", _what(old.id, ""))
+        except BaseException:
+            with self._lock:
+                if self._slices.get(old.id) is bound:
+                    self._slices[old.id] = old
+            raise
+        self.emit("attach", slice=bound.id, owner=bound.owner, pid=bound.owner_pid,
+                   cgroup=bound.owner_cgroup, bundle=bound.owner_bundle)
+        return bound
+
+    def _new_slice(self, req: Request, plan: placement.Placement, who: Holder) -> Slice:
         return Slice(
             id=self._new_id(), owner=req.owner, grants=tuple(plan.grants),
             priority=req.priority, policy=req.policy, owner_kind=req.owner_kind,
             owner_pid=req.owner_pid, created_ms=int(time.time() * 1000), labels=req.labels,
+            owner_start=who.start, owner_cgroup=who.cgroup, owner_bundle=who.bundle,
         )
 
-    def _allocate_queued(self, req: Request,
-                         plan: placement.Placement) -> tuple[Slice, Future[None]]:
+    def _allocate_queued(self, req: Request, plan: placement.Placement,
+                         who: Holder) -> tuple[Slice, Future[None]]:
         """The common case (no eviction): hold the room now, commit with the next batch."""
-        new = self._new_slice(req, plan)
+        new = self._new_slice(req, plan, who)
         self.regions.create(new)
         try:
             pending = self.store.commit_allocation_async(new)
@@ -309,8 +439,6 @@ class Arbiter:
             raise
         self._slices[new.id] = new
         self._pending[new.id] = pending
-        if new.owner_pid:
-            self._owner_start[new.id] = proc_start_time(new.owner_pid, self._proc)
         return new, pending
 
     def _await_durable(self, s: Slice, pending: Future[Any],
@@ -336,11 +464,12 @@ class Arbiter:
             with contextlib.suppress(VgpuError):
                 self.regions.create(s)
 
-    def _allocate_evicting(self, req: Request, plan: placement.Placement) -> Allocation:
+    def _allocate_evicting(self, req: Request, plan: placement.Placement,
+                           who: Holder) -> Allocation:
         """Preemption (rare): synchronously, after every queued write, under the lock."""
         self.store.flush()
         evicted = [self._slices[e] for e in plan.evict if e in self._slices]
-        new = self._new_slice(req, plan)
+        new = self._new_slice(req, plan, who)
         self.regions.create(new)
         try:
             self.store.commit_allocation(new, [s.id for s in evicted])
@@ -357,8 +486,6 @@ class Arbiter:
                 self.metrics.eviction()
                 self.metrics.release("evict")
         self._slices[new.id] = new
-        if new.owner_pid:
-            self._owner_start[new.id] = proc_start_time(new.owner_pid, self._proc)
         evicted_ids = tuple(s.id for s in evicted)
         self._emit_allocate(new, evicted_ids)
         return Allocation(new, existing=False, evicted=evicted_ids)
@@ -372,14 +499,25 @@ class Arbiter:
                    evicted=list(evicted))
 
     def release(self, slice_id: str = "", owner: str = "", *,
-                reason: str = "release", event: str = "release") -> Slice | None:
+                reason: str = "release", event: str = "release",
+                pid: int = 0, bundle: str = "", asker: bool = False) -> Slice | None:
         """Release a slice by id or owner; None when there was none (release is idempotent).
 
-        Returns once the release is durable."""
+        With `asker` (a container's poststop or rollback, naming its init `pid` and its
+        `bundle`, either may be unknown) the slice is released only when that container
+        holds it or its holder is gone: a container that still has a live process keeps
+        its slice, whoever else asks (HeldError). Returns once the release is durable."""
+        who = self._observe(pid, OwnerKind.CONTAINER, bundle) if asker else None
         with self._lock:
             s = self._find(slice_id, owner, "release slice")
             if s is None:
                 return None
+            if who is not None:
+                why = self._kept_from(s, who)
+                if why:
+                    self.emit("release.refused", slice=s.id, owner=s.owner, pid=pid,
+                               bundle=bundle, reason=why)
+                    raise HeldError("release", s, why)
             pending = self.store.delete_async(s.id)
             self._forget(s)
         self._await_durable(s, pending, undo=self._undo_release)
@@ -433,9 +571,23 @@ class Arbiter:
                 return s
         return None
 
+    def _kept_from(self, s: Slice, who: Holder) -> str:
+        """Why `who` may not release s ("" when it may)."""
+        if who.is_process(Holder.of(s)):
+            return ""  # its own prestart, rolling back
+        if s.owner_pid:
+            if self.liveness.alive(s):
+                return (f"its container still runs (init pid {s.owner_pid}"
+                        + (f", bundle {s.owner_bundle})" if s.owner_bundle else ")"))
+            return ""
+        if who.bundle and s.owner_bundle and who.bundle != s.owner_bundle \
+                and self.liveness.alive(s):
+            return f"it was allocated for bundle {s.owner_bundle}, not {who.bundle}"
+        return ""
+
     def _forget(self, s: Slice) -> None:
         self._slices.pop(s.id, None)
-        self._owner_start.pop(s.id, None)
+        self.liveness.forget(s.id)
         try:
             self.regions.remove(s.id)
         except VgpuError as e:  # the store is the truth; the next start removes it

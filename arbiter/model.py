@@ -18,7 +18,7 @@ __all__ = ["Gpu", "Grant", "OwnerKind", "Policy", "Priority", "Request", "Slice"
 class OwnerKind:
     """Who holds a slice: decides how the reconciler checks that it still exists."""
 
-    CONTAINER = "container"  # a container id; gone when the runtime's state says so
+    CONTAINER = "container"  # a container id; gone when its init and its cgroup are
     PROCESS = "process"      # a host process (vgpu run); gone when its pid is
 
     ALL = (CONTAINER, PROCESS)
@@ -50,6 +50,7 @@ class Request:
     owner_kind: str = OwnerKind.CONTAINER
     owner_pid: int = 0
     labels: tuple[tuple[str, str], ...] = ()
+    bundle: str = ""                 # the container's OCI bundle, as its runtime names it
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class Slice:
     priority: Priority = Priority.NORMAL
     policy: Policy = Policy.FIXED
     owner_kind: str = OwnerKind.CONTAINER
-    owner_pid: int = 0
+    owner_pid: int = 0               # container init (0: not started yet) or the process
     created_ms: int = 0
     labels: tuple[tuple[str, str], ...] = field(default=())
+    # Who holds it, as the host saw at prestart (arbiter.identity): the owner pid's
+    # /proc start time, the init's cgroup (`<controllers>:<path>`), the OCI bundle.
+    owner_start: int = 0
+    owner_cgroup: str = ""
+    owner_bundle: str = ""

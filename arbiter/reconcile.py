@@ -2,14 +2,17 @@
 """Reconciliation: release slices whose owner is gone, report (and optionally kill) drift.
 
 One pass (`Reconciler.run_once`) runs at start and every reconcile_interval_s in
-a thread. An owner is gone when:
+a thread. An owner is gone by arbiter.identity's rule:
 - kind "process": its pid is not alive (pid and /proc start time, like the
   region slots' liveness check);
-- kind "container": its pid is not alive AND no OCI runtime keeps state for the
-  container id under any of the runtime state roots (runc: /run/runc/<id>;
-  containerd's runc shim: /run/containerd/runc/<namespace>/<id>; docker:
-  /run/docker/runtime-runc/moby/<id>). A container slice without a pid is only
-  released when the runtime state is gone.
+- kind "container", started (prestart recorded its init): the init is not alive
+  (pid and start time) AND no process is left in its recorded cgroup, whatever
+  runtime or state root runs it;
+- kind "container", allocated at create and not started yet: no OCI runtime keeps
+  state for the container id under any of the runtime state roots (runc:
+  /run/runc/<id>; containerd's runc shim: /run/containerd/runc/<namespace>/<id>;
+  docker: /run/docker/runtime-runc/moby/<id>) AND either such state was seen and is
+  gone, or the grace period since its allocation has passed (another runtime or root).
 
 Drift is a slice whose NVML-measured memory on a GPU (its owner pid, the
 owner's descendants, and for containers every host process in the owner's pid
@@ -27,7 +30,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,8 +38,8 @@ from typing import Any
 from arbiter import memguard
 from arbiter.attribution import SlicePids
 from arbiter.core import Arbiter
+from arbiter.identity import PENDING_GRACE_S, Liveness, runtime_state_exists
 from arbiter.model import OwnerKind, Slice
-from arbiter.region import pid_alive
 
 __all__ = ["DRIFT_ACTIONS", "PassReport", "Reconciler", "runtime_state_exists"]
 
@@ -54,24 +57,6 @@ class PassReport:
     killed: list[int] = field(default_factory=list)
 
 
-def runtime_state_exists(container_id: str, roots: Iterable[Path]) -> bool:
-    """True when an OCI runtime keeps state for container_id under a root (depth 1 or 2)."""
-    if not container_id or "/" in container_id or container_id in (".", ".."):
-        return False
-    for root in roots:
-        root = Path(root)
-        if (root / container_id).exists():
-            return True
-        try:
-            subdirs = [d for d in root.iterdir() if d.is_dir()]
-        except OSError:
-            continue
-        for d in subdirs:  # containerd namespaces, docker's "moby"
-            if (d / container_id).exists():
-                return True
-    return False
-
-
 class Reconciler:
     """Periodic reconciliation of one Arbiter's slices against the host."""
 
@@ -86,9 +71,14 @@ class Reconciler:
         sample: Callable[[], Mapping[int, Any]] | None = None,
         kill: Callable[[int, int], None] = os.kill,
         metrics: Any = None,
+        pending_grace_s: float = PENDING_GRACE_S,
     ) -> None:
         self.arbiter = arbiter
         self.runtime_state_roots = tuple(Path(r) for r in runtime_state_roots)
+        # The arbiter judges holders (Allocate, Release) by the same rule as the passes.
+        self.liveness = Liveness(proc, runtime_state_roots=self.runtime_state_roots,
+                                 pending_grace_s=pending_grace_s)
+        arbiter.use_liveness(self.liveness)
         self.drift_action = drift_action
         self.interval_s = interval_s
         self.proc = Path(proc)
@@ -112,12 +102,7 @@ class Reconciler:
 
     def owner_alive(self, s: Slice) -> bool:
         """True while the slice's owner (process or container) exists."""
-        if s.owner_pid and pid_alive(s.owner_pid, self.arbiter.owner_start_time(s.id),
-                                     self.proc):
-            return True
-        if s.owner_kind == OwnerKind.PROCESS:
-            return False
-        return runtime_state_exists(s.owner, self.runtime_state_roots)
+        return self.liveness.alive(s)
 
     def run_once(self) -> PassReport:
         """One pass: release slices of gone owners, then check drift."""

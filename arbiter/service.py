@@ -3,7 +3,8 @@
 
 Every error becomes a gRPC status with the error's one-line message:
 no capacity -> RESOURCE_EXHAUSTED; a bad request, pin, count or quantity ->
-INVALID_ARGUMENT; no such slice -> NOT_FOUND; a state conflict -> ABORTED;
+INVALID_ARGUMENT; no such slice -> NOT_FOUND; a state conflict (an owner held by
+another live container) -> ABORTED;
 state, region or anything unexpected -> INTERNAL (logged with its traceback).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, TypeVar
 import grpc
 
 from arbiter.convert import device_to_proto, request_from_proto, slice_to_proto
-from arbiter.core import Arbiter
+from arbiter.core import Arbiter, HeldError
 from arbiter.errors import (
     BadPinError,
     CountError,
@@ -119,9 +120,22 @@ class ArbiterService(vgpu_pb2_grpc.ArbiterServicer):  # type: ignore[misc]
     @_rpc("release slice")
     def Release(self, request: pb.ReleaseRequest,  # noqa: N802
                 context: grpc.ServicerContext) -> pb.ReleaseResponse:
-        """Release by id or owner; released=False when there was no such slice."""
-        s = self.arbiter.release(request.id, request.owner)
+        """Release by id or owner; released=False when there was no such slice, or when
+        the container asking (owner_pid, bundle) does not hold it (kept says why)."""
+        try:
+            s = self.arbiter.release(request.id, request.owner, pid=request.owner_pid,
+                                     bundle=request.bundle,
+                                     asker=bool(request.owner_pid or request.bundle))
+        except HeldError as e:
+            return pb.ReleaseResponse(released=False, id=e.slice.id, kept=str(e))
         return pb.ReleaseResponse(released=s is not None, id=s.id if s else request.id)
+
+    @_rpc("attach slice")
+    def Attach(self, request: pb.AttachRequest,  # noqa: N802
+               context: grpc.ServicerContext) -> pb.Slice:
+        """Bind the owner's slice to its container's init (prestart)."""
+        return self._slice(self.arbiter.attach(request.id, request.owner, request.owner_pid,
+                                               request.bundle), with_usage=False)
 
     @_rpc("get slice")
     def Get(self, request: pb.GetRequest,  # noqa: N802

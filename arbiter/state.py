@@ -63,7 +63,14 @@ def _v1_initial(db: sqlite3.Connection) -> None:
         )""")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_initial,)
+def _v2_holder(db: sqlite3.Connection) -> None:
+    # Who holds a slice, as the host saw it at prestart (arbiter.identity).
+    db.execute("ALTER TABLE slices ADD COLUMN owner_start INTEGER NOT NULL DEFAULT 0")
+    db.execute("ALTER TABLE slices ADD COLUMN owner_cgroup TEXT NOT NULL DEFAULT ''")
+    db.execute("ALTER TABLE slices ADD COLUMN owner_bundle TEXT NOT NULL DEFAULT ''")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_holder)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -188,6 +195,15 @@ class Store:
         return self._submit(lambda db: self._write_allocation(db, new, evicted),
                             f"slice {new.id}")
 
+    def bind_async(self, id: str, pid: int, start: int, cgroup: str,
+                   bundle: str) -> Future[bool]:
+        """Record the slice's holder (prestart); the future is done once durable, with
+        False when there is no such slice."""
+        return self._submit(lambda db: db.execute(
+            "UPDATE slices SET owner_pid = ?, owner_start = ?, owner_cgroup = ?,"
+            " owner_bundle = ? WHERE id = ?", (pid, start, cgroup, bundle, id)).rowcount > 0,
+            f"slice {id}")
+
     def delete_async(self, id: str) -> Future[bool]:
         """delete, batched with other writers; the future is done once durable."""
         return self._submit(lambda db: self._write_delete(db, id), f"slice {id}")
@@ -252,10 +268,12 @@ class Store:
         try:
             db.execute(
                 "INSERT INTO slices (id, owner, owner_kind, owner_pid, priority, policy,"
-                " created_ms, labels) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " created_ms, labels, owner_start, owner_cgroup, owner_bundle)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (new.id, new.owner, new.owner_kind, new.owner_pid, int(new.priority),
                  int(new.policy), new.created_ms,
-                 json.dumps([list(kv) for kv in new.labels])))
+                 json.dumps([list(kv) for kv in new.labels]), new.owner_start,
+                 new.owner_cgroup, new.owner_bundle))
         except sqlite3.IntegrityError as e:
             raise self._conflict(db, new) from e
         _insert_grants(db, new.id, new.grants)
@@ -342,11 +360,11 @@ class Store:
                                  code=StateError.SCHEMA, path=self.path) from e
 
 
-_SELECT_SLICE = ("SELECT id, owner, owner_kind, owner_pid, priority, policy, created_ms, labels"
-                 " FROM slices")
+_SELECT_SLICE = ("SELECT id, owner, owner_kind, owner_pid, priority, policy, created_ms, labels,"
+                 " owner_start, owner_cgroup, owner_bundle FROM slices")
 _SELECT_GRANTS = "SELECT slice_id, ordinal, gpu_index, gpu_uuid, memory, compute FROM grants"
 
-_SliceRow = tuple[str, str, str, int, int, int, int, str]
+_SliceRow = tuple[str, str, str, int, int, int, int, str, int, str, str]
 
 
 def _insert_grants(db: sqlite3.Connection, slice_id: str, grants: Sequence[Grant]) -> None:
@@ -366,9 +384,11 @@ def _grants_by_slice(rows: list[tuple[str, int, int, str, int, int]],
 
 
 def _slice(row: _SliceRow, grants: tuple[Grant, ...]) -> Slice:
-    sid, owner, owner_kind, owner_pid, priority, policy, created_ms, labels = row
+    (sid, owner, owner_kind, owner_pid, priority, policy, created_ms, labels, owner_start,
+     owner_cgroup, owner_bundle) = row
     return Slice(
         id=sid, owner=owner, grants=grants, priority=Priority(priority), policy=Policy(policy),
         owner_kind=owner_kind, owner_pid=owner_pid, created_ms=created_ms,
         labels=tuple((str(k), str(v)) for k, v in json.loads(labels)),
+        owner_start=owner_start, owner_cgroup=owner_cgroup, owner_bundle=owner_bundle,
     )

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vgpud over gRPC, as the hook needs it: Allocate, Get and Release with bounded waits.
+"""vgpud over gRPC, as the hook needs it: Allocate, Attach, Get and Release with bounded waits.
 
 grpc and the generated stubs are imported when a Vgpud is made, never on the path of a
 container without a request (the hook's start-up time counts in every container start).
@@ -117,10 +117,26 @@ class Vgpud:
         return _view(self._call("get the vGPU slice", "Get", self.pb.GetRequest(id=slice_id),
                                 timeout, wait))
 
-    def release(self, owner: str, *, timeout: float, wait: bool = True) -> bool:
-        """Release the owner's slice; False when it had none (release is idempotent)."""
+    def attach(self, slice_id: str, owner: str, pid: int, bundle: str, *, timeout: float,
+               wait: bool = True) -> SliceView:
+        """Bind the slice vgpu-runtime allocated to the container's init (prestart)."""
+        request = self.pb.AttachRequest(id=slice_id, owner=owner, owner_pid=pid, bundle=bundle)
+        try:
+            return _view(self._stub.Attach(request, timeout=max(timeout, 0.05),
+                                           wait_for_ready=wait))
+        except self._grpc.RpcError as e:
+            if e.code() != self._grpc.StatusCode.UNIMPLEMENTED:
+                raise self._error("allocate a vGPU", e, timeout, wait) from None
+        # An older vgpud: the slice as it is (it judges liveness by runtime state).
+        return self.get(slice_id, timeout=timeout, wait=wait)
+
+    def release(self, owner: str, *, timeout: float, wait: bool = True, pid: int = 0,
+                bundle: str = "") -> bool:
+        """Release the owner's slice; False when it had none (release is idempotent) or,
+        when the container asking names itself (pid, bundle), when it does not hold it."""
         resp = self._call("release the vGPU slice", "Release",
-                          self.pb.ReleaseRequest(owner=owner), timeout, wait)
+                          self.pb.ReleaseRequest(owner=owner, owner_pid=pid, bundle=bundle),
+                          timeout, wait)
         return bool(resp.released)
 
 

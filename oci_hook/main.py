@@ -173,7 +173,7 @@ def prestart(state: HookState, phase: str, env: Mapping[str, str]) -> int:
     except BaseException:
         helper.abort()
         if client is not None:
-            rollback(client, p.settings, state.id)
+            rollback(client, p.settings, state)
         raise
     finally:
         if client is not None:
@@ -182,22 +182,29 @@ def prestart(state: HookState, phase: str, env: Mapping[str, str]) -> int:
 
 
 def _parse(raw: dict[str, str], state: HookState) -> Request:
+    import dataclasses
+
     from arbiter.model import Policy, Priority
     from oci_hook.request import parse_request
 
     # 0 / NORMAL / FIXED stand in for "not given": allocate() sends unspecified for
     # the keys the request lacks, so vgpud applies its own (live) config defaults.
-    return parse_request(raw, owner=state.id, owner_pid=state.pid,
-                         defaults=(0, Priority.NORMAL, Policy.FIXED))
+    req = parse_request(raw, owner=state.id, owner_pid=state.pid,
+                        defaults=(0, Priority.NORMAL, Policy.FIXED))
+    return dataclasses.replace(req, bundle=str(state.bundle))
 
 
 def _slice(client: Vgpud, settings: _Settings, state: HookState, raw: dict[str, str],
            annotations: Mapping[str, str], req: Request | None) -> SliceView:
-    """The slice vgpu-runtime allocated (vgpu.io/slice, checked to be ours), else Allocate."""
+    """The slice vgpu-runtime allocated (vgpu.io/slice, checked to be ours), else Allocate.
+
+    Either way vgpud records this container's init with the slice (its liveness), and
+    refuses when another live container holds the id's slice."""
     slice_id = annotations.get(SLICE_ANNOTATION)
     if slice_id:
         try:
-            s: SliceView = _call(settings, lambda **kw: client.get(slice_id, **kw))
+            s: SliceView = _call(settings, lambda **kw: client.attach(
+                slice_id, state.id, state.pid, str(state.bundle), **kw))
             if s.owner == state.id:
                 return s
         except VgpudError as e:
@@ -210,11 +217,15 @@ def _slice(client: Vgpud, settings: _Settings, state: HookState, raw: dict[str, 
     return allocated
 
 
-def rollback(client: Vgpud, settings: _Settings, owner: str) -> None:
-    """Release the container's slice after a failed prestart; best effort, bounded."""
+def rollback(client: Vgpud, settings: _Settings, state: HookState) -> None:
+    """Release the container's slice after a failed prestart; best effort, bounded.
+
+    The container names itself: another live container's slice (the same id, refused
+    at Allocate) stays with it."""
     # On failure the reconciler frees it once the container is gone.
     with contextlib.suppress(VgpudError):
-        client.release(owner, timeout=min(2.0, settings.cap), wait=False)
+        client.release(state.id, timeout=min(2.0, settings.cap), wait=False, pid=state.pid,
+                       bundle=str(state.bundle))
 
 
 def poststop(state: HookState, env: Mapping[str, str], *, config: Config | None = None,
@@ -239,7 +250,11 @@ def poststop(state: HookState, env: Mapping[str, str], *, config: Config | None 
         connect = Vgpud
     client = connect(settings.socket)
     try:
-        _call(settings, lambda **kw: client.release(state.id, **kw), most=_POSTSTOP_WAIT_S)
+        # The container names itself (its bundle; runc's stopped state has no pid): a
+        # slice that another container with the same id holds is not released.
+        _call(settings, lambda **kw: client.release(state.id, pid=state.pid,
+                                                    bundle=str(state.bundle), **kw),
+              most=_POSTSTOP_WAIT_S)
     except VgpudError as e:
         if not e.unavailable:
             raise

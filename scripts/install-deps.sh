@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Install what building and testing vgpu needs; safe to run again (installs only what is missing).
 #   Debian packages: gcc, make, libc6-dev (apt-get, only when one is missing);
-#                    for the end-to-end tests runc, containerd, docker.io and
+#                    for the end-to-end tests runc, crun, containerd, docker.io and
 #                    busybox-static (an engine counts as present when its command
 #                    is on PATH, however it was installed: docker-ce's dockerd will do)
 #   Python packages: the project's runtime dependencies and its `test` extra, read from
@@ -24,7 +24,7 @@ if [[ -x .venv/bin/python ]] || externally_managed; then
 fi
 
 # command -> Debian package, for the container engines the end-to-end tests drive.
-ENGINE_PACKAGES=(runc:runc containerd:containerd ctr:containerd
+ENGINE_PACKAGES=(runc:runc crun:crun containerd:containerd ctr:containerd
                  containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io)
 
 deb_installed() {
@@ -54,7 +54,7 @@ if ((${#missing[@]})); then
     "${SUDO[@]}" apt-get update -q
     DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
-    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc containerd docker.io busybox-static)"
+    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io busybox-static)"
 fi
 
 if ((USE_VENV)); then

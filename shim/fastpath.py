@@ -10,7 +10,9 @@ same decisions, the same one-line errors, without a Python process per container
     runtime-create  bundle, id, path, self -> exec lower=..., or error
     prestart        phase, state           -> mount (the Plan), ok, or error
     poststop        state                  -> ok, or error
-    release         id                     -> ok (a failed exec or mount gives it back)
+    release         id [state | bundle]    -> ok (a failed exec or mount gives it back;
+                                              the container names itself, so another
+                                              container's slice with the same id stays)
 
 Every request also names `config` (the file the client would read) and `socket`
 ($VGPU_SOCKET, or empty for the config's): a client that is not talking about this
@@ -122,10 +124,10 @@ class FastPath:
 
         return Vgpud(socket, stub=self.stub)
 
-    def _release(self, owner: str) -> None:
+    def _release(self, owner: str, pid: int = 0, bundle: str = "") -> None:
         from arbiter.proto import vgpu_pb2
 
-        self.stub.Release(vgpu_pb2.ReleaseRequest(owner=owner))
+        self.stub.Release(vgpu_pb2.ReleaseRequest(owner=owner, owner_pid=pid, bundle=bundle))
 
     # -- ops -------------------------------------------------------------------
 
@@ -172,10 +174,10 @@ class FastPath:
         try:
             plan = plan_for(p, client)
         except BaseException:
-            rollback(client, p.settings, state.id)
+            rollback(client, p.settings, state)
             raise
         return Reply.of("mount", ("id", state.id), ("pid", str(state.pid)), *plan.to_fields(),
-                        undo=lambda: self._release(state.id))
+                        undo=lambda: self._release(state.id, state.pid, str(state.bundle)))
 
     def poststop(self, req: Fields, env: dict[str, str], config: Config) -> Reply:
         """vgpu-hook poststop: release the container's slice."""
@@ -187,11 +189,16 @@ class FastPath:
 
     def release(self, req: Fields, env: dict[str, str], config: Config) -> Reply:
         """Give a container's slice back after its exec or mounts failed."""
-        cid = req.get("id")
+        from oci_hook.state import parse_state
+
+        cid, pid, bundle = req.get("id"), 0, req.get("bundle")
+        if req.get("state"):  # vgpu-hook after a failed mount: the container's OCI state
+            state = parse_state(req.get("state"))
+            cid, pid, bundle = cid or state.id, state.pid, str(state.bundle)
         if not cid:
             return Reply.error("failed to release the vGPU slice: no container id")
         try:
-            self._release(cid)
+            self._release(cid, pid, bundle)
         except Exception as e:  # the reconciler frees it; say so in vgpud's log only
             log.warning("lifecycle: failed to release the slice of %s: %s", cid, e)
         return Reply.of("ok")

@@ -20,6 +20,7 @@ for it in-process (shim/fastpath.py), and it execs this module whenever it canno
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -208,15 +209,16 @@ class _Vgpud:
         except grpc.RpcError as e:
             raise AllocateError(request.owner, _rpc_reason(e, self.socket, self.wait_s)) from e
 
-    def release(self, owner: str) -> None:
-        """Release owner's slice; failures are left to vgpud's reconciler."""
+    def release(self, owner: str, bundle: str = "") -> None:
+        """Release owner's slice (allocated for `bundle`); failures are left to vgpud's
+        reconciler."""
         import grpc
 
         from arbiter.proto import vgpu_pb2
 
         try:
-            self.stub.Release(vgpu_pb2.ReleaseRequest(owner=owner), timeout=_RELEASE_TIMEOUT_S,
-                              wait_for_ready=True)
+            self.stub.Release(vgpu_pb2.ReleaseRequest(owner=owner, bundle=bundle),
+                              timeout=_RELEASE_TIMEOUT_S, wait_for_ready=True)
         except grpc.RpcError as e:
             print(f"vgpu: failed to release the slice of {owner}: "
                   f"{_rpc_reason(e, self.socket, _RELEASE_TIMEOUT_S)} "
@@ -264,6 +266,10 @@ def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str
     request = parse_request(raw, owner=inv.container_id, defaults=(
         config.default_compute, priority_from_name(config.default_priority),
         policy_from_name(config.default_policy)))
+    # Who asks: the bundle tells this container from another with the same id until its
+    # prestart records its init (vgpud refuses an id that another live container holds).
+    bundle = str(inv.bundle) if inv.bundle is not None else ""
+    request = dataclasses.replace(request, bundle=bundle)
     socket = environ.get("VGPU_SOCKET") or str(config.socket)
     vgpud = connect(socket, config.hook_wait_s)
     try:
@@ -276,7 +282,7 @@ def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str
             for_slice(info, hook, env_request=from_env).modify(spec)
             store.flush(spec)
         except BaseException:
-            vgpud.release(inv.container_id)
+            vgpud.release(inv.container_id, bundle)
             raise
     finally:
         vgpud.close()
@@ -284,7 +290,7 @@ def give_vgpu(inv: Invocation, store: FileSpec, spec: Spec, environ: Mapping[str
     def undo() -> None:
         again = connect(socket, _RELEASE_TIMEOUT_S)
         try:
-            again.release(request.owner)
+            again.release(request.owner, bundle)
         finally:
             again.close()
     return lower, undo

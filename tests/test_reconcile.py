@@ -2,6 +2,7 @@
 """arbiter.reconcile: dead owners' slices are released, drift is flagged or killed."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -88,16 +89,17 @@ def test_process_owner_released_when_its_pid_dies(arbiter, sleeper):
     assert rec.run_once().released == []
 
 
-def test_a_reused_pid_is_not_the_owner(arbiter, sleeper, monkeypatch):
+def test_a_reused_pid_is_not_the_owner(arbiter, sleeper):
     p = sleeper()
     s = arbiter.allocate(Request(owner="p", memory=MiB, compute=10,
                                  owner_kind=OwnerKind.PROCESS, owner_pid=p.pid)).slice
+    assert arbiter.owner_start_time(s.id) > 0
     # As if the pid had been reused by a process started at another time.
-    monkeypatch.setattr(arbiter, "owner_start_time", lambda sid: 1)
+    arbiter._slices[s.id] = dataclasses.replace(s, owner_start=1)
     assert Reconciler(arbiter).run_once().released == [s.id]
 
 
-def test_container_owner_needs_pid_and_runtime_state_gone(arbiter, sleeper, tmp_path):
+def test_started_container_is_judged_by_its_init_not_runtime_state(arbiter, sleeper, tmp_path):
     root = tmp_path / "runc"
     root.mkdir()
     init = sleeper()
@@ -106,13 +108,14 @@ def test_container_owner_needs_pid_and_runtime_state_gone(arbiter, sleeper, tmp_
     no_pid = arbiter.allocate(Request(owner="c-nopid", memory=MiB, compute=10)).slice
     (root / "c-nopid").mkdir()
     (root / "c-pid").mkdir()
-    rec = Reconciler(arbiter, runtime_state_roots=[root])
+    rec = Reconciler(arbiter, runtime_state_roots=[root], pending_grace_s=0)
     assert rec.run_once().released == []
     init.kill()
     init.wait()
-    assert rec.run_once().released == []  # runc still has its state: not gone yet
-    (root / "c-pid").rmdir()
+    # Started: its init is gone (and it has no cgroup of its own): runtime state or not.
     assert rec.run_once().released == [with_pid.id]
+    # Not started yet (no init recorded): the runtime's state keeps it, past the grace.
+    assert rec.run_once().released == []
     (root / "c-nopid").rmdir()
     assert rec.run_once().released == [no_pid.id]
     assert arbiter.slices() == []

@@ -97,7 +97,7 @@ def test_file_settings(tmp_path):
         assert st._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
         assert st._db.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert raw(path, "PRAGMA journal_mode") == [("wal",)]
-        assert raw(path, "PRAGMA user_version") == [(1,)]
+        assert raw(path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 
 def test_explicit_file_name(tmp_path):
@@ -244,7 +244,7 @@ def test_migrates_data_forward(tmp_path):
     with Store(tmp_path) as st:
         st.commit_allocation(s)
     with Store(tmp_path, migrations=(*MIGRATIONS, _v2_add_grant_uuid_index)) as st:
-        assert st.schema_version == 2
+        assert st.schema_version == SCHEMA_VERSION + 1
         assert st.get("a") == s
     assert raw(tmp_path / DB_NAME, "SELECT * FROM labels") == [("a", "k", "v")]
 
@@ -260,8 +260,8 @@ def test_failed_migration_changes_nothing(tmp_path):
     with pytest.raises(StateError) as info:
         Store(tmp_path, migrations=(*MIGRATIONS, broken))
     assert info.value.code == StateError.SCHEMA
-    assert "step to version 2 failed: disk on fire" in str(info.value)
-    assert raw(tmp_path / DB_NAME, "PRAGMA user_version") == [(1,)]
+    assert f"step to version {SCHEMA_VERSION + 1} failed: disk on fire" in str(info.value)
+    assert raw(tmp_path / DB_NAME, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
     assert raw(tmp_path / DB_NAME, "SELECT name FROM sqlite_master WHERE name = 'half'") == []
     with Store(tmp_path) as st:
         assert [x.id for x in st.slices()] == ["a"]
@@ -274,7 +274,7 @@ def test_newer_database_is_refused(tmp_path):
         Store(tmp_path)
     assert info.value.code == StateError.SCHEMA
     assert str(info.value).endswith(
-        "schema version 9 is newer than this vgpud knows (1); upgrade vgpu")
+        f"schema version 9 is newer than this vgpud knows ({SCHEMA_VERSION}); upgrade vgpu")
 
 
 # --- threads --------------------------------------------------------------------------------

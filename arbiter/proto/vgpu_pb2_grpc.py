@@ -44,6 +44,11 @@ class ArbiterStub:
                 request_serializer=arbiter_dot_proto_dot_vgpu__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=arbiter_dot_proto_dot_vgpu__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.Attach = channel.unary_unary(
+                '/vgpu.v1.Arbiter/Attach',
+                request_serializer=arbiter_dot_proto_dot_vgpu__pb2.AttachRequest.SerializeToString,
+                response_deserializer=arbiter_dot_proto_dot_vgpu__pb2.Slice.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/vgpu.v1.Arbiter/Get',
                 request_serializer=arbiter_dot_proto_dot_vgpu__pb2.GetRequest.SerializeToString,
@@ -84,6 +89,15 @@ class ArbiterServicer:
 
     def Release(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Attach(self, request, context):
+        """Prestart: bind the slice allocated at create to the container's init (vgpud reads
+        the init's start time and cgroup from /proc). Refused (ABORTED) when another live
+        container holds the owner's slice.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -131,6 +145,11 @@ def add_ArbiterServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=arbiter_dot_proto_dot_vgpu__pb2.ReleaseRequest.FromString,
                     response_serializer=arbiter_dot_proto_dot_vgpu__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'Attach': grpc.unary_unary_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=arbiter_dot_proto_dot_vgpu__pb2.AttachRequest.FromString,
+                    response_serializer=arbiter_dot_proto_dot_vgpu__pb2.Slice.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
@@ -212,6 +231,33 @@ class Arbiter:
             '/vgpu.v1.Arbiter/Release',
             arbiter_dot_proto_dot_vgpu__pb2.ReleaseRequest.SerializeToString,
             arbiter_dot_proto_dot_vgpu__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/vgpu.v1.Arbiter/Attach',
+            arbiter_dot_proto_dot_vgpu__pb2.AttachRequest.SerializeToString,
+            arbiter_dot_proto_dot_vgpu__pb2.Slice.FromString,
             options,
             channel_credentials,
             insecure,

@@ -77,12 +77,15 @@ static int base_request(struct vg_msg *m, const char *op)
            vg_msg_add(m, "config", vg_config_path()) || vg_msg_add(m, "socket", sock ? sock : "");
 }
 
-/* After a failed mount: vgpud releases the container's slice. */
+/* After a failed mount: vgpud releases the container's slice. The OCI state goes along:
+ * the container names itself (init pid, bundle), so a slice that another container
+ * with the same id holds stays with it. */
 static void release(const char *sock, const char *id)
 {
     struct vg_msg req = {0}, reply = {0};
     char err[256];
-    if (!base_request(&req, "release") && !vg_msg_add(&req, "id", id))
+    if (!base_request(&req, "release") && !vg_msg_add(&req, "id", id) &&
+        !vg_msg_addn(&req, "state", state, state_len))
         vg_call(sock, &req, &reply, RELEASE_TIMEOUT_MS, err, sizeof(err));
     vg_msg_free(&req);
     vg_msg_free(&reply);

@@ -356,7 +356,8 @@ static void vgpu_path(const struct inv *inv, int argc, char **argv)
     char ignored[256];
     if (!vg_msg_add(&rel, "v", VG_PROTOCOL_VERSION) && !vg_msg_add(&rel, "op", "release") &&
         !vg_msg_add(&rel, "config", vg_config_path()) &&
-        !vg_msg_add(&rel, "socket", env_sock ? env_sock : "") && !vg_msg_add(&rel, "id", inv->id))
+        !vg_msg_add(&rel, "socket", env_sock ? env_sock : "") && !vg_msg_add(&rel, "id", inv->id) &&
+        !vg_msg_add(&rel, "bundle", inv->bundle))  /* who asks: another bundle's slice stays */
         vg_call(sock, &rel, &ack, RELEASE_TIMEOUT_MS, ignored, sizeof(ignored));
     report(inv, err);
     exit(1);
