@@ -7,21 +7,38 @@ process in the owner's pid namespace (libvgpu inside a container registers the
 container's own pid numbers, which mean nothing on the host). Used by the drift
 guard (memory measured above the limit) and by the per-slice compute metric.
 
-`SlicePids.host` is the trusted subset, for the compute guard that kills or
-freezes what it finds: region slots are written by the tenant (a slot could name
-a neighbour's pid), so it takes only what the host itself says: the owner pid,
-its descendants (a `vgpu run` child), and for a container the processes in the
-owner's pid namespace.
+`SlicePids.host` is the trusted subset, for the guard and the drift check that
+kill or freeze what they find: region slots are written by the tenant (a slot
+could name a neighbour's pid), so it takes only what the host itself says:
+
+- the owner pid, while it is the process recorded (its /proc start time: a pid
+  reused after the owner died is someone else's), and its descendants (a
+  `vgpu run` child);
+- for a container, the processes in the owner's pid namespace (not the host's),
+  and those in the cgroup its runtime made for it (the cgroup recorded at
+  prestart, from the path component that names the container id down: a
+  `--pid=host` container, `docker exec` into one). A recorded cgroup that does
+  not name the container (a runtime without cgroups leaves the init in its
+  caller's, shared with others) or that holds vgpud is not used.
+
+Never vgpud itself; pid 1 and vgpud's own ancestors never bring their
+descendants (the whole host would be the slice's).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from arbiter.identity import Cgroups
 from arbiter.model import OwnerKind, Slice
+from arbiter.region import proc_start_time
 
-__all__ = ["SlicePids", "descendants", "pid_namespace"]
+__all__ = ["SlicePids", "container_cgroup", "descendants", "pid_namespace"]
+
+#: Cgroup directories walked below a container's cgroup (nested cgroups of its own).
+_WALK_MAX = 256
 
 
 def pid_namespace(proc: Path, pid: str) -> str:
@@ -63,6 +80,39 @@ def descendants(children: Mapping[int, set[int]], pid: int) -> set[int]:
     return out
 
 
+def _ancestors(children: Mapping[int, set[int]], pid: int) -> set[int]:
+    """pid's ancestors in the process tree given as parent -> children."""
+    parent = {c: p for p, cs in children.items() for c in cs}
+    out: set[int] = set()
+    while pid in parent and parent[pid] not in out:
+        pid = parent[pid]
+        out.add(pid)
+    return out
+
+
+def _names(component: str, container_id: str) -> bool:
+    """Whether a cgroup path component is the one a runtime names after the container:
+    <id> (cgroupfs: runc, docker, kubepods), <id>.scope, <prefix>-<id>.scope (systemd:
+    runc-, docker-, cri-containerd-, crio-, libpod-)."""
+    return component in (container_id, f"{container_id}.scope") or \
+        component.endswith(f"-{container_id}.scope")
+
+
+def container_cgroup(s: Slice) -> str:
+    """The part of s's recorded cgroup (`<controllers>:<path>`) its runtime made for it
+    (down to the last component that names the container id); "" when none does."""
+    if s.owner_kind != OwnerKind.CONTAINER or not s.owner or not s.owner_cgroup:
+        return ""
+    key, sep, path = s.owner_cgroup.partition(":")
+    if not sep or not path.startswith("/"):
+        return ""
+    parts = [p for p in path.split("/") if p]
+    for i in range(len(parts), 0, -1):
+        if _names(parts[i - 1], s.owner):
+            return f"{key}:/" + "/".join(parts[:i])
+    return ""
+
+
 def _pids_by_namespace(proc: Path) -> dict[str, set[int]]:
     out: dict[str, set[int]] = {}
     try:
@@ -86,6 +136,8 @@ class SlicePids:
         self._own_ns = pid_namespace(self._proc, "self")
         self._by_ns: dict[str, set[int]] | None = None
         self._children: dict[int, set[int]] | None = None
+        self._never: set[int] | None = None       # pid 1 and vgpud's ancestors
+        self._cgroups = Cgroups(self._proc)
 
     def of(self, s: Slice) -> list[set[int]]:
         """Host pids of each vGPU of s (index = vGPU ordinal); never vgpud itself."""
@@ -99,16 +151,54 @@ class SlicePids:
 
     def host(self, s: Slice) -> set[int]:
         """Pids the host attributes to s (owner, its descendants, its container's pid
-        namespace), none taken from tenant-writable region slots; never vgpud itself."""
-        if not s.owner_pid:
+        namespace and cgroup), none taken from tenant-writable region slots; never vgpud."""
+        out: set[int] = set()
+        owner = s.owner_pid
+        if owner and self._is_owner(owner, s.owner_start):
+            out.add(owner)
+            if owner not in self._excluded():
+                assert self._children is not None
+                out |= descendants(self._children, owner)
+            out |= self._namespace_of(s)
+        out |= self._cgroup_of(s)
+        return out - self._excluded()
+
+    def _excluded(self) -> set[int]:
+        """Never the slice's: vgpud, its ancestors and pid 1 (a wrong owner pid would
+        otherwise hand the guard the whole host)."""
+        if self._never is None:
+            if self._children is None:
+                self._children = _children(self._proc)
+            self._never = {1} | _ancestors(self._children, os.getpid())
+        return self._never | {os.getpid()}
+
+    def _is_owner(self, pid: int, start: int) -> bool:
+        """pid is in /proc and, where both are known, started when the owner did."""
+        if not (self._proc / str(pid)).is_dir():
+            return False
+        now = proc_start_time(pid, self._proc)
+        return not start or not now or now == start
+
+    def _cgroup_of(self, s: Slice) -> set[int]:
+        """Host pids in the cgroup the container's runtime made for it (and below it)."""
+        cgroup = container_cgroup(s)
+        top = self._cgroups.directory(cgroup) if cgroup else None
+        if top is None:
             return set()
-        if self._children is None:
-            self._children = _children(self._proc)
-        out = {s.owner_pid} | descendants(self._children, s.owner_pid) | self._namespace_of(s)
-        return out - {os.getpid()}
+        out: set[int] = set()
+        for seen, (here, dirs, _) in enumerate(os.walk(top), 1):
+            with contextlib.suppress(OSError, ValueError):
+                out |= {int(x) for x in (Path(here) / "cgroup.procs").read_text().split()}
+            if seen >= _WALK_MAX:
+                del dirs[:]
+        # A cgroup that holds vgpud holds more than the container (identity never
+        # records one; a stale record must not make vgpud's neighbours the slice's).
+        return set() if os.getpid() in out else out
 
     def _namespace_of(self, s: Slice) -> set[int]:
-        """Host pids in a container owner's pid namespace (empty for a host process)."""
+        """Host pids in a container owner's pid namespace (empty for a host process).
+
+        The caller has checked that owner_pid is the recorded process."""
         if s.owner_kind != OwnerKind.CONTAINER or not s.owner_pid:
             return set()
         ns = pid_namespace(self._proc, str(s.owner_pid))

@@ -9,6 +9,7 @@ signals throughout; the end-to-end test forges the slot in a real vgpud's usage 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,14 +24,15 @@ from conftest import ROOT, TEST_BIN
 from vgpud_harness import Vgpud
 
 from arbiter import region
-from arbiter.attribution import SlicePids
+from arbiter.attribution import SlicePids, container_cgroup
 from arbiter.core import Arbiter
 from arbiter.events import EventLog
+from arbiter.freezer import find_root
 from arbiter.guardian import Guardian
 from arbiter.inventory import DeviceSample
-from arbiter.model import Gpu, OwnerKind, Request
+from arbiter.model import Gpu, Grant, OwnerKind, Request, Slice
 from arbiter.reconcile import Reconciler
-from arbiter.region import pid_namespace_inode, visible_pid
+from arbiter.region import pid_namespace_inode, proc_start_time, visible_pid
 from arbiter.regions import Regions
 from arbiter.state import Store
 
@@ -124,16 +126,19 @@ def test_a_containers_processes_are_its_pid_namespace(arbiter, procs):
     holder = procs("unshare", "--pid", "--fork", "--kill-child", "sh", "-c",
                    "sleep 60 & sleep 60 & wait")
     neighbour = procs()
-    deadline = time.monotonic() + 10
+    children = Path(f"/proc/{holder.pid}/task/{holder.pid}/children")
     inside: list[int] = []
+    deadline = time.monotonic() + 10
     while len(inside) < 3 and time.monotonic() < deadline:  # the forked sh and its sleeps
-        ns = pid_namespace_inode(holder.pid)
-        inside = [int(p) for p in os.listdir("/proc") if p.isdigit()
-                  and pid_namespace_inode(p) not in (0, ns, pid_namespace_inode("self"))]
+        kids = [int(c) for c in children.read_text().split()]
+        ns = pid_namespace_inode(kids[0]) if kids else 0
+        if ns and ns != pid_namespace_inode("self"):
+            inside = sorted(int(p) for p in os.listdir("/proc")
+                            if p.isdigit() and pid_namespace_inode(p) == ns)
         time.sleep(0.05)
     if len(inside) < 3:
         pytest.skip("unshare --pid did not make a pid namespace here")
-    init = min(inside)
+    init = kids[0]
     s = arbiter.allocate(Request(owner="ctr", memory=16 * MiB, compute=10,
                                  owner_pid=init)).slice
     assert SlicePids(arbiter.regions.pids).host(s) == set(inside)
@@ -144,6 +149,89 @@ def test_a_containers_processes_are_its_pid_namespace(arbiter, procs):
     report = rec.run_once()
     assert report.killed == [sleeper]
     assert neighbour.poll() is None
+
+
+CID = "0123456789abcdef"
+
+
+@pytest.mark.parametrize(("cgroup", "expected"), [
+    pytest.param(f":/system.slice/docker-{CID}.scope", f":/system.slice/docker-{CID}.scope",
+                 id="docker-systemd"),
+    pytest.param(f":/docker/{CID}", f":/docker/{CID}", id="docker-cgroupfs"),
+    pytest.param(f":/kubepods.slice/kubepods-pod1.slice/cri-containerd-{CID}.scope",
+                 f":/kubepods.slice/kubepods-pod1.slice/cri-containerd-{CID}.scope",
+                 id="containerd-systemd"),
+    pytest.param(f":/machine.slice/libpod-{CID}.scope/container",
+                 f":/machine.slice/libpod-{CID}.scope", id="podman-nested-init"),
+    pytest.param(f"pids:/{CID}", f"pids:/{CID}", id="v1-runc"),
+    pytest.param(":/user.slice/user-1000.slice/session-3.scope", "",
+                 id="callers-session-not-the-containers"),
+    pytest.param(f":/x/{CID}-other", "", id="id-inside-another-name"),
+    pytest.param("", "", id="none-recorded"),
+    pytest.param(f"/{CID}", "", id="malformed"),
+])
+def test_container_cgroup_is_the_one_named_after_it(cgroup: str, expected: str) -> None:
+    s = Slice("s1", CID, (Grant(0, "GPU-0", MiB, 10),), owner_cgroup=cgroup)
+    assert container_cgroup(s) == expected
+    assert container_cgroup(dataclasses.replace(s, owner_kind=OwnerKind.PROCESS)) == ""
+
+
+def test_a_reused_owner_pid_is_not_the_owner(procs) -> None:
+    """The owner died and its pid went to a neighbour: the start time tells them apart."""
+    neighbour = procs()
+    child = procs("sh", "-c", "sleep 60")
+    s = Slice("s1", "p", (Grant(0, "GPU-0", MiB, 10),), owner_kind=OwnerKind.PROCESS,
+              owner_pid=neighbour.pid, owner_start=proc_start_time(neighbour.pid) + 1)
+    assert SlicePids(lambda _s: {}).host(s) == set()
+    same = dataclasses.replace(s, owner_start=proc_start_time(neighbour.pid))
+    assert SlicePids(lambda _s: {}).host(same) == {neighbour.pid}
+    assert child.pid not in SlicePids(lambda _s: {}).host(same)
+
+
+def test_pid_1_and_vgpuds_ancestors_are_never_a_slices() -> None:
+    s = Slice("s1", "p", (Grant(0, "GPU-0", MiB, 10),), owner_kind=OwnerKind.PROCESS,
+              owner_pid=1)
+    assert SlicePids(lambda _s: {}).host(s) == set()          # not the whole host
+    s = dataclasses.replace(s, owner_pid=os.getppid())
+    assert os.getpid() not in SlicePids(lambda _s: {}).host(s)
+    assert os.getppid() not in SlicePids(lambda _s: {}).host(s)
+
+
+@pytest.fixture
+def cgroup_v2() -> Path:
+    """The cgroup v2 root, where this test may make groups (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    root = find_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy under /sys/fs/cgroup")
+    return root
+
+
+def test_a_containers_cgroup_counts_even_without_its_init(cgroup_v2, procs):
+    """A --pid=host container whose init is gone: what its runtime's cgroup holds is its;
+    a cgroup that does not name it is not used."""
+    root = cgroup_v2
+    mine, other = root / f"vgpu-test-{CID}.scope", root / "vgpu-test-other.scope"
+    try:
+        for d in (mine, other):
+            d.mkdir()
+        inside, stranger = procs(), procs()
+        (mine / "cgroup.procs").write_text(str(inside.pid))
+        (other / "cgroup.procs").write_text(str(stranger.pid))
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        s = Slice("s1", CID, (Grant(0, "GPU-0", MiB, 10),), owner_pid=gone.pid,
+                  owner_cgroup=f":/{mine.name}")
+        assert SlicePids(lambda _s: {}).host(s) == {inside.pid}
+        elsewhere = dataclasses.replace(s, owner="another-id", owner_cgroup=f":/{other.name}")
+        assert SlicePids(lambda _s: {}).host(elsewhere) == set()
+    finally:
+        for d in (mine, other):
+            if d.exists():
+                for pid in (d / "cgroup.procs").read_text().split():
+                    (root / "cgroup.procs").write_text(pid)
+                d.rmdir()
 
 
 # --- a real vgpud: the slot forged in the tenant's own usage file -----------------------
@@ -180,8 +268,9 @@ def test_forged_slot_in_a_real_vgpud_gets_no_neighbour_killed(tmp_path, simgpu_e
     tenant = None
     try:
         assert neighbour.stdout is not None
-        victim = next(json.loads(line)["pid"] for line in neighbour.stdout
-                      if '"hold"' in line)
+        victim = next((json.loads(line)["pid"] for line in neighbour.stdout
+                       if '"hold"' in line), None)
+        assert victim is not None, f"the neighbour did not start: exit {neighbour.wait()}"
         # The tenant: a 16 MiB slice whose process writes the victim into its slot.
         tenant = subprocess.Popen([*cli, "--memory", "16Mi", "--", sys.executable, "-c",
                                    FORGE, str(victim)],
