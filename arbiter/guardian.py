@@ -224,7 +224,8 @@ class Guardian:
     def _act_memory(self, s: Slice, f: memguard.MemoryFinding, pids: set[int]) -> None:
         key = (f.slice_id, f.gpu)
         action = self.memory_action
-        if key not in self._mem_flagged:
+        first = key not in self._mem_flagged
+        if first:
             self._mem_flagged.add(key)
             self.arbiter.emit("guard.over_memory", slice=s.id, owner=s.owner, gpu=f.gpu,
                               used=f.used, limit=f.limit, allowed=f.allowed, pids=list(f.pids),
@@ -243,12 +244,14 @@ class Guardian:
                 self.arbiter.emit("guard.kill", slice=s.id, owner=s.owner, gpu=f.gpu,
                                   pids=self._sigkill(todo), resource="memory")
         elif action == "throttle":
-            self._hold(s, f.gpu, f.pids, pids, allowed=None, run=guard.MIN_RUN_FRACTION)
+            # Every tick (a process that joins is held too); a refusal is said once.
+            self._hold(s, f.gpu, f.pids, pids, allowed=None, run=guard.MIN_RUN_FRACTION,
+                       say_refusal=first)
 
     # -- throttles ---------------------------------------------------------------
 
     def _hold(self, s: Slice, gpu: int, offenders: Iterable[int], pids: set[int], *,
-              allowed: int | None, run: float) -> None:
+              allowed: int | None, run: float, say_refusal: bool = True) -> None:
         """Throttle the cgroups of offenders: for compute (allowed) or memory (None)."""
         memory = allowed is None
         cgroups = {cg for cg in (cgroup_of(p, self.proc) for p in offenders) if cg is not None}
@@ -263,9 +266,10 @@ class Guardian:
                 continue
             why = self._refusal(cg, pids)
             if why:
-                self.arbiter.emit("guard.throttle_refused", slice=s.id, owner=s.owner,
-                                  gpu=gpu, cgroup=cg, reason=why,
-                                  resource="memory" if memory else "compute")
+                if say_refusal:
+                    self.arbiter.emit("guard.throttle_refused", slice=s.id, owner=s.owner,
+                                      gpu=gpu, cgroup=cg, reason=why,
+                                      resource="memory" if memory else "compute")
                 continue
             assert self.freezer is not None
             cycle = DutyCycle(self.freezer, cg, run)

@@ -200,6 +200,18 @@ def test_memory_throttle_holds_the_cgroup_until_within_the_limit(arbiter, tmp_pa
         g.stop()
 
 
+def test_memory_throttle_without_a_freezer_is_refused_once_per_episode(arbiter, sleeper):
+    p = sleeper()
+    owned(arbiter, "p", p.pid, 64 * MiB)
+    g = Guardian(arbiter, lambda: {}, memory=lambda: {0: {p.pid: GiB}},
+                 memory_action="throttle", memory_margin=0, freezer=None)
+    for _ in range(5):
+        g.tick()
+    (refused,) = kinds(arbiter, "guard.throttle_refused")
+    assert refused["resource"] == "memory" and "freezer" in refused["reason"]
+    assert len(kinds(arbiter, "guard.over_memory")) == 1 and p.poll() is None
+
+
 # --- a real vgpud: a dlmopen() bypass allocating past its limit ---------------------------
 
 class Tenant:
