@@ -4,12 +4,15 @@ and a real vgpud on simgpu catching a dlmopen() bypass of libvgpu that allocates
 slice's limit (real processes, real NVML figures, real SIGKILL)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from arbiter import memguard
 from arbiter.config import Config
 from arbiter.core import Arbiter
 from arbiter.events import EventLog
+from arbiter.freezer import Freezer, find_root
 from arbiter.guardian import Guardian
 from arbiter.memguard import MemoryFinding, MemoryUse
 from arbiter.model import Gpu, OwnerKind, Request
@@ -180,8 +184,6 @@ def test_memory_throttle_holds_the_cgroup_until_within_the_limit(arbiter, tmp_pa
     (cg / "tenant").mkdir(parents=True)
     (cg / "tenant" / "cgroup.procs").write_text("100\n")
     (cg / "tenant" / "cgroup.freeze").write_text("0")
-    from arbiter.freezer import Freezer
-
     sid = owned(arbiter, "hog", 100, 64 * MiB)
     memory = {0: {100: GiB}}
     g = Guardian(arbiter, lambda: {}, memory=lambda: memory, memory_action="throttle",
@@ -217,10 +219,13 @@ def test_memory_throttle_without_a_freezer_is_refused_once_per_episode(arbiter, 
 class Tenant:
     """`vgpu run --memory LIMIT -- dlmopen_load --queue 0 --alloc BYTES` (libvgpu bypassed)."""
 
-    def __init__(self, v: Vgpud, limit: str, alloc: int, seconds: float = 30) -> None:
+    def __init__(self, v: Vgpud, limit: str, alloc: int, seconds: float = 30,
+                 cgroup: Path | None = None) -> None:
         cli = [sys.executable, "-m", "arbiter.cli", "--socket", str(v.socket), "run",
                "--memory", limit, "--", LOAD, "--queue", "0", "--alloc", str(alloc),
                "--seconds", str(seconds)]
+        if cgroup is not None:  # the shell joins the cgroup, then becomes vgpu run
+            cli = ["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec "$@"', "sh", *cli]
         self.proc = subprocess.Popen(cli, cwd=ROOT, env=v.env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self.ready: dict = {}
@@ -305,5 +310,61 @@ def test_a_process_within_its_limit_is_left_alone(vgpud):
         t.wait_ready()
         assert t.proc.wait(timeout=30) == 0
         assert v.events("guard.over_memory") == [] and v.events("guard.kill") == []
+    finally:
+        t.close()
+
+
+@pytest.fixture
+def cgroup() -> Iterator[tuple[Path, Path]]:
+    """A fresh child of the cgroup v2 root for the tenant: (root, its directory)."""
+    if os.geteuid() != 0:
+        pytest.skip("freezing a cgroup needs root")
+    root = find_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy under /sys/fs/cgroup")
+    path = root / f"vgpu-memguard-test-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot make a cgroup v2 group: {e}")
+    if not (path / "cgroup.freeze").exists():
+        path.rmdir()
+        pytest.skip("this kernel's cgroup v2 has no freezer (cgroup.freeze, Linux >= 5.2)")
+    yield root, path
+    with contextlib.suppress(OSError):
+        (path / "cgroup.freeze").write_text("0")
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            path.rmdir()
+            break
+        except OSError:
+            time.sleep(0.05)
+
+
+def test_throttle_freezes_the_bypass_and_vgpud_thaws_it(vgpud, cgroup):
+    root, path = cgroup
+    v = vgpud(memory_action="throttle", cgroup_root=str(root))
+    t = Tenant(v, "64Mi", GiB, cgroup=path)
+    try:
+        t.wait_ready()
+        held = v.wait_for(lambda: v.events("guard.throttle"), timeout=10,
+                          what="guard.throttle")[0]
+        caught = time.monotonic() - t.ready_at
+        assert caught <= 2.0, f"throttled after {caught:.2f} s"
+        assert (held["cgroup"], held["resource"]) == ("/" + path.name, "memory")
+        freezer = Freezer(root)
+        deadline = time.monotonic() + 2
+        frozen = False
+        while not frozen and time.monotonic() < deadline:
+            frozen = freezer.frozen("/" + path.name)
+            time.sleep(0.01)
+        assert frozen
+        assert t.proc.poll() is None                  # held, not killed: it keeps its memory
+        assert v.stop() == 0                          # vgpud never leaves it frozen
+        assert (path / "cgroup.freeze").read_text().strip() == "0"
+        assert v.events("guard.unthrottle")[-1]["reason"] == "vgpud stopping"
     finally:
         t.close()
