@@ -227,3 +227,37 @@ def test_same_container_id_twice(host, tmp_path, second):
     host.stop(cid, first)
     assert host.slices() == []
     assert [e["slice"] for e in host.vgpud.events("release")] == [s.id]
+
+
+def test_a_process_left_in_the_cgroup_keeps_the_slice(host, tmp_path):
+    """The init exits, a process it started lives on in the container's cgroup (no pid
+    namespace of its own, so nothing kills it): the slice stays until that one is gone."""
+    root, cid = tmp_path / "detached", f"leftover-{os.getpid()}"
+    b = host.bundle(cid, hooks=True)
+    spec = json.loads((b / "config.json").read_text())
+    spec["process"]["args"] = ["/bin/sh", "-c", "sleep 600 & exit 0"]
+    spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"]
+                                   if n["type"] != "pid"]
+    (b / "config.json").write_text(json.dumps(spec))
+    runc = ["runc", "--root", str(root)]
+    subprocess.run([*runc, "run", "-d", "--bundle", str(b), cid], env=host.env(), check=True,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=60)
+    try:
+        s = host.started(cid)
+        assert s.owner_cgroup
+
+        def stopped() -> bool:
+            out = subprocess.run([*runc, "state", cid], capture_output=True, text=True).stdout
+            return json.loads(out)["status"] == "stopped"
+        host.vgpud.wait_for(stopped, timeout=20, what="the init's exit")
+        time.sleep(6 * PASS_S)
+        host.restart_vgpud()
+        time.sleep(4 * PASS_S)
+        assert [x.id for x in host.slices()] == [s.id]
+        assert host.vgpud.events("reconcile.release") == []
+    finally:
+        # runc delete kills what is left in the cgroup, then runs the poststop hook.
+        subprocess.run([*runc, "delete", "--force", cid], env=host.env(), timeout=60,
+                       capture_output=True)
+    host.vgpud.wait_for(lambda: host.slices() == [], timeout=10, what="the slice released")
