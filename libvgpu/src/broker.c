@@ -17,7 +17,9 @@
  * which no other slice waited, so no claim moves time onto another slice.
  * A holder that stays past its quantum while others wait, runs out of credit
  * or is outranked loses the token; the work it had queued is charged to it
- * until it reports the drain (at most TAIL_MAX).
+ * until it reports the drain. A tail never reported costs TAIL_MAX and does not
+ * hold back the next holder's clock; a grant no process takes within TAKE_NS
+ * (a made-up request) is taken back.
  */
 #include "broker.h"
 
@@ -57,6 +59,7 @@
 #define STALE_NS (60000 * MS)     /* standalone: a slice silent this long is dropped (its file stays) */
 #define BEAT_NS (10 * MS)          /* the longest sleep: the heartbeat's period */
 #define LEASE_NS (50 * MS)         /* a holder silent this long (dead, stopped) loses the token to a waiter */
+#define TAKE_NS (5 * MS)           /* a grant no process of the slice takes this long is taken back */
 #define FUTURE_NS (1 * MS)         /* a claimed time later than now by more than this is a lie */
 
 struct bslice {
@@ -84,6 +87,8 @@ struct seg {
     uint64_t start;    /* when its work could start; 0 = after the segment before it */
     uint64_t end;      /* when the hold ended (released or revoked); 0 = still held */
     uint64_t idle;     /* idle time it may deduct (fixed when the hold ends) */
+    uint64_t penalty;  /* charged on top: a tail never reported */
+    int taken;         /* a process of the slice took the grant (seen once: latched) */
 };
 
 struct vg_bgpu {
@@ -470,16 +475,25 @@ static uint64_t live_charge(const struct vg_bgpu *g, uint64_t now)
     return span - (idle > span ? span : idle);
 }
 
-/* GPU time slice i ran in holds not settled yet, as far as known now. */
+/* GPU time slice i ran in holds not settled yet, at most, as far as known now: a hold
+ * queued behind another's unreported tail earns while it waits to be settled and must
+ * not lose what it earned to the cap meanwhile. */
 static uint64_t unsettled(const struct vg_bgpu *g, int i, uint64_t now)
 {
-    if (!g->nseg || g->seg[0].slice != i || !g->seg[0].start)
-        return 0; /* only the oldest hold has a known start */
-    const struct seg *s0 = &g->seg[0];
-    if (!s0->end)
-        return live_charge(g, now);
-    uint64_t end = s0->end > s0->start ? s0->end : s0->start;
-    return (now > end ? now : end) - s0->start;
+    uint64_t sum = 0;
+    for (int k = 0; k < g->nseg; k++) {
+        const struct seg *c = &g->seg[k];
+        if (c->slice != i)
+            continue;
+        if (!c->end) { /* the current hold */
+            sum += k == 0 ? live_charge(g, now) : (now > c->granted ? now - c->granted : 0);
+            continue;
+        }
+        uint64_t from = k == 0 && c->start ? c->start : c->granted;
+        uint64_t end = c->end > from ? c->end : from;
+        sum += (now > end ? now : end) - from;
+    }
+    return sum;
 }
 
 static void publish_grant(struct vg_bgpu *g, uint32_t v, uint64_t now)
@@ -497,7 +511,7 @@ static void settle(struct vg_bgpu *g, uint64_t fin)
         fin = s0->start;
     uint64_t span = fin - s0->start;
     if (s0->slice >= 0)
-        charge(g, s0->slice, span - (s0->idle > span ? span : s0->idle), s0->on_floor);
+        charge(g, s0->slice, span - (s0->idle > span ? span : s0->idle) + s0->penalty, s0->on_floor);
     memmove(&g->seg[0], &g->seg[1], (size_t)(g->nseg - 1) * sizeof(g->seg[0]));
     g->nseg--;
     if (g->nseg) {
@@ -526,7 +540,11 @@ static void settle_ready(struct vg_bgpu *g, uint64_t now)
                 else if (fin < s0->end)
                     fin = s0->end; /* it held the token until then */
             } else if (now >= from + TAIL_MAX_NS) {
-                fin = from + TAIL_MAX_NS;
+                /* Never reported (a waiter that died, or a tenant that scrambles its
+                 * reports): it pays the longest tail, but the next hold's clock starts at
+                 * its own grant, not behind what may be a made-up tail. */
+                s0->penalty = TAIL_MAX_NS;
+                fin = from;
             } else {
                 return;
             }
@@ -541,8 +559,10 @@ static void end_hold(struct vg_bgpu *g, uint64_t end, uint64_t now, int revoked)
         return;
     struct seg *c = &g->seg[g->nseg - 1];
     c->end = end > c->granted ? end : c->granted;
-    /* A grant no process took before we took it back left nothing queued. */
-    c->revoked = revoked && g->sl[g->holder].req.owner_seq == g->seq;
+    /* A grant no process took before we took it back left nothing queued. Taken is
+     * latched the first time we see it (a taker rings us at once), so a tenant that
+     * scrambles owner_seq afterwards cannot make its tail look like a grant nobody took. */
+    c->revoked = revoked && (c->taken || g->sl[g->holder].req.owner_seq == g->seq);
     uint64_t idle = idle_allowed(g, end);
     c->idle = idle;
     g->holder = -1;
@@ -556,7 +576,11 @@ static int should_revoke(struct vg_bgpu *g, uint64_t now)
 {
     int h = g->holder;
     struct bslice *b = &g->sl[h];
-    int64_t live = b->credit - (int64_t)live_charge(g, now);
+    /* While an earlier hold's tail is unsettled our work's start is not known: count
+     * the hold from its grant (our credit runs out no later than it would). */
+    int64_t live = b->credit - (int64_t)(g->nseg == 1 ? live_charge(g, now) : now - g->granted);
+    if (!g->seg[g->nseg - 1].taken && b->req.owner_seq != g->seq && now - g->granted >= TAKE_NS)
+        return 1; /* nobody took it (a want that was a lie, or a waiter gone) */
     struct standing me = standing_of(g, b, live, now), other;
     if (me.on_floor && !g->on_floor)
         return 1; /* preempted by a higher priority */
@@ -691,6 +715,8 @@ static uint64_t step(struct vg_bgpu *g)
             g->uncontended += now - g->last_step;
         g->last_step = now;
         const struct vgpu_sched_req *r = &g->sl[g->holder].req;
+        if (r->owner_seq == g->seq)
+            g->seg[g->nseg - 1].taken = 1;
         if (r->release_seq == g->seq) {
             uint64_t lo = now > RELEASE_SLACK_NS ? now - RELEASE_SLACK_NS : 0;
             uint64_t end = believed(r->release_ns, lo > g->granted ? lo : g->granted, now);
@@ -729,7 +755,9 @@ static uint64_t step(struct vg_bgpu *g)
     }
     if (g->holder >= 0) {
         const struct bslice *b = &g->sl[g->holder];
-        int64_t live = b->credit - (int64_t)live_charge(g, now);
+        int64_t live = b->credit - (int64_t)(g->nseg == 1 ? live_charge(g, now) : now - g->granted);
+        if (!g->seg[g->nseg - 1].taken && now - g->granted < TAKE_NS && TAKE_NS - (now - g->granted) < sleep)
+            sleep = TAKE_NS - (now - g->granted); /* look again when an untaken grant lapses */
         if (b->policy == VGPU_POLICY_FIXED || g->on_floor) {
             uint64_t t = live > 0 ? (uint64_t)live : 0;
             if (t < sleep)

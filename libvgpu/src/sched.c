@@ -693,6 +693,7 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
                 atomic_store(&q->idle_since, 0);
             }
             if (cur != seq && atomic_compare_exchange_strong(&q->owner_seq, &cur, seq)) {
+                vg_broker_ring(s); /* taken: the broker notes it now (a grant nobody takes is taken back) */
                 *grant_out = g;
                 break;
             }
