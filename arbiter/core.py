@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from arbiter import placement
+from arbiter.attribution import SlicePids
 from arbiter.convert import DeviceView, policy_from_name, priority_from_name
 from arbiter.errors import NoCapacityError, NotFoundError, RequestError, StateError, VgpuError
 from arbiter.identity import Holder, Liveness
@@ -594,10 +595,10 @@ class Arbiter:
             log.warning("%s", e)
 
     def _kill_slice(self, s: Slice) -> set[int]:
-        """SIGKILL the processes registered in an evicted slice's regions."""
-        pids: set[int] = set()
-        for group in self.regions.pids(s).values():
-            pids |= group
+        """SIGKILL an evicted slice's processes: those the host attributes to it (owner,
+        descendants, its container's pid namespace and cgroup), never pids its tenant
+        wrote into its usage file (they could name a neighbour)."""
+        pids = SlicePids(self.regions.pids, self._proc).host(s)
         pids.discard(os.getpid())
         for pid in pids:
             with contextlib.suppress(OSError):

@@ -51,6 +51,7 @@ from arbiter.proto import vgpu_pb2_grpc
 from arbiter.reconcile import Reconciler
 from arbiter.regions import Regions
 from arbiter.sched import (
+    SCHED_DIR_MODE,
     SCHED_DIR_NAME,
     SchedSummary,
     open_sched,
@@ -72,11 +73,8 @@ log = logging.getLogger("vgpud")
 _WORKERS = 4
 _DRAIN_S = 5.0
 #: The run dir: others may pass through (a runtime in a user namespace opening a
-#: bind-mount source by its path) but not list it. The scheduling dir holds per-slice
-#: files containers write (their .req), reached through bind mounts: no host user
-#: but root needs a way in.
+#: bind-mount source by its path) but not list it.
 _RUN_DIR_MODE = 0o711
-_SCHED_DIR_MODE = 0o700
 
 
 class DaemonError(VgpuError):
@@ -173,7 +171,7 @@ class Daemon:
         """
         c = self.config
         sched = c.run_dir / SCHED_DIR_NAME
-        for d, mode in ((c.run_dir, _RUN_DIR_MODE), (sched, _SCHED_DIR_MODE)):
+        for d, mode in ((c.run_dir, _RUN_DIR_MODE), (sched, SCHED_DIR_MODE)):
             try:
                 if not d.is_dir():
                     d.mkdir(mode=mode, parents=True, exist_ok=True)

@@ -19,9 +19,12 @@ __all__ = ["KINDS", "EventLog", "read_events"]
 
 #: The kinds vgpud emits; emit() accepts others too (new kinds need no change here).
 KINDS = frozenset({
-    "allocate", "release", "evict", "update",
+    "allocate", "release", "evict", "update", "attach",
+    "allocate.refused", "attach.refused", "release.refused",
     "reconcile.release", "reconcile.drift", "reconcile.kill",
-    "start", "reload", "usage.malformed", "rundir.remade",
+    "guard.over_share", "guard.over_memory", "guard.kill", "guard.throttle",
+    "guard.throttle_refused", "guard.unthrottle",
+    "usage.malformed", "rundir.remade", "start", "reload",
 })
 
 

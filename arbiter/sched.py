@@ -72,7 +72,9 @@ SCHED_UUID_LEN = 96
 
 #: <run_dir>/<this> holds one scheduling region per GPU, named by the GPU's UUID.
 SCHED_DIR_NAME = "sched"
-SCHED_DIR_MODE = 0o755
+#: Root's alone: it holds per-slice files containers write (their .req), which they
+#: reach through bind mounts; no host user but root needs a way in.
+SCHED_DIR_MODE = 0o700
 #: The broker (root) alone writes a GPU's file; every slice reads it (a futex wait only reads).
 SCHED_FILE_MODE = 0o644
 #: A slice's processes run as any uid and each of them posts its requests in the .req.

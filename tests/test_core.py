@@ -24,7 +24,7 @@ from arbiter.events import EventLog
 from arbiter.inventory import DeviceSample
 from arbiter.metrics import Metrics
 from arbiter.model import Gpu, OwnerKind, Priority, Request
-from arbiter.region import VgpuRegion, open_region
+from arbiter.region import VgpuUsage, open_region
 from arbiter.regions import Regions
 from arbiter.state import Store
 
@@ -191,27 +191,30 @@ def test_preemption_off_refuses_on_evicts_and_kills(tmp_path):
     assert off.value("vgpu_allocations_total", outcome="evicted") == 1
 
 
-def test_evicted_slice_processes_are_killed(parts):
+def test_evicted_slice_processes_are_killed_and_only_they(parts):
     parts.settings = Settings(allow_preemption=True)
     a = parts.arbiter()
-    low = a.allocate(req("low", memory=16 * GiB, devices=("0",), priority=Priority.LOW)).slice
-    a.allocate(req("x", memory=16 * GiB, devices=("1",)))
-    # A process that registered in the slice's region (as libvgpu does).
-    proc = subprocess.Popen(["sleep", "30"])
+    owner = subprocess.Popen(["sleep", "30"])          # the evicted slice's own process
+    neighbour = subprocess.Popen(["sleep", "30"])      # someone else's
     try:
-        path = a.regions.region_path(low.id, 0)
-        with open(path, "r+b") as f:
-            base = VgpuRegion.slots.offset
-            f.seek(base)
-            f.write(struct.pack("I", proc.pid))
-            f.seek(VgpuRegion.slot_high_water.offset)
+        low = a.allocate(req(f"pid:{owner.pid}", memory=16 * GiB, devices=("0",),
+                             priority=Priority.LOW, owner_kind=OwnerKind.PROCESS,
+                             owner_pid=owner.pid)).slice
+        a.allocate(req("x", memory=16 * GiB, devices=("1",)))
+        # Its tenant names the neighbour in its usage file, as a forged libvgpu slot would.
+        usage = a.regions.region_path(low.id, 0).with_name("vgpu0.usage")
+        with open(usage, "r+b") as f:
+            f.seek(VgpuUsage.slots.offset)
+            f.write(struct.pack("I", neighbour.pid))
+            f.seek(VgpuUsage.slot_high_water.offset)
             f.write(struct.pack("I", 1))
-        assert a.regions.pids(low) == {0: {proc.pid}}
+        assert a.regions.pids(low) == {0: {neighbour.pid}}  # the tenant's word
         a.allocate(req("hi", memory=GiB, priority=Priority.HIGH))
-        assert parts.killed == [(proc.pid, signal.SIGKILL)]
+        assert parts.killed == [(owner.pid, signal.SIGKILL)]
     finally:
-        proc.kill()
-        proc.wait()
+        for p in (owner, neighbour):
+            p.kill()
+            p.wait()
 
 
 def test_start_repairs_regions_from_the_store(parts):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -118,5 +119,13 @@ def test_threads_never_interleave_lines(tmp_path: Path) -> None:
 
 
 def test_kinds_are_the_documented_ones() -> None:
-    assert {"allocate", "release", "evict", "update", "reconcile.release", "reconcile.drift",
-            "reconcile.kill", "start", "reload"} == KINDS
+    """KINDS is the README's list, and every kind vgpud's code emits is in it."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    listed = readme.split("- **Events**:", 1)[1].split("\n\n", 1)[0].split(":", 1)[1]
+    documented = {k.strip(" .\n") for k in listed.replace("\n", " ").split(",")}
+    assert documented == KINDS
+    emitted = set()
+    for src in (Path(__file__).resolve().parent.parent / "arbiter").glob("*.py"):
+        emitted |= set(re.findall(r'emit\(\s*"([a-z_.]+)"', src.read_text()))
+    emitted |= {f"{verb}.refused" for verb in ("allocate", "attach", "release")}
+    assert emitted <= KINDS, emitted - KINDS
