@@ -175,15 +175,28 @@ class Regions:
         for i, g in enumerate(s.grants):
             if not (self.sched_root / g.gpu_uuid).is_file():
                 # Deleted under us (or never made): made again; kept files keep their inodes.
-                prepare_sched_dir(self.sched_root, [g.gpu_uuid])
+                self._prepare_sched([g.gpu_uuid])
             write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
                               share=g.compute or 100, priority=int(s.priority),
                               policy=int(s.policy), floor=self.priority_floor)
 
+    def _prepare_sched(self, uuids: list[str]) -> None:
+        """The GPUs' scheduling files, made again where deleted (one warning event each).
+
+        Running containers keep the files they have mounted (the broker goes on serving
+        those); new ones get the files made now."""
+        missing = [self.sched_root] if not self.sched_root.is_dir() else [
+            self.sched_root / u for u in uuids if not (self.sched_root / u).is_file()]
+        prepare_sched_dir(self.sched_root, uuids)
+        for path in missing:
+            log.warning("%s was missing: made it again", path)
+            if self.on_remade is not None:
+                self.on_remade("directory" if path == self.sched_root else "file", path)
+
     def repair_sched(self, slices: Iterable[Slice]) -> None:
         """Remake deleted or damaged scheduling files (GPUs' and slices'); drop strays."""
         if self.sched_gpus:
-            prepare_sched_dir(self.sched_root, self.sched_gpus)
+            self._prepare_sched(self.sched_gpus)
         wanted: set[int] = set()
         for s in slices:
             wanted.update(slice_key_of(s.id, i) for i in range(len(s.grants)))
@@ -200,7 +213,14 @@ class Regions:
         and its settings into its .conf files (the broker sees them within 20 ms).
 
         The files stay the same inodes (containers have them bind-mounted) and keep
-        their slice keys; libvgpu reads the limits on every check."""
+        their slice keys; libvgpu reads the limits on every check. A slice directory
+        deleted under vgpud is made again (running processes keep the old files)."""
+        if not self.exists(s.id):
+            self.create(s)
+            log.warning("%s was missing: made it again", self.slice_dir(s.id))
+            if self.on_remade is not None:
+                self.on_remade("slice", self.slice_dir(s.id))
+            return
         for i, g in enumerate(s.grants):
             with open_region(self.region_path(s.id, i), proc=self.proc) as r:
                 r.set_limits(memory_limit=g.memory, compute_share=g.compute,

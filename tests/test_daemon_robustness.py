@@ -287,3 +287,40 @@ def test_sigterm_leaves_no_socket(daemons):
     v.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
     assert v.stop() == 0
     assert sockets_under(v.tmp) == []
+
+
+# ---- run-dir parts deleted while vgpud runs -------------------------------------------------
+
+def test_deleted_run_dir_parts_are_made_again_on_demand(daemons):
+    """An operator (or a cleanup job) deletes run/slices and run/sched under a running
+    vgpud: the next allocation works, an Update remakes its slice's files, the reconciler
+    remakes the scheduling files, the broker serves them, and each is one warning event."""
+    import shutil
+
+    from arbiter.sched import open_sched
+
+    v = daemons(config={"reconcile": {"interval_s": 0.2}}).start()
+    first = v.stub.Allocate(pb.AllocateRequest(owner="c1", memory_bytes=256 << 20,
+                                               owner_pid=os.getpid()), timeout=10).slice
+    shutil.rmtree(v.run_dir / "slices")
+    shutil.rmtree(v.run_dir / "sched")
+    second = v.stub.Allocate(pb.AllocateRequest(owner="c2", memory_bytes=256 << 20,
+                                                owner_pid=os.getpid()), timeout=10).slice
+    assert Path(second.vgpus[0].region_path).is_file()
+    assert stat.S_IMODE((v.run_dir / "slices").stat().st_mode) == 0o711
+    v.stub.Update(pb.UpdateRequest(id=first.id, memory_bytes=128 << 20), timeout=10)
+    assert Path(first.vgpus[0].region_path).is_file()
+    gpu = v.run_dir / "sched" / second.vgpus[0].gpu_uuid
+    v.wait_for(gpu.is_file, what="the GPU's scheduling file made again")
+    assert stat.S_IMODE((v.run_dir / "sched").stat().st_mode) == 0o700
+
+    def served() -> bool:
+        with open_sched(gpu) as s:
+            snap = s.snapshot()
+        return snap.broker_pid > 0 and {e.key for e in snap.entries if e.key} != set()
+
+    v.wait_for(served, what="the broker serving the new file and listing the slices")
+    remade = {(e["what"], Path(e["path"]).name) for e in v.events("rundir.remade")}
+    assert {("directory", "slices"), ("slice", first.id)} <= remade, remade
+    assert ("directory", "sched") in remade or ("file", gpu.name) in remade, remade
+    assert v.proc is not None and v.proc.poll() is None

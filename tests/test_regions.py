@@ -67,9 +67,17 @@ def test_update_changes_limits_in_place_and_bumps_generation(regions):
     assert path.stat().st_ino == inode
 
 
-def test_update_of_a_missing_region_fails_clearly(regions):
+def test_update_of_a_missing_region_fails_clearly_and_a_missing_dir_is_made_again(regions):
+    s = make_slice()
+    regions.create(s)
+    regions.region_path(s.id, 0).unlink()
     with pytest.raises(RegionError, match=r"failed to open region file .*vgpu0"):
-        regions.update(make_slice())
+        regions.update(s)
+    remade = []
+    regions.on_remade = lambda what, path: remade.append((what, path))
+    regions.remove(s.id)  # the whole directory deleted under vgpud
+    regions.update(s)
+    assert regions.exists(s.id) and remade == [("slice", regions.slice_dir(s.id))]
 
 
 def test_remove_is_idempotent(regions):
@@ -196,7 +204,7 @@ def test_a_deleted_slices_dir_is_made_again_on_demand(regions):
     b = make_slice("b" * 12, n=1)
     regions.create(b)  # not "No such file or directory" until vgpud restarts
     assert regions.exists(b.id)
-    assert remade == [("directory", regions.root)]
+    assert ("directory", regions.root) in remade
     assert stat.S_IMODE(regions.root.stat().st_mode) == 0o711
     assert regions.reconcile_dirs([a, b]).created == (a.id,)
 

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../src/broker.h"
@@ -34,6 +35,7 @@ static int g_confs = 1;
 
 struct served {
     char name[VGPU_SCHED_UUID_LEN];
+    ino_t ino; /* a file made again under the same name is another file: served too */
 };
 
 static void on_signal(int sig)
@@ -102,22 +104,32 @@ int main(int argc, char **argv)
     static struct served sv[MAX_GPUS];
     pthread_t th[MAX_GPUS];
     int n = 0;
+    int said = 0;
     while (!g_stop) {
+        /* The directory or a file deleted under us (vgpud makes them again): what we
+         * serve goes on (running containers have the old files mounted). */
         DIR *d = opendir(g_dir);
         if (!d) {
-            fprintf(stderr, "vgpu-broker: %s: %s\n", g_dir, strerror(errno));
-            return 1;
+            if (!said)
+                fprintf(stderr, "vgpu-broker: %s: %s; waiting for it\n", g_dir, strerror(errno));
+            said = 1;
+            usleep(100000);
+            continue;
         }
+        said = 0;
         struct dirent *de;
         while ((de = readdir(d)) != NULL && n < MAX_GPUS) {
-            if (!is_gpu_file(de->d_name) || strlen(de->d_name) >= VGPU_SCHED_UUID_LEN)
+            struct stat sb;
+            if (!is_gpu_file(de->d_name) || strlen(de->d_name) >= VGPU_SCHED_UUID_LEN ||
+                fstatat(dirfd(d), de->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode))
                 continue;
             int known = 0;
             for (int i = 0; i < n && !known; i++)
-                known = !strcmp(sv[i].name, de->d_name);
+                known = !strcmp(sv[i].name, de->d_name) && sv[i].ino == sb.st_ino;
             if (known)
                 continue;
             snprintf(sv[n].name, sizeof(sv[n].name), "%s", de->d_name);
+            sv[n].ino = sb.st_ino;
             if (pthread_create(&th[n], NULL, serve, &sv[n]) == 0)
                 n++;
         }
