@@ -231,7 +231,7 @@ class Guardian:
                               used=f.used, limit=f.limit, allowed=f.allowed, pids=list(f.pids),
                               action=action)
             if self.metrics is not None and hasattr(self.metrics, "guard_finding"):
-                self.metrics.guard_finding(action)
+                self.metrics.guard_finding(action, "memory")
             log.warning("guard: slice %s holds %d bytes on GPU %d, limit %d: %s",
                         s.id, f.used, f.gpu, f.limit, action)
         if action == "kill":

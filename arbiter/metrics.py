@@ -197,8 +197,9 @@ class Metrics:
             registry=self.registry)
         self._guard = Counter(
             "vgpu_guard_findings_total",
-            "Slices the compute guard measured above their share, by the action taken.",
-            ["action"], registry=self.registry)
+            "Slices the out-of-band guard measured above their share (compute) or limit "
+            "(memory), by the action taken.",
+            ["action", "resource"], registry=self.registry)
         self._bad_usage = Counter(
             "vgpu_usage_file_errors_total",
             "Times a slice's usage file (written by its tenant) read malformed or missing.",
@@ -229,9 +230,9 @@ class Metrics:
         """Count `n` drift findings (a slice's NVML-measured use above its limit)."""
         self._drift.inc(n)
 
-    def guard_finding(self, action: str) -> None:
-        """Count one compute guard finding (a slice above its share) and its action."""
-        self._guard.labels(action=action).inc()
+    def guard_finding(self, action: str, resource: str = "compute") -> None:
+        """Count one guard finding (a slice above its share or its memory limit) and its action."""
+        self._guard.labels(action=action, resource=resource).inc()
 
     def bad_usage_file(self) -> None:
         """Count one malformed usage file (each slice, vGPU and reason once)."""

@@ -142,7 +142,7 @@ def test_flag_catches_a_dlmopen_bypass_within_2s(guarded):
         assert off.proc.poll() is None                       # flag only reports
         assert len(v.events("guard.over_share")) == 1        # one event per episode
         metrics = _scrape(v)
-        assert 'vgpu_guard_findings_total{action="flag"} 1.0' in metrics
+        assert 'vgpu_guard_findings_total{action="flag",resource="compute"} 1.0' in metrics
     finally:
         off.close()
 
