@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SIMGPU_DIR, clean_env
 from images import make_bundle
+from test_compute import measured
 from vgpud_harness import Vgpud, pb
 
 pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
@@ -111,7 +112,13 @@ def test_limits_inside_and_slice_released_after_exit(host):
 
 
 def test_two_containers_share_the_gpu_by_their_compute_shares(host):
-    """Each container finds its GPU's scheduling region and gets its share of GPU time."""
+    """Each container finds its GPU's scheduling region and gets its share of GPU time
+    (measured again, as tests/test_compute.py's timing tests are, while a failure comes
+    with CPU time the VM's host took)."""
+    measured(lambda attempt: _two_containers_share(host))
+
+
+def _two_containers_share(host) -> None:
     seconds, warm = 3.0, 0.5
     start = time.monotonic_ns() + 2_000_000_000     # both containers are up by then
     until = start + int(seconds * 1e9)
