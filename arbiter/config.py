@@ -371,20 +371,14 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
             values[name] = Path(values[name])
         else:
             values.pop(name, None)
-    if "context_reserve" in values:
-        raw = values["context_reserve"]
+    for name, key_path in (("context_reserve", ("defaults", "context_reserve")),
+                           ("guard_memory_margin", ("guard", "memory_margin"))):
+        if name not in values:
+            continue
+        raw = values[name]
         try:
-            values["context_reserve"] = _memory(raw)
+            values[name] = _memory(raw)
         except QuantityError as e:
-            key_path = ("defaults", "context_reserve")
-            raise ConfigError(path, f"{raw!r} is not 0 or a memory quantity: {MEMORY_FORMS}",
-                              key=_dotted(key_path), line=lines.value(key_path)) from e
-    if "guard_memory_margin" in values:
-        raw = values["guard_memory_margin"]
-        try:
-            values["guard_memory_margin"] = _memory(raw)
-        except QuantityError as e:
-            key_path = ("guard", "memory_margin")
             raise ConfigError(path, f"{raw!r} is not 0 or a memory quantity: {MEMORY_FORMS}",
                               key=_dotted(key_path), line=lines.value(key_path)) from e
     address = values.get("metrics_address", "")

@@ -59,3 +59,20 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 60, check: bool = 
         raise AssertionError(
             f"{cmd} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
     return p
+
+
+@pytest.fixture
+def sleeper():
+    """make() starts a `sleep 60` (a real live process to own or attribute); all are
+    killed and reaped at the end of the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def make() -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(["sleep", "60"])
+        procs.append(p)
+        return p
+
+    yield make
+    for p in procs:
+        p.kill()
+        p.wait()

@@ -84,21 +84,6 @@ def test_populated_v2_and_v1(tmp_path):
 
 # --- liveness ---------------------------------------------------------------------------------
 
-@pytest.fixture
-def sleeper():
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def make() -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(["sleep", "60"])
-        procs.append(p)
-        return p
-
-    yield make
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
 def dead_pid() -> int:
     p = subprocess.Popen(["true"])
     p.wait()

@@ -96,21 +96,6 @@ def arbiter(tmp_path: Path) -> Iterator[Arbiter]:
     store.close()
 
 
-@pytest.fixture
-def sleeper() -> Iterator:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def make() -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(["sleep", "60"])
-        procs.append(p)
-        return p
-
-    yield make
-    for p in procs:
-        p.kill()
-        p.wait()
-
-
 def kinds(a: Arbiter, kind: str) -> list[dict]:
     return [e for e in a.events.recent() if e["kind"] == kind]  # type: ignore[attr-defined]
 
