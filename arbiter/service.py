@@ -10,7 +10,6 @@ state, region or anything unexpected -> INTERNAL (logged with its traceback).
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from arbiter.errors import (
 from arbiter.model import Slice
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.proto import vgpu_pb2_grpc
+from arbiter.version import version
 
 __all__ = ["ArbiterService", "InProcessStub", "status_for"]
 
@@ -41,14 +41,7 @@ log = logging.getLogger("vgpud")
 T = TypeVar("T")
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("vgpu")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+source"
-
-
-_VERSION = _version()
+_VERSION = version()
 
 
 def status_for(e: BaseException) -> grpc.StatusCode:

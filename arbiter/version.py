@@ -1,0 +1,40 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The project's version: one definition for `vgpu --version`, `vgpu info` and vgpud's Health."""
+from __future__ import annotations
+
+import tomllib
+from importlib import metadata
+from pathlib import Path
+
+__all__ = ["DISTRIBUTION", "version"]
+
+DISTRIBUTION = "vgpu"
+
+
+def version(package_dir: Path | None = None) -> str:
+    """pyproject.toml's version in a source checkout, else the installed distribution's.
+
+    The checkout is asked first: a checkout often also holds a stale `vgpu.egg-info`
+    (from an earlier `pip install -e`) that importlib.metadata would find on sys.path.
+    `package_dir` is the directory holding the `arbiter` package (tests point it elsewhere).
+    """
+    root = package_dir if package_dir is not None else Path(__file__).parent.parent
+    found = _checkout_version(root / "pyproject.toml")
+    if found is not None:
+        return found
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _checkout_version(pyproject: Path) -> str | None:
+    """[project].version of a pyproject.toml that is vgpu's, else None."""
+    try:
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    if not isinstance(project, dict) or project.get("name") != DISTRIBUTION:
+        return None
+    value = project.get("version")
+    return value if isinstance(value, str) else None
