@@ -18,9 +18,11 @@ import grpc
 import pytest
 from conftest import ROOT, clean_env
 
-from arbiter import cli
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.proto import vgpu_pb2_grpc
+from vgpu_cli import args as cli_args
+from vgpu_cli import paths, render, run, supervisor
+from vgpu_cli.main import main
 
 Gi, Mi = 1 << 30, 1 << 20
 CID = "4f1c9e2a7b3d5e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f7"
@@ -53,7 +55,7 @@ DEVICES = [
     (12345678, "11.8Mi"), (10**9, "1G"), (5, "5B"), (1000, "1K"), (2 * Gi + 1, "2.0Gi"),
 ], ids=str)
 def test_format_bytes(nbytes, text):
-    assert cli.format_bytes(nbytes) == text
+    assert render.format_bytes(nbytes) == text
 
 
 @pytest.mark.parametrize("owner,short", [
@@ -62,7 +64,7 @@ def test_format_bytes(nbytes, text):
     ("ABCDEF0123456789", "ABCDEF0123456789"),
 ], ids=["container", "sha256", "short", "vgpu-run", "pid", "not-lower-hex"])
 def test_short_owner(owner, short):
-    assert cli.short_owner(owner) == short
+    assert render.short_owner(owner) == short
 
 
 @pytest.mark.parametrize("argv,checks", [
@@ -85,7 +87,7 @@ def test_short_owner(owner, short):
 ], ids=["ls", "global-socket", "sub-socket", "timeout", "update-mem", "update-compute",
         "release", "run-dashdash", "run-all", "run-no-dashdash", "run-low"])
 def test_parse_ok(argv, checks):
-    args = cli.parse_args(argv)
+    args = cli_args.parse_args(argv)
     for key, value in checks.items():
         assert getattr(args, key) == value, key
 
@@ -115,7 +117,7 @@ def test_parse_ok(argv, checks):
         "timeout-zero", "timeout-word"])
 def test_parse_errors_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        cli.parse_args(argv)
+        cli_args.parse_args(argv)
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "usage: vgpu" in err
@@ -123,12 +125,12 @@ def test_parse_errors_exit_2(argv, message, capsys):
 
 
 def test_render_table_aligns_and_right_justifies():
-    text = cli.render_table(["A", "NUM"], [["xyz", "1"], ["q", "100"]], right=(1,))
+    text = render.render_table(["A", "NUM"], [["xyz", "1"], ["q", "100"]], right=(1,))
     assert text.splitlines() == ["A     NUM", "xyz     1", "q     100"]
 
 
 def test_render_devices():
-    lines = cli.render_devices(DEVICES).splitlines()
+    lines = render.render_devices(DEVICES).splitlines()
     assert lines[0].split() == ["GPU", "UUID", "NAME", "MEMORY", "ALLOCATED", "USED",
                                 "COMPUTE", "SLICES"]
     assert lines[1].split() == ["0", "GPU-0", "simgpu", "16Gi", "4Gi", "11.8Mi", "60%", "2"]
@@ -138,7 +140,7 @@ def test_render_devices():
 def test_render_slices_one_row_per_vgpu():
     s = make_slice(gpus=((0, 2 * Gi, 30, 16 * Mi), (1, 2 * Gi, 30, 0)), prio=pb.HIGH,
                    policy=pb.BURST)
-    lines = cli.render_slices([s]).splitlines()
+    lines = render.render_slices([s]).splitlines()
     assert lines[0].split() == ["SLICE", "OWNER", "PRIORITY", "POLICY", "VGPU", "GPU",
                                 "MEMORY", "COMPUTE"]
     assert lines[1].split() == ["s1", CID[:12], "high", "burst", "0", "0", "16Mi", "/",
@@ -151,7 +153,7 @@ def test_render_smi_fits_100_columns():
     slices = [make_slice("a" * 32, gpus=((0, 2 * Gi, 30, Gi),)),
               make_slice("b", owner="run-a-very-long-hostname-123456-deadbeef",
                          gpus=((0, 2 * Gi, 30, 0), (1, 1536 * Mi, 100, 1536 * Mi)))]
-    text = cli.render_smi(DEVICES, slices, "0.1.0")
+    text = render.render_smi(DEVICES, slices, "0.1.0")
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 100
     assert "vgpud 0.1.0" in text and "2 GPUs   2 slices" in text
@@ -167,49 +169,50 @@ def test_render_smi_fits_100_columns():
 
 
 def test_render_smi_empty():
-    text = cli.render_smi([], [])
+    text = render.render_smi([], [])
     assert "no GPUs" in text and "0 GPUs   0 slices" in text
 
 
 def test_slice_and_device_json_shapes():
-    d = cli.slice_to_dict(make_slice())
+    d = render.slice_to_dict(make_slice())
     assert d["owner"] == CID and d["priority"] == "normal" and d["policy"] == "fixed"
     assert d["vgpus"][0]["memory_bytes"] == 2 * Gi  # an int, not protobuf's string
     assert list(d["labels"]) == ["a", "b"]
-    assert json.loads(cli.dump_json(d)) == d
-    dd = cli.device_to_dict(DEVICES[0])
+    assert json.loads(render.dump_json(d)) == d
+    dd = render.device_to_dict(DEVICES[0])
     assert dd["memory_used_bytes"] == 12345678 and dd["utilization_percent"] == 7
 
 
 def test_child_env_prepends_preload_and_sets_region_dir():
-    env = cli.child_env({"LD_PRELOAD": "/x.so", "A": "b"}, "/lib/libvgpu.so", "/r/s1")
+    env = supervisor.child_env({"LD_PRELOAD": "/x.so", "A": "b"}, "/lib/libvgpu.so", "/r/s1")
     assert env == {"LD_PRELOAD": "/lib/libvgpu.so:/x.so", "A": "b", "VGPU_REGION_DIR": "/r/s1"}
-    env = cli.child_env({"CUDA_VISIBLE_DEVICES": "3"}, "/l.so", "/r", ["GPU-b", "GPU-a"])
+    env = supervisor.child_env({"CUDA_VISIBLE_DEVICES": "3"}, "/l.so", "/r", ["GPU-b", "GPU-a"])
     assert env["LD_PRELOAD"] == "/l.so" and env["CUDA_VISIBLE_DEVICES"] == "GPU-b,GPU-a"
     assert "VGPU_SCHED_DIR" not in env  # an older vgpud names none: the user's value stays
-    env = cli.child_env({"VGPU_SCHED_DIR": "/mine"}, "/l.so", "/r", sched_dir="/run/vgpu/sched")
+    mine = {"VGPU_SCHED_DIR": "/mine"}
+    env = supervisor.child_env(mine, "/l.so", "/r", sched_dir="/run/vgpu/sched")
     assert env["VGPU_SCHED_DIR"] == "/run/vgpu/sched"
-    assert cli.child_env({"VGPU_SCHED_DIR": "/mine"}, "/l.so", "/r")["VGPU_SCHED_DIR"] == "/mine"
+    assert supervisor.child_env(mine, "/l.so", "/r")["VGPU_SCHED_DIR"] == "/mine"
 
 
 def test_run_owner_is_unique_and_names_host_and_pid():
-    a, b = cli.run_owner(pid=7, host="h"), cli.run_owner(pid=7, host="h")
+    a, b = run.run_owner(pid=7, host="h"), run.run_owner(pid=7, host="h")
     assert a.startswith("run-h-7-") and a != b
 
 
 @pytest.mark.parametrize("status,code", [(0, 0), (3 << 8, 3), (signal.SIGKILL, 137),
                                          (signal.SIGTERM, 143)], ids=str)
 def test_exit_status(status, code):
-    assert cli.exit_status(status) == code
+    assert supervisor.exit_status(status) == code
 
 
 def test_resolve_socket_order(tmp_path):
-    args = cli.parse_args(["ls"])
+    args = cli_args.parse_args(["ls"])
     none = str(tmp_path / "absent.yaml")
-    assert cli.resolve_socket(args, {"VGPU_CONFIG": none}) == cli.DEFAULT_SOCKET
-    assert cli.resolve_socket(args, {"VGPU_SOCKET": "/e", "VGPU_CONFIG": none}) == "/e"
-    args = cli.parse_args(["ls", "--socket", "/f"])
-    assert cli.resolve_socket(args, {"VGPU_SOCKET": "/e"}) == "/f"
+    assert paths.resolve_socket(args, {"VGPU_CONFIG": none}) == paths.DEFAULT_SOCKET
+    assert paths.resolve_socket(args, {"VGPU_SOCKET": "/e", "VGPU_CONFIG": none}) == "/e"
+    args = cli_args.parse_args(["ls", "--socket", "/f"])
+    assert paths.resolve_socket(args, {"VGPU_SOCKET": "/e"}) == "/f"
 
 
 # ---- against an in-test servicer on a real unix socket --------------------------
@@ -269,7 +272,7 @@ def fake(tmp_path):
 
 def vgpu(fake_or_socket, *argv, capsys):
     sock = fake_or_socket if isinstance(fake_or_socket, str) else fake_or_socket.socket
-    code = cli.main(["--socket", sock, *argv])
+    code = main(["--socket", sock, *argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -378,11 +381,11 @@ def test_info_without_daemon(tmp_path, capsys):
 
 def test_module_entry_point_and_usage_exit_code(tmp_path):
     env = clean_env()
-    p = subprocess.run([sys.executable, "-m", "arbiter.cli", "--socket",
+    p = subprocess.run([sys.executable, "-m", "vgpu_cli", "--socket",
                         str(tmp_path / "x"), "ls"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=30)
     assert p.returncode == 1 and p.stderr.startswith("vgpu: cannot reach vgpud") and not p.stdout
-    p = subprocess.run([sys.executable, "-m", "arbiter.cli", "bogus"], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "vgpu_cli", "bogus"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 2 and "usage: vgpu" in p.stderr
 
@@ -390,7 +393,7 @@ def test_module_entry_point_and_usage_exit_code(tmp_path):
 def test_closed_stdout_pipe_is_quiet(fake):
     # `vgpu devices | head -0`: no traceback.
     env = clean_env()
-    p = subprocess.run(f"{sys.executable} -m arbiter.cli --socket {fake.socket} devices "
+    p = subprocess.run(f"{sys.executable} -m vgpu_cli --socket {fake.socket} devices "
                        "| head -c0", shell=True, cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=30)
     assert "Traceback" not in p.stderr

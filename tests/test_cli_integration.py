@@ -3,7 +3,7 @@
 
 vgpud runs with its socket, state and run dirs in tmp_path and a config that
 turns metrics off and reconciles every half second; the CLI is
-`python3 -m arbiter.cli`; `vgpu run` children are build/tests/vgpu_probe.
+`python3 -m vgpu_cli`; `vgpu run` children are build/tests/vgpu_probe.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class Vgpud:
                 self.proc.wait()
 
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "arbiter.cli", "--socket", str(self.socket), *args]
+        return [sys.executable, "-m", "vgpu_cli", "--socket", str(self.socket), *args]
 
     def vgpu(self, *args: str, check: bool = True,
              timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -283,7 +283,7 @@ def test_no_capacity_is_one_line(vgpud):
 def test_no_daemon(tmp_path, simgpu_env):
     sock = tmp_path / "absent.sock"
     for args in (["devices"], ["ls"], ["smi"], ["run", "--memory", "1", "--", "true"]):
-        r = run([sys.executable, "-m", "arbiter.cli", "--socket", str(sock), *args],
+        r = run([sys.executable, "-m", "vgpu_cli", "--socket", str(sock), *args],
                 env=simgpu_env, check=False, cwd=ROOT)
         assert r.returncode == 1
         assert r.stderr == (f"vgpu: cannot reach vgpud at {sock}: no such socket "
