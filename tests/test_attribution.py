@@ -260,7 +260,7 @@ def test_forged_slot_in_a_real_vgpud_gets_no_neighbour_killed(tmp_path, simgpu_e
         "reconcile": {"interval_s": 0.2, "drift_action": "kill"},
         "guard": {"action": "kill", "memory_action": "kill", "memory_margin": 0},
     }).start()
-    cli = [sys.executable, "-m", "arbiter.cli", "--socket", str(v.socket), "run"]
+    cli = [sys.executable, "-m", "vgpu_cli", "--socket", str(v.socket), "run"]
     # The neighbour: 1 GiB through libvgpu, within its own 2 GiB slice.
     neighbour = subprocess.Popen([*cli, "--memory", "2Gi", "--", PROBE,
                                   f"alloc:mem:{GiB}", "hold"],

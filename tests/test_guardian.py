@@ -31,7 +31,7 @@ class Offender:
     """`vgpu run --compute SHARE -- dlmopen_load`, optionally first moved into a cgroup."""
 
     def __init__(self, v: Vgpud, share: int, seconds: float, cgroup: Path | None = None) -> None:
-        cli = [sys.executable, "-m", "arbiter.cli", "--socket", str(v.socket), "run",
+        cli = [sys.executable, "-m", "vgpu_cli", "--socket", str(v.socket), "run",
                "--memory", "256Mi", "--compute", str(share), "--",
                LOAD, "--seconds", str(seconds), "--report-ms", "50"]
         if cgroup is not None:  # the shell joins the cgroup, then becomes vgpu run

@@ -89,7 +89,7 @@ def test_a_usage_file_that_changes_size_never_stops_vgpud(host):
     [s] = host.slices()
     port = host.vgpud.metrics_port
     assert port, host.vgpud.log()
-    cli = [sys.executable, "-m", "arbiter.cli", "--socket", str(host.vgpud.socket), "ls"]
+    cli = [sys.executable, "-m", "vgpu_cli", "--socket", str(host.vgpud.socket), "ls"]
     failures: list[str] = []
 
     def cli_calls() -> None:

@@ -27,7 +27,7 @@ root = "/var/lib/containerd"
 
 def vgpu_install(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "arbiter.cli", "install", *args,
+        [sys.executable, "-m", "vgpu_cli", "install", *args,
          "--runtime-path", RUNTIME, "--hook-path", HOOK],
         capture_output=True, text=True, cwd=ROOT, timeout=60)
 
@@ -65,7 +65,7 @@ def test_docker_is_idempotent_and_backs_up_once(tmp_path):
     assert "already configured" in out
     assert snapshot(tmp_path) == first
     # A later change (new runtime path) keeps the first backup: the user's original.
-    p = subprocess.run([sys.executable, "-m", "arbiter.cli", "install", "docker",
+    p = subprocess.run([sys.executable, "-m", "vgpu_cli", "install", "docker",
                         "--config-file", str(f), "--runtime-path", "/other/vgpu-runtime"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert p.returncode == 0, p.stderr

@@ -206,7 +206,7 @@ class Tenant:
 
     def __init__(self, v: Vgpud, limit: str, alloc: int, seconds: float = 30,
                  cgroup: Path | None = None) -> None:
-        cli = [sys.executable, "-m", "arbiter.cli", "--socket", str(v.socket), "run",
+        cli = [sys.executable, "-m", "vgpu_cli", "--socket", str(v.socket), "run",
                "--memory", limit, "--", LOAD, "--queue", "0", "--alloc", str(alloc),
                "--seconds", str(seconds)]
         if cgroup is not None:  # the shell joins the cgroup, then becomes vgpu run

@@ -40,6 +40,6 @@ def test_wheel_ships_libvgpu_and_types(tmp_path: Path) -> None:
         assert name in names
     assert not any(n.startswith(("tests/", "libvgpu/")) for n in names)
     assert "vgpud = arbiter.daemon:main" in entry_points.decode()
-    assert "vgpu = arbiter.cli:main" in entry_points.decode()
+    assert "vgpu = vgpu_cli.main:main" in entry_points.decode()
     assert "License-Expression: Apache-2.0" in metadata
     assert "Requires-Python: >=3.11" in metadata
