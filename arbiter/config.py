@@ -27,6 +27,7 @@ import yaml
 
 from arbiter.errors import ConfigError, QuantityError
 from arbiter.quantity import MEMORY_FORMS, parse_memory
+from arbiter.shipped import shipped_file
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -139,12 +140,7 @@ def config_path(explicit: str | Path | None = None,
 
 def schema_path() -> Path:
     """Where configs/vgpud.schema.json is: inside an installed package, else in the checkout."""
-    here = Path(__file__).resolve().parent
-    candidates = (here / "configs" / _SCHEMA_NAME, here.parent / "configs" / _SCHEMA_NAME)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    return candidates[-1]
+    return shipped_file(_SCHEMA_NAME)
 
 
 @cache

@@ -13,6 +13,7 @@ __all__ = [
     "RegionError",
     "RequestError",
     "SchedError",
+    "ShippedFileNotFoundError",
     "VgpuError",
 ]
 
@@ -59,6 +60,17 @@ class LibraryNotFoundError(VgpuError, FileNotFoundError):
             f"failed to find libvgpu.so: neither {where} exists "
             "(install the package with `pip install .`, or run `make` in the checkout)"
         )
+
+
+class ShippedFileNotFoundError(VgpuError, FileNotFoundError):
+    """A file vgpu ships (configs/...) is neither in the installed package nor in the checkout."""
+
+    def __init__(self, name: str, candidates: list[Path]) -> None:
+        self.name = name
+        self.candidates = candidates
+        where = " nor ".join(str(p) for p in candidates)
+        super().__init__(f"failed to find the shipped file {name}: neither {where} exists "
+                         "(a broken installation: reinstall vgpu)")
 
 
 class ConfigError(VgpuError, ValueError):

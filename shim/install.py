@@ -2,19 +2,24 @@
 """`vgpu install docker|containerd|podman`: register vgpu with a container engine.
 
 Like `nvidia-ctk runtime configure`: each target is a pure plan (the files to
-write and their new text) applied by one function that backs a file up once
-(`<file>.vgpu.bak`, before the first change only), writes atomically, keeps every
-unrelated setting, does nothing when the file already says what we would write,
-prints a unified diff instead with --dry-run, and says which service to restart.
+write and their new text, the links to make) applied by one function that backs a
+file up once (`<file>.vgpu.bak`, before the first change only), writes atomically,
+keeps every unrelated setting, does nothing when the file already says what we would
+write, prints a unified diff instead with --dry-run, and says which service to restart.
 
-- docker: daemon.json `runtimes.vgpu.path` = vgpu-runtime (`docker run --runtime=vgpu`),
-  the compiled one (arbiter/native/bin/) where it is shipped.
-- containerd: a drop-in `<config dir>/conf.d/vgpu.toml` with the CRI runtime `vgpu`
-  (runtime_type io.containerd.vgpu.v2, pod_annotations ["vgpu.io/*"]) and the
-  `imports` line for it in the main config; `ctr run --runtime io.containerd.vgpu.v2`
-  needs only containerd-shim-vgpu-v2 on containerd's PATH.
-- podman: an OCI hooks.d file (Podman, CRI-O) that runs vgpu-hook (the compiled one
-  where it is shipped).
+What is written comes from the shipped snippets (configs/docker/daemon.json,
+configs/containerd/vgpu.toml, configs/oci-hooks.d/vgpu.json, found by
+arbiter.shipped) with the absolute paths of this installation's compiled programs
+(arbiter.native.program_path: arbiter/native/bin/ in the wheel, build/bin/ in a checkout):
+
+- docker: daemon.json `runtimes.vgpu.path` = vgpu-runtime (`docker run --runtime=vgpu`).
+- containerd: the drop-in `<config dir>/conf.d/vgpu.toml` (CRI runtime `vgpu`, its
+  `runtime_path` = containerd-shim-vgpu-v2: containerd >= 1.6 runs that binary for the
+  handler whatever its PATH), the `imports` line for it in the main config, and a
+  symlink `<bin dir>/containerd-shim-vgpu-v2` so that `ctr run --runtime
+  io.containerd.vgpu.v2` (which resolves the shim by name on containerd's PATH) finds it.
+- podman: an OCI hooks.d file (Podman, CRI-O) that runs vgpu-hook at every stage the
+  shipped file lists (prestart and poststop).
 """
 from __future__ import annotations
 
@@ -25,20 +30,24 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
 import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from arbiter.errors import ShippedFileNotFoundError
+from arbiter.native import program_path
+from arbiter.shipped import shipped_file
 from shim.errors import InstallError
 
 __all__ = [
+    "DEFAULT_BIN_DIR",
     "DEFAULT_FILES",
     "TARGETS",
     "Change",
+    "Link",
     "add_arguments",
     "apply",
     "plan",
@@ -51,6 +60,9 @@ DEFAULT_FILES = {
     "containerd": Path("/etc/containerd/config.toml"),
     "podman": Path("/etc/containers/oci/hooks.d/vgpu.json"),
 }
+#: Where the containerd shim's link goes: on containerd's PATH (systemd's default PATH
+#: and containerd's own have it).
+DEFAULT_BIN_DIR = Path("/usr/local/bin")
 RESTART = {
     "docker": "restart Docker to apply it: systemctl restart docker",
     "containerd": "restart containerd to apply it: systemctl restart containerd",
@@ -58,9 +70,31 @@ RESTART = {
               "(CRI-O: systemctl restart crio)",
 }
 BACKUP_SUFFIX = ".vgpu.bak"
-RUNTIME_NAME = "vgpu"
-SHIM_RUNTIME_TYPE = "io.containerd.vgpu.v2"
-CRI_PLUGIN = "io.containerd.grpc.v1.cri"
+#: The shipped snippet of each target (arbiter.shipped.CONFIGS lists them).
+SNIPPETS = {
+    "docker": "docker/daemon.json",
+    "containerd": "containerd/vgpu.toml",
+    "podman": "oci-hooks.d/vgpu.json",
+}
+SHIM = "containerd-shim-vgpu-v2"
+
+
+class Step(Protocol):
+    """One thing `vgpu install` may change: a file's text or a symlink."""
+
+    @property
+    def path(self) -> Path:
+        """The file or link."""
+
+    @property
+    def changed(self) -> bool:
+        """True when applying it would change something."""
+
+    def preview(self) -> str:
+        """What --dry-run prints for it."""
+
+    def write(self) -> str:
+        """Apply it; the line that says what was done."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +119,53 @@ class Change:
             tofile=str(self.path))
         return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
+    def preview(self) -> str:
+        """The unified diff, without its last newline."""
+        return self.diff().rstrip("\n")
+
+    def write(self) -> str:
+        """Back the file up (before the first change only), then write it atomically."""
+        backup = self.path.with_name(self.path.name + BACKUP_SUFFIX)
+        if self.old is not None and not backup.exists():
+            shutil.copy2(self.path, backup)
+        _write(self.path, self.new)
+        made = f" (backup: {backup})" if backup.exists() else ""
+        return f"vgpu: wrote {self.path}{made}"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A symlink `path` -> `target` (old: what it points to now, None: nothing there)."""
+
+    path: Path
+    old: str | None
+    target: str
+
+    @property
+    def changed(self) -> bool:
+        """True when the link is missing or points elsewhere."""
+        return self.old != self.target
+
+    def preview(self) -> str:
+        """The link as it is and as it would be."""
+        now = "missing" if self.old is None else f"-> {self.old}"
+        return f"link {self.path}: {now}, would be -> {self.target}"
+
+    def write(self) -> str:
+        """Make the link atomically (a temporary link renamed over the old one)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.vgpu.tmp")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.symlink(self.target, tmp)
+        try:
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        return f"vgpu: linked {self.path} -> {self.target}"
+
 
 def _read(path: Path) -> str | None:
     try:
@@ -95,10 +176,34 @@ def _read(path: Path) -> str | None:
         raise InstallError(path, f"cannot read it: {getattr(e, 'strerror', None) or e}") from e
 
 
+def _snippet(target: str) -> tuple[Path, str]:
+    """The shipped snippet of `target`: its path and text."""
+    try:
+        path = shipped_file(SNIPPETS[target])
+        return path, path.read_text(encoding="utf-8")
+    except ShippedFileNotFoundError as e:
+        raise InstallError(Path(e.name), str(e)) from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise InstallError(Path(SNIPPETS[target]),
+                           f"cannot read the shipped snippet: {e}") from e
+
+
+def _json_snippet(target: str) -> dict[str, Any]:
+    path, text = _snippet(target)
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise InstallError(path, f"the shipped snippet is not valid JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise InstallError(path, "the shipped snippet is not a JSON object")
+    return doc
+
+
 # ---- docker -------------------------------------------------------------------------
 
 def plan_docker(path: Path, runtime_path: str) -> list[Change]:
-    """daemon.json with runtimes.vgpu.path set; every other setting kept."""
+    """daemon.json with the shipped runtimes (path: `runtime_path`); every other setting kept."""
+    shipped = _json_snippet("docker").get("runtimes", {})
     old = _read(path)
     try:
         doc = json.loads(old) if old and old.strip() else {}
@@ -109,12 +214,14 @@ def plan_docker(path: Path, runtime_path: str) -> list[Change]:
     runtimes = doc.setdefault("runtimes", {})
     if not isinstance(runtimes, dict):
         raise InstallError(path, "runtimes is not a JSON object")
-    entry = runtimes.get(RUNTIME_NAME)
-    entry = dict(entry) if isinstance(entry, dict) else {}
-    if entry.get("path") == runtime_path and old is not None:
+    before = json.dumps(runtimes, sort_keys=True)
+    for name, wanted in shipped.items():
+        entry = runtimes.get(name)
+        entry = dict(entry) if isinstance(entry, dict) else {}
+        entry.update(wanted, path=runtime_path)
+        runtimes[name] = entry
+    if old is not None and json.dumps(runtimes, sort_keys=True) == before:
         return [Change(path, old, old)]
-    entry["path"] = runtime_path
-    runtimes[RUNTIME_NAME] = entry
     return [Change(path, old, json.dumps(doc, indent=4) + "\n")]
 
 
@@ -125,18 +232,30 @@ def dropin_path(config: Path) -> Path:
     return config.parent / "conf.d" / "vgpu.toml"
 
 
-def dropin_text() -> str:
-    """The containerd drop-in: the CRI runtime class handler `vgpu`."""
-    return (
-        "# Written by `vgpu install containerd`: the CRI runtime `vgpu` (RuntimeClass handler)\n"
-        "# runs containers through containerd-shim-vgpu-v2; vgpu.io/* pod annotations reach\n"
-        "# the container so it can ask for a vGPU.\n"
-        "version = 2\n"
-        "\n"
-        f'[plugins."{CRI_PLUGIN}".containerd.runtimes.{RUNTIME_NAME}]\n'
-        f'  runtime_type = "{SHIM_RUNTIME_TYPE}"\n'
-        '  pod_annotations = ["vgpu.io/*"]\n'
-    )
+_RUNTIME_TYPE = re.compile(r"^(?P<indent>[ \t]*)runtime_type[ \t]*=.*$", re.MULTILINE)
+
+
+def dropin_text(shim_path: str) -> str:
+    """The shipped containerd drop-in with `runtime_path` = `shim_path` under each runtime."""
+    path, text = _snippet("containerd")
+    template = _toml(path, text)
+    new = _RUNTIME_TYPE.sub(
+        lambda m: f"{m.group(0)}\n{m.group('indent')}runtime_path = {json.dumps(shim_path)}",
+        text)
+    runtimes = _cri_runtimes(template)
+    expected = json.loads(json.dumps(template))
+    for name in runtimes:
+        _cri_runtimes(expected)[name]["runtime_path"] = shim_path
+    if not runtimes or _toml(path, new) != expected:
+        raise InstallError(path, "cannot set runtime_path in the shipped snippet "
+                                 "(one runtime_type line per CRI runtime expected)")
+    return new
+
+
+def _cri_runtimes(doc: dict[str, Any]) -> dict[str, Any]:
+    runtimes: dict[str, Any] = (doc.get("plugins", {}).get("io.containerd.grpc.v1.cri", {})
+                                .get("containerd", {}).get("runtimes", {}))
+    return runtimes
 
 
 def _toml(path: Path, text: str) -> dict[str, Any]:
@@ -170,14 +289,28 @@ def _with_import(path: Path, text: str, item: str) -> str:
     return line + text
 
 
-def plan_containerd(path: Path) -> list[Change]:
-    """The drop-in and the main config's imports line (a new main config if there is none)."""
+def _link(path: Path, target: str) -> Link:
+    """The link step; a file that is not a symlink is never replaced."""
+    try:
+        return Link(path, os.readlink(path), target)
+    except FileNotFoundError:
+        return Link(path, None, target)
+    except OSError as e:
+        reason = ("it exists and is not a symlink: remove it or pass --bin-dir"
+                  if e.errno == 22 else e.strerror or str(e))
+        raise InstallError(path, reason) from e
+
+
+def plan_containerd(path: Path, shim_path: str, bin_dir: Path) -> list[Step]:
+    """The drop-in, the main config's imports line (a new main config if there is none)
+    and the shim's link on containerd's PATH."""
     dropin = dropin_path(path)
-    changes = [Change(dropin, _read(dropin), dropin_text())]
+    steps: list[Step] = [Change(dropin, _read(dropin), dropin_text(shim_path)),
+                         _link(bin_dir / SHIM, shim_path)]
     old = _read(path)
     if old is None or not old.strip():
         new = f"version = 2\nimports = [{json.dumps(str(dropin))}]\n"
-        return [*changes, Change(path, old, new if old is None else old + new)]
+        return [*steps, Change(path, old, new if old is None else old + new)]
     doc = _toml(path, old)
     if doc.get("version", 1) != 2:
         raise InstallError(path, f"config version {doc.get('version', 1)} is not supported "
@@ -187,40 +320,24 @@ def plan_containerd(path: Path) -> list[Change]:
     if not isinstance(imports, list):
         raise InstallError(path, "imports is not a list")
     if str(dropin) in imports:
-        return [*changes, Change(path, old, old)]
+        return [*steps, Change(path, old, old)]
     new = _with_import(path, old, str(dropin))
     after = _toml(path, new)
     expected = dict(doc, imports=[*imports, str(dropin)])
     if after != expected:   # never write what we cannot prove equal but for the import
         raise InstallError(path, f"cannot add {dropin} to its imports safely: add it by hand")
-    return [*changes, Change(path, old, new)]
+    return [*steps, Change(path, old, new)]
 
 
 # ---- podman / CRI-O -------------------------------------------------------------------
 
-def hook_template() -> dict[str, Any]:
-    """configs/oci-hooks.d/vgpu.json (from the package or the checkout), else a built-in one."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here.parent / "arbiter" / "configs" / "oci-hooks.d" / "vgpu.json",
-                      here.parent / "configs" / "oci-hooks.d" / "vgpu.json"):
-        if candidate.is_file():
-            doc = json.loads(candidate.read_text(encoding="utf-8"))
-            if isinstance(doc, dict):
-                return doc
-    return {
-        "version": "1.0.0",
-        "hook": {"path": "/usr/local/bin/vgpu-hook", "args": ["vgpu-hook", "prestart"]},
-        "when": {"annotations": {"^vgpu\\.io/": ".*"}},
-        "stages": ["prestart"],
-    }
-
-
 def plan_podman(path: Path, hook_path: str) -> list[Change]:
-    """The hooks.d file with hook.path pointing at this installation's vgpu-hook."""
-    doc = hook_template()
+    """The shipped hooks.d file with hook.path pointing at this installation's vgpu-hook."""
+    doc = _json_snippet("podman")
     hook = doc.get("hook")
-    if isinstance(hook, dict):
-        hook["path"] = hook_path
+    if not isinstance(hook, dict):
+        raise InstallError(shipped_file(SNIPPETS["podman"]), "the shipped snippet has no hook")
+    hook["path"] = hook_path
     new = json.dumps(doc, indent=2) + "\n"
     return [Change(path, _read(path), new)]
 
@@ -247,55 +364,43 @@ def _write(path: Path, text: str) -> None:
         raise
 
 
-def apply(changes: Sequence[Change], *, dry_run: bool, out: Callable[[str], None]) -> bool:
-    """Write (or with dry_run, show the diff of) every change; True when anything changed."""
-    pending = [c for c in changes if c.changed]
-    for c in pending:
+def apply(steps: Sequence[Step], *, dry_run: bool, out: Callable[[str], None]) -> bool:
+    """Carry out (or with dry_run, show) every step that changes something; True when any."""
+    pending = [s for s in steps if s.changed]
+    for s in pending:
         if dry_run:
-            out(c.diff().rstrip("\n"))
+            out(s.preview())
             continue
-        backup = c.path.with_name(c.path.name + BACKUP_SUFFIX)
         try:
-            if c.old is not None and not backup.exists():
-                shutil.copy2(c.path, backup)
-            _write(c.path, c.new)
+            out(s.write())
         except OSError as e:
-            raise InstallError(c.path, e.strerror or str(e)) from e
-        made = f" (backup: {backup})" if backup.exists() else ""
-        out(f"vgpu: wrote {c.path}{made}")
+            raise InstallError(s.path, e.strerror or str(e)) from e
     return bool(pending)
 
 
-def _program(name: str, explicit: str | None) -> str:
-    """The absolute path of one of our programs: given, the compiled one (shipped in the
-    package or built in the checkout: it starts containers without a Python process),
-    beside this one, or on PATH."""
+def _program(name: str, explicit: str | None, flag: str) -> str:
+    """The absolute path of one of our compiled programs: given, else this installation's
+    (arbiter/native/bin/ in the wheel, build/bin/ in a checkout)."""
     if explicit:
         return str(Path(explicit).absolute())
-    from arbiter.native import program_path
-
-    native = program_path(name)
-    if native is not None:
-        return str(native)
-    beside = Path(sys.argv[0]).resolve().parent / name if sys.argv and sys.argv[0] else None
-    if beside is not None and beside.is_file():
-        return str(beside)
-    found = shutil.which(name)
-    if found:
-        return str(Path(found).absolute())
-    raise InstallError(Path(name), f"cannot find {name} (install vgpu with pip, or pass "
-                                   f"--{name.removeprefix('vgpu-')}-path)")
+    found = program_path(name)
+    if found is None:
+        raise InstallError(Path(name), f"this installation has no compiled {name} (run `make` "
+                                       f"in a checkout, reinstall vgpu, or pass {flag})")
+    return str(found.absolute())
 
 
 def plan(target: str, config_file: Path, *, runtime_path: str | None = None,
-         hook_path: str | None = None) -> list[Change]:
-    """The changes that register vgpu with `target`, for the config file given."""
+         hook_path: str | None = None, shim_path: str | None = None,
+         bin_dir: Path = DEFAULT_BIN_DIR) -> list[Step]:
+    """The steps that register vgpu with `target`, for the config file given."""
     if target == "docker":
-        return plan_docker(config_file, _program("vgpu-runtime", runtime_path))
+        return [*plan_docker(config_file, _program("vgpu-runtime", runtime_path,
+                                                   "--runtime-path"))]
     if target == "containerd":
-        return plan_containerd(config_file)
+        return plan_containerd(config_file, _program(SHIM, shim_path, "--shim-path"), bin_dir)
     if target == "podman":
-        return plan_podman(config_file, _program("vgpu-hook", hook_path))
+        return [*plan_podman(config_file, _program("vgpu-hook", hook_path, "--hook-path"))]
     raise InstallError(config_file, f"unknown target {target!r}: use {', '.join(TARGETS)}")
 
 
@@ -308,21 +413,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"podman {DEFAULT_FILES['podman']})")
     p.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
     p.add_argument("--runtime-path", metavar="PATH",
-                   help="vgpu-runtime for Docker (default: beside `vgpu`, else on PATH)")
+                   help="vgpu-runtime for Docker (default: this installation's compiled one)")
     p.add_argument("--hook-path", metavar="PATH",
-                   help="vgpu-hook for hooks.d (default: beside `vgpu`, else on PATH)")
+                   help="vgpu-hook for hooks.d (default: this installation's compiled one)")
+    p.add_argument("--shim-path", metavar="PATH",
+                   help=f"{SHIM} for containerd (default: this installation's compiled one)")
+    p.add_argument("--bin-dir", metavar="DIR", type=Path, default=DEFAULT_BIN_DIR,
+                   help=f"where containerd finds {SHIM} by name (default: {DEFAULT_BIN_DIR})")
+
+
+def _found_by(target: str, steps: Sequence[Step]) -> str | None:
+    """The line that says how the engine finds our program."""
+    if target != "containerd":
+        return None
+    link = next(s for s in steps if isinstance(s, Link))
+    dropin = next(s for s in steps if isinstance(s, Change))
+    return (f"vgpu: containerd runs {link.target}: CRI (RuntimeClass handler `vgpu`) through "
+            f"runtime_path in {dropin.path}, `ctr run --runtime io.containerd.vgpu.v2` "
+            f"through {link.path} on containerd's PATH")
 
 
 def run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     """Carry out `vgpu install` for parsed args."""
     config_file = args.config_file or DEFAULT_FILES[args.target]
-    changes = plan(args.target, Path(config_file), runtime_path=args.runtime_path,
-                   hook_path=args.hook_path)
-    changed = apply(changes, dry_run=args.dry_run, out=out)
+    steps = plan(args.target, Path(config_file), runtime_path=args.runtime_path,
+                 hook_path=args.hook_path, shim_path=args.shim_path, bin_dir=args.bin_dir)
+    changed = apply(steps, dry_run=args.dry_run, out=out)
     if not changed:
         out(f"vgpu: {args.target} is already configured ({config_file}): nothing to change")
     elif args.dry_run:
         out("vgpu: dry run: nothing was changed")
     else:
+        found = _found_by(args.target, steps)
+        if found:
+            out(found)
         out(f"vgpu: {RESTART[args.target]}")
     return 0

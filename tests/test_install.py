@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -13,6 +14,8 @@ from conftest import ROOT
 
 RUNTIME = "/opt/vgpu/bin/vgpu-runtime"
 HOOK = "/opt/vgpu/bin/vgpu-hook"
+SHIM = "/opt/vgpu/bin/containerd-shim-vgpu-v2"
+SHIPPED = ROOT / "configs"
 
 CONTAINERD_CONFIG = """\
 version = 2
@@ -25,15 +28,18 @@ root = "/var/lib/containerd"
 """
 
 
-def vgpu_install(*args: str) -> subprocess.CompletedProcess[str]:
+def vgpu_install(*args: str, programs: tuple[str, ...] | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+    """`vgpu install ARGS`; `programs`: the program path flags (default: made-up paths)."""
+    if programs is None:
+        programs = ("--runtime-path", RUNTIME, "--hook-path", HOOK, "--shim-path", SHIM)
     return subprocess.run(
-        [sys.executable, "-m", "vgpu_cli", "install", *args,
-         "--runtime-path", RUNTIME, "--hook-path", HOOK],
+        [sys.executable, "-m", "vgpu_cli", "install", *args, *programs],
         capture_output=True, text=True, cwd=ROOT, timeout=60)
 
 
-def ok(*args: str) -> str:
-    p = vgpu_install(*args)
+def ok(*args: str, programs: tuple[str, ...] | None = None) -> str:
+    p = vgpu_install(*args, programs=programs)
     assert p.returncode == 0, p.stderr
     return p.stdout
 
@@ -91,34 +97,65 @@ def test_docker_bad_json_is_refused(tmp_path):
 
 # --- containerd ----------------------------------------------------------------------
 
-def test_containerd_dropin_and_import(tmp_path):
+def cri_runtimes(doc: dict) -> dict:
+    return doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
+
+
+def test_containerd_dropin_import_and_shim_link(tmp_path):
     f = tmp_path / "config.toml"
     f.write_text(CONTAINERD_CONFIG)
-    out = ok("containerd", "--config-file", str(f))
+    bin_dir = tmp_path / "bin"
+    out = ok("containerd", "--config-file", str(f), "--bin-dir", str(bin_dir))
     dropin = tmp_path / "conf.d" / "vgpu.toml"
     doc = tomllib.loads(f.read_text())
     assert doc["imports"] == [str(dropin)]
     assert doc["root"] == "/var/lib/containerd"
     assert doc["plugins"]["io.containerd.grpc.v1.cri"]["cni"]["bin_dir"] == "/usr/lib/cni"
-    runtime = tomllib.loads(dropin.read_text())["plugins"]["io.containerd.grpc.v1.cri"][
-        "containerd"]["runtimes"]["vgpu"]
-    assert runtime == {"runtime_type": "io.containerd.vgpu.v2",
+    runtime = cri_runtimes(tomllib.loads(dropin.read_text()))["vgpu"]
+    assert runtime == {"runtime_type": "io.containerd.vgpu.v2", "runtime_path": SHIM,
                        "pod_annotations": ["vgpu.io/*"]}
-    # The shipped snippet is the drop-in.
-    assert tomllib.loads(dropin.read_text()) == tomllib.loads(
-        (ROOT / "configs" / "containerd" / "vgpu.toml").read_text())
+    # The shipped snippet is the drop-in, with the shim's absolute path added.
+    shipped = tomllib.loads((SHIPPED / "containerd" / "vgpu.toml").read_text())
+    cri_runtimes(shipped)["vgpu"]["runtime_path"] = SHIM
+    assert tomllib.loads(dropin.read_text()) == shipped
+    # ctr resolves io.containerd.vgpu.v2 by name on containerd's PATH: the link.
+    link = bin_dir / "containerd-shim-vgpu-v2"
+    assert os.readlink(link) == SHIM
     assert (tmp_path / "config.toml.vgpu.bak").read_text() == CONTAINERD_CONFIG
     assert "systemctl restart containerd" in out
+    assert f"through runtime_path in {dropin}" in out and f"through {link}" in out
     first = snapshot(tmp_path)
-    assert "already configured" in ok("containerd", "--config-file", str(f))
+    assert "already configured" in ok("containerd", "--config-file", str(f),
+                                       "--bin-dir", str(bin_dir))
     assert snapshot(tmp_path) == first
+    # Another installation: the link moves, the drop-in follows.
+    p = vgpu_install("containerd", "--config-file", str(f), "--bin-dir", str(bin_dir),
+                     programs=("--shim-path", "/v2/containerd-shim-vgpu-v2"))
+    assert p.returncode == 0, p.stderr
+    assert os.readlink(link) == "/v2/containerd-shim-vgpu-v2"
+    assert cri_runtimes(tomllib.loads(dropin.read_text()))["vgpu"]["runtime_path"] == \
+        "/v2/containerd-shim-vgpu-v2"
+    assert sorted(os.listdir(bin_dir)) == ["containerd-shim-vgpu-v2"]  # no temporary left
+
+
+def test_containerd_never_replaces_a_file_that_is_not_a_link(tmp_path):
+    f = tmp_path / "config.toml"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "containerd-shim-vgpu-v2").write_text("someone else's")
+    p = vgpu_install("containerd", "--config-file", str(f), "--bin-dir", str(bin_dir))
+    assert p.returncode == 1
+    assert p.stderr == (f"vgpu: failed to configure {bin_dir}/containerd-shim-vgpu-v2: "
+                        "it exists and is not a symlink: remove it or pass --bin-dir\n")
+    assert (bin_dir / "containerd-shim-vgpu-v2").read_text() == "someone else's"
+    assert not f.exists() and not (tmp_path / "conf.d").exists()
 
 
 def test_containerd_existing_imports_are_kept(tmp_path):
     f = tmp_path / "config.toml"
     f.write_text('version = 2\nimports = ["/etc/containerd/other.toml"]\n' + "[grpc]\n"
                  '  address = "/run/x.sock"\n')
-    ok("containerd", "--config-file", str(f))
+    ok("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
     doc = tomllib.loads(f.read_text())
     assert doc["imports"] == ["/etc/containerd/other.toml", str(tmp_path / "conf.d/vgpu.toml")]
     assert doc["grpc"] == {"address": "/run/x.sock"}
@@ -126,7 +163,7 @@ def test_containerd_existing_imports_are_kept(tmp_path):
 
 def test_containerd_missing_config_is_created(tmp_path):
     f = tmp_path / "config.toml"
-    ok("containerd", "--config-file", str(f))
+    ok("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
     assert tomllib.loads(f.read_text()) == {"version": 2,
                                             "imports": [str(tmp_path / "conf.d/vgpu.toml")]}
 
@@ -134,23 +171,57 @@ def test_containerd_missing_config_is_created(tmp_path):
 def test_containerd_version_1_is_refused(tmp_path):
     f = tmp_path / "config.toml"
     f.write_text('[plugins.cri]\n  sandbox_image = "x"\n')
-    p = vgpu_install("containerd", "--config-file", str(f))
+    p = vgpu_install("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
     assert p.returncode == 1
     assert "config version 1 is not supported" in p.stderr
-    assert not (tmp_path / "conf.d").exists()
+    assert not (tmp_path / "conf.d").exists() and not (tmp_path / "bin").exists()
 
 
 # --- podman --------------------------------------------------------------------------
 
-def test_podman_hooks_file(tmp_path):
+def test_podman_hooks_file_is_the_shipped_one_with_our_hook(tmp_path):
     f = tmp_path / "hooks.d" / "vgpu.json"
     out = ok("podman", "--config-file", str(f))
     doc = json.loads(f.read_text())
+    shipped = json.loads((SHIPPED / "oci-hooks.d" / "vgpu.json").read_text())
     assert doc["hook"]["path"] == HOOK
-    assert doc["version"] == "1.0.0"
-    assert "prestart" in doc["stages"]
+    shipped["hook"]["path"] = HOOK
+    assert doc == shipped
+    # poststop releases the slice the moment the container exits (not the reconciler).
+    assert doc["stages"] == ["prestart", "poststop"]
     assert "nothing to restart" in out
     assert "already configured" in ok("podman", "--config-file", str(f))
+
+
+def test_docker_runtimes_are_the_shipped_ones(tmp_path):
+    f = tmp_path / "daemon.json"
+    ok("docker", "--config-file", str(f))
+    shipped = json.loads((SHIPPED / "docker" / "daemon.json").read_text())
+    assert set(json.loads(f.read_text())["runtimes"]) == set(shipped["runtimes"]) == {"vgpu"}
+
+
+# --- the programs: this installation's compiled ones ------------------------------------
+
+@pytest.mark.parametrize(("target", "program", "where"), [
+    ("docker", "vgpu-runtime", lambda d: d["runtimes"]["vgpu"]["path"]),
+    ("podman", "vgpu-hook", lambda d: d["hook"]["path"]),
+], ids=["docker", "podman"])
+def test_default_program_is_the_checkouts_compiled_one(tmp_path, target, program, where):
+    built = ROOT / "build" / "bin" / program
+    if not built.is_file():
+        pytest.fail(f"{built} is missing: run `make`")
+    f = tmp_path / "conf.json"
+    ok(target, "--config-file", str(f), programs=())
+    assert where(json.loads(f.read_text())) == str(built)
+
+
+def test_containerd_default_shim_is_the_checkouts_compiled_one(tmp_path):
+    built = ROOT / "build" / "bin" / "containerd-shim-vgpu-v2"
+    if not built.is_file():
+        pytest.fail(f"{built} is missing: run `make`")
+    ok("containerd", "--config-file", str(tmp_path / "config.toml"),
+       "--bin-dir", str(tmp_path / "bin"), programs=())
+    assert os.readlink(tmp_path / "bin" / "containerd-shim-vgpu-v2") == str(built)
 
 
 # --- every target ----------------------------------------------------------------------
@@ -164,7 +235,11 @@ def test_dry_run_prints_diff_and_changes_nothing(tmp_path, target):
     elif target == "containerd":
         f.write_text(CONTAINERD_CONFIG)
     before = snapshot(tmp_path)
-    out = ok(target, "--config-file", str(f), "--dry-run")
+    out = ok(target, "--config-file", str(f), "--dry-run", "--bin-dir", str(tmp_path / "bin"))
     assert snapshot(tmp_path) == before
+    assert not (tmp_path / "bin").exists()
     assert f"+++ {f}" in out
     assert "\n+" in out and "dry run: nothing was changed" in out
+    if target == "containerd":
+        assert (f"link {tmp_path}/bin/containerd-shim-vgpu-v2: missing, would be -> {SHIM}"
+                in out)
