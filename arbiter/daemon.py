@@ -28,9 +28,11 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -44,7 +46,6 @@ from arbiter.errors import ConfigError, VgpuError
 from arbiter.events import EventLog
 from arbiter.freezer import Freezer, find_root
 from arbiter.guardian import ComputeGuard
-from arbiter.lifecycle import LifecycleServer, lifecycle_socket
 from arbiter.metrics import Metrics, Snapshot
 from arbiter.native import program_path
 from arbiter.proto import vgpu_pb2_grpc
@@ -63,7 +64,7 @@ from arbiter.service import ArbiterService
 from arbiter.state import Store
 from arbiter.statelock import StateLock
 
-__all__ = ["Daemon", "DaemonError", "main"]
+__all__ = ["Attachment", "AttachmentFactory", "Daemon", "DaemonError", "main"]
 
 log = logging.getLogger("vgpud")
 
@@ -85,6 +86,29 @@ class DaemonError(VgpuError):
         super().__init__(f"failed to start vgpud: {reason}")
 
 
+class Attachment(Protocol):
+    """A part another package serves from vgpud's process (vgpud/ composes them), e.g.
+    the container lifecycle socket. The daemon starts it once the domain serves, closes it
+    first at stop, and reports its paths in Health (`vgpu info`)."""
+
+    @property
+    def paths(self) -> Mapping[str, str]:
+        """Name -> path of what it serves (Health reports them)."""
+        ...
+
+    def start(self) -> None:
+        """Start serving; an OSError is one warning line, vgpud serves on without it."""
+        ...
+
+    def close(self) -> None:
+        """Stop serving and remove what start made."""
+        ...
+
+
+#: Makes an attachment from the domain and vgpud's loaded config.
+AttachmentFactory = Callable[[Arbiter, Config], Attachment]
+
+
 def _socket_in_use(path: Path) -> bool:
     """True when something accepts connections on the unix socket at path."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -102,7 +126,8 @@ class Daemon:
     """One running vgpud: store, regions, arbiter, reconciler, gRPC server, metrics."""
 
     def __init__(self, config: Config, config_file: Path | None,
-                 overrides: dict[str, object], *, proc: Path = Path("/proc")) -> None:
+                 overrides: dict[str, object], *, proc: Path = Path("/proc"),
+                 attachments: Sequence[AttachmentFactory] = ()) -> None:
         self.config = config
         self.config_file = config_file
         self.overrides = overrides
@@ -121,7 +146,8 @@ class Daemon:
         self.guard: ComputeGuard | None = None
         self.sched_files: dict[str, Path] = {}  # GPU uuid -> its scheduling region
         self.broker: BrokerSupervisor | None = None
-        self.lifecycle: LifecycleServer | None = None
+        self._factories = tuple(attachments)
+        self.attachments: list[Attachment] = []  # made at start; those that serve
 
     # -- start -----------------------------------------------------------------
 
@@ -231,8 +257,10 @@ class Daemon:
         paths = {"config": str(c.source or ""), "socket": str(c.socket),
                  "state_dir": str(c.state_dir), "run_dir": str(c.run_dir),
                  "sched_dir": str(c.run_dir / SCHED_DIR_NAME),
-                 "event_log": str(c.event_log), "metrics_address": c.metrics_address,
-                 "lifecycle_socket": str(lifecycle_socket(c.socket))}
+                 "event_log": str(c.event_log), "metrics_address": c.metrics_address}
+        made = [factory(self.arbiter, c) for factory in self._factories]
+        for a in made:
+            paths.update(a.paths)
         service = ArbiterService(self.arbiter, paths)
         vgpu_pb2_grpc.add_ArbiterServicer_to_server(service, self.server)
         old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
@@ -244,7 +272,8 @@ class Daemon:
             raise DaemonError(f"cannot listen on unix:{c.socket}")
         self.server.start()
         os.chmod(c.socket, 0o600)
-        self._serve_lifecycle(service)
+        for a in made:
+            self._attach(a)
         if c.metrics_address:
             # A taken or unresolvable address is one warning and retries: the
             # containers vgpud serves do not depend on being scraped.
@@ -282,18 +311,15 @@ class Daemon:
             freezer=Freezer(root) if root is not None else None,
             ledger=c.run_dir / "guard-frozen", proc=self.proc, metrics=self.metrics)
 
-    def _serve_lifecycle(self, service: ArbiterService) -> None:
-        """The compiled vgpu-runtime / vgpu-hook's socket; without it they run Python."""
-        from shim.fastpath import FastPath
-
-        path = lifecycle_socket(self.config.socket)
-        server = LifecycleServer(path, FastPath(service, self.config.socket).ops())
+    def _attach(self, a: Attachment) -> None:
+        """Start one attachment; one that cannot serve is a warning, not a failed start."""
         try:
-            server.start()
-        except OSError as e:  # slower container starts, not a reason to refuse to serve
-            log.warning("not serving the lifecycle socket %s: %s", path, e.strerror or e)
+            a.start()
+        except OSError as e:
+            log.warning("not serving %s: %s", ", ".join(a.paths.values()) or type(a).__name__,
+                        e.strerror or e)
             return
-        self.lifecycle = server
+        self.attachments.append(a)
 
     def _make_metrics(self) -> Metrics:
         metrics = Metrics(CollectorRegistry())
@@ -399,8 +425,9 @@ class Daemon:
 
         The sockets and locks go even when a step before fails."""
         try:
-            if self.lifecycle is not None:
-                self.lifecycle.close()
+            for a in reversed(self.attachments):
+                with contextlib.suppress(Exception):
+                    a.close()
             if self.server is not None:
                 self.server.stop(_DRAIN_S).wait()
             if self.reconciler is not None:
@@ -426,8 +453,6 @@ class Daemon:
         sockets = []
         if self.server is not None:
             sockets.append(self.config.socket)
-        if self.lifecycle is not None:  # its close() removes it; not when that failed
-            sockets.append(lifecycle_socket(self.config.socket))
         for path in sockets:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -463,8 +488,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of `vgpud`."""
+def main(argv: list[str] | None = None,
+         attachments: Sequence[AttachmentFactory] = ()) -> int:
+    """Run vgpud (the domain alone; vgpud.main adds the container lifecycle socket)."""
     args = parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="vgpud: %(levelname)s %(message)s")
@@ -479,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     # Whatever umask vgpud inherits, nothing it makes is writable by other users
     # (files whose mode matters get it explicitly as well).
     os.umask(0o022)
-    daemon = Daemon(config, path, overrides)
+    daemon = Daemon(config, path, overrides, attachments=attachments)
     daemon.install_signals()
     try:
         daemon.start()

@@ -34,7 +34,7 @@ from arbiter.proto import vgpu_pb2 as pb
 from arbiter.proto import vgpu_pb2_grpc
 from arbiter.version import version
 
-__all__ = ["ArbiterService", "InProcessStub", "status_for"]
+__all__ = ["ArbiterService", "status_for"]
 
 log = logging.getLogger("vgpud")
 
@@ -163,46 +163,3 @@ class ArbiterService(vgpu_pb2_grpc.ArbiterServicer):  # type: ignore[misc]
         return pb.HealthResponse(status=h.status, version=_VERSION, devices=h.devices,
                                  slices=h.slices, uptime_seconds=h.uptime_seconds,
                                  paths=self.paths)
-
-
-class _Aborted(grpc.RpcError):
-    """What context.abort raises in-process: the status a remote client would see."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self._code = code
-        self._details = details
-
-    def code(self) -> grpc.StatusCode:
-        """The status code."""
-        return self._code
-
-    def details(self) -> str:
-        """The one-line message."""
-        return self._details
-
-
-class _Context:
-    """The one ServicerContext method the servicer uses."""
-
-    def abort(self, code: grpc.StatusCode, details: str) -> None:
-        raise _Aborted(code, details)
-
-
-class InProcessStub:
-    """An ArbiterStub that calls the servicer in this process.
-
-    vgpud's lifecycle socket runs the runtime's and the hook's own client code
-    (shim.runtime, oci_hook) against it: same requests, same errors, no transport.
-    """
-
-    def __init__(self, service: ArbiterService) -> None:
-        self._service = service
-
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        fn = getattr(self._service, method)
-
-        def call(request: Any, timeout: float | None = None,
-                 wait_for_ready: bool | None = None) -> Any:
-            return fn(request, _Context())
-        return call

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Errors raised by the hook; each message is the one line the engine shows the user."""
+"""Errors of the hook's decisions; each message is the one line the engine shows the user."""
 from __future__ import annotations
 
 from arbiter.errors import VgpuError
 
-__all__ = ["HookError", "MountError", "RequestError", "StateError", "VgpudError"]
+__all__ = ["HookError", "MountError", "RequestError", "SliceError", "StateError"]
 
 _VALUE_MAX = 64  # longer values are cut in messages: the line must stay readable
 
@@ -35,27 +35,20 @@ class StateError(HookError, ValueError):
         super().__init__(f"failed to read {what}: {reason}")
 
 
-class VgpudError(HookError):
-    """vgpud refused the request, or did not answer within the bounded wait.
-
-    `unavailable`: vgpud did not answer (down, or not up yet); `not_found`: it has no
-    such slice.
-    """
-
-    def __init__(self, verb: str, reason: str, *, unavailable: bool = False,
-                 not_found: bool = False) -> None:
-        self.verb = verb
-        self.reason = reason
-        self.unavailable = unavailable
-        self.not_found = not_found
-        super().__init__(f"failed to {verb}: {reason}")
-
-
 class MountError(HookError, OSError):
-    """A path inside the container's rootfs cannot be resolved, made or mounted onto."""
+    """A file the mount plan needs is missing or cannot be named."""
 
     def __init__(self, verb: str, path: str, reason: str) -> None:
         self.verb = verb
         self.path = path
         self.reason = reason
         super().__init__(f"failed to {verb} {path}: {reason}")
+
+
+class SliceError(HookError):
+    """vgpud's domain refused or failed the container's slice (no room, held by another)."""
+
+    def __init__(self, verb: str, reason: str) -> None:
+        self.verb = verb
+        self.reason = reason
+        super().__init__(f"failed to {verb}: {reason}")

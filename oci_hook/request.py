@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """A container's vGPU request: find the vgpu.io/* keys, then validate them into a model Request.
 
-Pure logic, no I/O besides reading configs/request.schema.json once. Used by the hook
-and by vgpu-runtime (shim/), so both refuse the same requests with the same line:
+Pure logic, no I/O besides reading configs/request.schema.json once. Used by the hook's
+and the runtime's decisions (oci_hook.phases, shim.runtime), so both refuse the same
+requests with the same line:
 
     vgpu.io/memory=lots: not a memory quantity: use an integer with an optional suffix ...
 
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from arbiter.errors import QuantityError
 from arbiter.quantity import COMPUTE_FORMS, MEMORY_FORMS, parse_compute, parse_memory
+from arbiter.shipped import shipped_file
 from oci_hook.errors import RequestError
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ __all__ = [
     "SLICE_ANNOTATION",
     "find_request",
     "parse_request",
+    "preload_schema",
     "schema_path",
 ]
 
@@ -126,13 +129,12 @@ def parse_request(raw: Mapping[str, str], *, owner: str, owner_pid: int = 0,
 
 def schema_path() -> Path:
     """configs/request.schema.json: inside an installed package, else in the checkout."""
-    here = Path(__file__).resolve().parent
-    candidates = (here.parent / "arbiter" / "configs" / _SCHEMA_NAME,
-                  here.parent / "configs" / _SCHEMA_NAME)
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    return candidates[-1]
+    return shipped_file(_SCHEMA_NAME)
+
+
+def preload_schema() -> None:
+    """Compile the request schema now (vgpud at start), not in the first container's start."""
+    _validator()
 
 
 @cache

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from arbiter.errors import VgpuError
 
-__all__ = ["AllocateError", "InstallError", "LowerRuntimeError", "ShimError", "SpecError"]
+__all__ = ["AllocateError", "HookProgramError", "InstallError", "ShimError", "SpecError"]
 
 
 class ShimError(VgpuError):
@@ -23,13 +23,12 @@ class SpecError(ShimError):
         super().__init__(f"failed to {verb} {path}: {reason}")
 
 
-class LowerRuntimeError(ShimError, FileNotFoundError):
-    """The runtime to hand over to cannot be found, or would be vgpu-runtime itself."""
+class HookProgramError(ShimError, FileNotFoundError):
+    """The compiled vgpu-hook that a modified spec must name is not built or shipped."""
 
-    def __init__(self, name: str, reason: str) -> None:
-        self.name = name
-        self.reason = reason
-        super().__init__(f"failed to find the lower runtime {name!r}: {reason}")
+    def __init__(self) -> None:
+        super().__init__("failed to add the vgpu hooks: the compiled vgpu-hook is neither in "
+                         "arbiter/native/bin nor in build/bin (build it with make)")
 
 
 class AllocateError(ShimError):

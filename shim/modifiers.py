@@ -4,7 +4,7 @@
 Modelled on nvidia-container-toolkit's internal/modifier: a modifier edits the
 spec in place; `Modifiers` applies a list and skips the empty entries; the
 factory (`for_slice`) builds the list for a granted slice. A container that
-asks for no vGPU gets no modifiers at all (shim.runtime never calls the factory),
+asks for no vGPU gets no modifiers at all (shim.runtime.give_vgpu never calls the factory),
 so its spec stays byte-identical.
 """
 from __future__ import annotations
@@ -221,7 +221,7 @@ class HookSettings:
     """How to run vgpu-hook from config.json."""
 
     path: str
-    args: tuple[str, ...] = ()            # before the phase, e.g. (python, -m, oci_hook)
+    args: tuple[str, ...] = ()            # argv before the phase: (path,)
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: int = 30
 

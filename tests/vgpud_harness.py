@@ -68,7 +68,7 @@ class Vgpud:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "arbiter.daemon", "--config", str(self.config_file),
+        return [sys.executable, "-m", "vgpud", "--config", str(self.config_file),
                 "--socket", str(self.socket), "--state-dir", str(self.state_dir),
                 "--run-dir", str(self.run_dir)]
 

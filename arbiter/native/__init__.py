@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Where the native parts are: libvgpu.so and the compiled vgpu-runtime / vgpu-hook,
-shipped inside the package or built in a source checkout."""
+"""Where the native parts are: libvgpu.so and the compiled programs, shipped inside the
+package or built in a source checkout."""
 from __future__ import annotations
 
 import os
@@ -11,8 +11,9 @@ from arbiter.errors import LibraryNotFoundError
 __all__ = ["LIBRARY_NAME", "PROGRAMS", "libvgpu_path", "program_path"]
 
 LIBRARY_NAME = "libvgpu.so"
-#: The compiled fast path (shim/native/): `make` builds them into build/bin/.
-PROGRAMS = ("vgpu-runtime", "vgpu-hook", "vgpu-broker")
+#: The compiled programs (shim/native/, libvgpu/): `make` builds them into build/bin/.
+#: shim/runc is containerd-shim-vgpu-v2's private `runc` (it runs vgpu-runtime).
+PROGRAMS = ("vgpu-runtime", "vgpu-hook", "vgpu-broker", "containerd-shim-vgpu-v2", "shim/runc")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 # arbiter/native/ -> arbiter/ -> repository root (only meaningful in a checkout).
 _CHECKOUT_ROOT = _PACKAGE_DIR.parent.parent
@@ -33,7 +34,7 @@ def program_path(name: str, package_dir: Path = _PACKAGE_DIR,
                  checkout_root: Path = _CHECKOUT_ROOT) -> Path | None:
     """The packaged (arbiter/native/bin/) else the checkout's (build/bin/) program `name`.
 
-    None when neither exists (the Python implementation then does the work).
+    None when neither exists (not built).
     """
     for candidate in (package_dir / "bin" / name, checkout_root / "build" / "bin" / name):
         if not candidate.is_file():

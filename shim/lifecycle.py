@@ -1,29 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
 """vgpud's container-lifecycle socket: the compiled vgpu-runtime and vgpu-hook ask here.
 
-Starting a Python process per runtime call and per hook costs ~100 ms of interpreter
-start and imports; vgpud is already warm (config, schema, placement in memory), so the
-small C programs (shim/native/) hand it the work and only exec, mount, or report.
+The programs engines run for every container hold only mechanisms (argv, exec, mounts);
+what to do is decided here, inside vgpud, which is warm (config, schema, placement in
+memory) and uses its own loaded config: a request names no config file or socket.
 
 The socket is `<gRPC socket>.lifecycle` (beside `<gRPC socket>.lock`), mode 0600:
-root only, like the gRPC socket. Clients find it the way they find vgpud itself
-($VGPU_SOCKET, else the config's paths.socket), so a test tree's vgpud is never
-confused with the host's.
+root only, like the gRPC socket.
 
 Framing (both directions): a 4-byte big-endian length, then that many bytes of
 `key=value` fields, each ended by a NUL byte. Keys may repeat; order matters only
 where a reply says so (a `mount=` field starts a new mount). No escaping is needed
 (paths and JSON hold no NUL), so a C client reads it with strchr. Every message
-carries `v=<version>`: a peer that does not speak the version answers
-`status=fallback` (or the client sees no `v=1`), and the client runs the Python
-implementation instead, so hosts can be upgraded with containers running.
+carries `v=2`; a request of another version is answered with an error that names
+both versions (a host runs one vgpud and the programs of its own version).
 
 Replies: `status=` one of
-  exec      runtime-create: `lower=` the lower runtime to exec with the original argv
   ok        nothing (more) to do
-  mount     prestart: the mount plan (see plan_fields)
-  error     `message=` the one line to show the user (the Python path prints the same)
-  fallback  `reason=`: run the Python implementation, which is complete
+  mount     prestart: the mount plan (oci_hook.mounts.Plan.to_fields)
+  error     `message=` the one line to show the user
 """
 from __future__ import annotations
 
@@ -40,10 +35,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "CLIENTS",
     "MAX_FRAME",
     "VERSION",
     "Fields",
     "LifecycleServer",
+    "Op",
+    "ProtocolError",
     "Reply",
     "decode",
     "encode",
@@ -55,7 +53,11 @@ __all__ = [
 
 log = logging.getLogger("vgpud")
 
-VERSION = "1"
+#: The lifecycle protocol this vgpud speaks (shim/native/vg_msg.h says the same).
+VERSION = "2"
+#: Which program sends each op: the version-mismatch line names it.
+CLIENTS: Mapping[str, str] = {"runtime-create": "vgpu-runtime", "prestart": "vgpu-hook",
+                              "poststop": "vgpu-hook", "release": "vgpu-runtime or vgpu-hook"}
 #: A request is an OCI state or a few paths; anything bigger is not one of ours.
 MAX_FRAME = 1 << 20
 #: A client that connects must send its request at once (it has it ready).
@@ -166,11 +168,6 @@ class Reply:
         return cls.of("error", ("message", line if line.startswith("vgpu: ") else
                                 f"vgpu: {line}"))
 
-    @classmethod
-    def fallback(cls, reason: str) -> Reply:
-        """Ask the client to run the Python implementation."""
-        return cls.of("fallback", ("reason", reason))
-
 
 #: An op: the request's fields in, the reply out.
 Op = Callable[[Fields], Reply]
@@ -234,16 +231,22 @@ class LifecycleServer:
     def __init__(self, path: Path, ops: Mapping[str, Op]) -> None:
         self.path = Path(path)
         self.ops = dict(ops)
+        #: What vgpud's Health reports of it (`vgpu info`).
+        self.paths = {"lifecycle_socket": str(self.path)}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
     def dispatch(self, request: Fields) -> Reply:
         """Answer one request; never raises."""
+        name = request.get("op")
         if request.get("v") != VERSION:
-            return Reply.fallback(f"protocol version {request.get('v')!r} is not {VERSION}")
-        op = self.ops.get(request.get("op"))
+            client = CLIENTS.get(name, "the client")
+            return Reply.error(f"{client} speaks lifecycle protocol v{request.get('v') or '?'}; "
+                               f"vgpud at {self.path} speaks v{VERSION}")
+        op = self.ops.get(name)
         if op is None:
-            return Reply.fallback(f"unknown op {request.get('op')!r}")
+            return Reply.error(f"unknown lifecycle op {name!r} (vgpud at {self.path} "
+                               f"answers {', '.join(sorted(self.ops))})")
         try:
             return op(request)
         except Exception as e:
@@ -277,7 +280,8 @@ class LifecycleServer:
 
 
 def request(path: str | Path, items: Sequence[tuple[str, str]], timeout: float = 10.0) -> Fields:
-    """One round trip (tests and tools; the C programs speak the same frames)."""
+    """One round trip at this protocol version (tests and tools; the C programs speak the
+    same frames)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(str(path))

@@ -1,0 +1,152 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What vgpu-hook's phases decide, run inside vgpud for the compiled vgpu-hook.
+
+Phases (runtime-spec config.md#posix-platform-hooks; runc runs both in the runtime's
+namespaces while the container's init waits, before pivot_root):
+
+- ``prestart`` (Podman/CRI-O hooks.d) or its modern twin ``createRuntime``: the
+  container's slice (the one vgpu-runtime made at create, else a new one) and the
+  mount plan that gives it; vgpu-hook applies the plan.
+- ``poststop``: release the slice.
+
+A container without request keys gets None / nothing done. Every failure is a
+VgpuError whose message is the one line the engine shows; a prestart that fails
+after the slice was granted releases it first.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from arbiter.errors import NotFoundError, StateError, VgpuError
+from oci_hook.errors import SliceError
+from oci_hook.errors import StateError as HookStateError
+from oci_hook.mounts import PRELOAD_HOST_NAME, Plan, plan_mounts
+from oci_hook.request import (
+    ENV_KEYS,
+    ENV_REQUESTS_ANNOTATION,
+    SLICE_ANNOTATION,
+    find_request,
+    parse_request,
+)
+from oci_hook.slices import view_of
+from oci_hook.state import HookState, Spec, load_spec
+
+if TYPE_CHECKING:
+    from arbiter.config import Config
+    from arbiter.model import Request, Slice
+    from oci_hook.slices import Slices
+
+__all__ = ["CREATE_RUNTIME", "POSTSTOP", "PRESTART", "poststop", "prestart", "release"]
+
+PRESTART = "prestart"
+CREATE_RUNTIME = "createRuntime"
+POSTSTOP = "poststop"
+
+
+def _request(state: HookState, spec: Spec | None,
+             config: Config) -> tuple[dict[str, str] | None, dict[str, str]]:
+    """(the raw request or None, the annotations: the spec's, then the state's)."""
+    annotations = {**(spec.annotations if spec else {}), **state.annotations}
+    env = spec.env if spec else ()
+    raw = find_request(annotations, env, allow_env=False)
+    if raw is None and any(item.partition("=")[0] in ENV_KEYS for item in env):
+        # Env requests: allowed where vgpu-runtime's decision said the config allowed
+        # them, else by the config itself (an image can carry env no scheduler saw).
+        allow = (annotations.get(ENV_REQUESTS_ANNOTATION) == "allowed"
+                 or config.allow_env_requests)
+        raw = find_request(annotations, env, allow_env=allow)
+    return raw, annotations
+
+
+def prestart(state: HookState, config: Config, slices: Slices, *,
+             libvgpu: Path) -> Plan | None:
+    """The mount plan that gives the container its slice; None when it asks for none."""
+    spec = load_spec(state.bundle)
+    raw, annotations = _request(state, spec, config)
+    if raw is None:
+        return None
+    if state.pid <= 0:
+        raise HookStateError("the OCI state on stdin",
+                             f"no container pid (run vgpu-hook as a {PRESTART} or "
+                             f"{CREATE_RUNTIME} hook)")
+    # A bad request fails before anything is asked; with the runtime's slice id it was
+    # checked at create already (and most likely is not needed).
+    req = None if annotations.get(SLICE_ANNOTATION) else _parse(raw, state, slices)
+    try:
+        s = _slice(slices, state, raw, annotations, req)
+        return plan_mounts(view_of(slices, s), rootfs=spec.rootfs, libvgpu=libvgpu,
+                           preload_host=state.bundle / PRELOAD_HOST_NAME)
+    except BaseException:
+        # The Allocate or Attach may have granted it: give it back (best effort; the
+        # reconciler frees what this misses once the container is gone).
+        with contextlib.suppress(VgpuError):
+            release(slices, state.id, state.pid, str(state.bundle))
+        raise
+
+
+def _parse(raw: dict[str, str], state: HookState, slices: Slices) -> Request:
+    req = parse_request(raw, owner=state.id, owner_pid=state.pid, defaults=slices.defaults())
+    return dataclasses.replace(req, bundle=str(state.bundle))
+
+
+def _is(e: VgpuError, code: str) -> bool:
+    return isinstance(e, StateError) and e.code == code
+
+
+def _slice(slices: Slices, state: HookState, raw: dict[str, str],
+           annotations: Mapping[str, str], req: Request | None) -> Slice:
+    """The slice vgpu-runtime allocated (vgpu.io/slice, checked to be ours), else Allocate.
+
+    Either way vgpud records this container's init with the slice (its liveness), and
+    refuses when another live container holds the id's slice."""
+    slice_id = annotations.get(SLICE_ANNOTATION)
+    if slice_id:
+        try:
+            s = slices.attach(slice_id, state.id, state.pid, str(state.bundle))
+            if s.owner == state.id:
+                return s
+        except NotFoundError:
+            pass   # not this container's (any more): it gets its own below
+        except VgpuError as e:
+            if not _is(e, StateError.NOT_FOUND):
+                raise SliceError("allocate a vGPU", str(e)) from e
+    if req is None:
+        req = _parse(raw, state, slices)
+    try:
+        return slices.allocate(req).slice
+    except VgpuError as e:
+        raise SliceError("allocate a vGPU", str(e)) from e
+
+
+def release(slices: Slices, cid: str, pid: int = 0, bundle: str = "") -> bool:
+    """Give the container's slice back; the container names itself (its init pid, its
+    bundle), so a slice that another live container with the same id holds stays.
+
+    False when nothing was released (none, or another's: the domain records why)."""
+    try:
+        return slices.release(owner=cid, pid=pid, bundle=bundle,
+                              asker=bool(pid or bundle)) is not None
+    except VgpuError as e:
+        if _is(e, StateError.CONFLICT):
+            return False
+        raise SliceError("release the vGPU slice", str(e)) from e
+
+
+def poststop(state: HookState, config: Config, slices: Slices) -> bool:
+    """Release the container's slice; False when it had none to release."""
+    try:
+        spec: Spec | None = load_spec(state.bundle)
+    except HookStateError:
+        spec = None  # the bundle may be gone: the state's annotations still tell
+    raw, annotations = _request(state, spec, config)
+    if raw is None and SLICE_ANNOTATION not in annotations:
+        return False
+    with contextlib.suppress(OSError):
+        (state.bundle / PRELOAD_HOST_NAME).unlink(missing_ok=True)
+    # runc's stopped state has no pid: the bundle names the container.
+    return release(slices, state.id, state.pid, str(state.bundle))
+
