@@ -81,38 +81,40 @@ lint:
 	ruff check .
 	mypy
 
-# The compiled fast path of vgpu-runtime and vgpu-hook (shim/native/): they ask vgpud's
-# lifecycle socket and run the Python implementation whenever they cannot.
-# build/bin/vgpu-python names that Python (line 1) and the checkout (line 2, PYTHONPATH).
+# The compiled container-path programs (shim/native/): vgpu-runtime, vgpu-hook and
+# containerd-shim-vgpu-v2, with the shim's private bin dir (build/bin/shim, whose runc is
+# a copy of vgpu-runtime). They hold the mechanisms; vgpud decides over its lifecycle socket.
 NATIVE_DIR    := shim/native
-NATIVE_COMMON := $(NATIVE_DIR)/vg_common.c $(NATIVE_DIR)/vg_msg.c
+NATIVE_COMMON := $(NATIVE_DIR)/vg_common.c
+NATIVE_CLIENT := $(NATIVE_COMMON) $(NATIVE_DIR)/vg_msg.c $(NATIVE_DIR)/vg_spec.c
 NATIVE_HDRS   := $(wildcard $(NATIVE_DIR)/*.h) Makefile
 NATIVE_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -D_GNU_SOURCE
-NATIVE_BIN    := $(B)/bin/vgpu-runtime $(B)/bin/vgpu-hook $(B)/bin/vgpu-python $(B)/bin/vgpu-broker
+NATIVE_BIN    := $(B)/bin/vgpu-runtime $(B)/bin/vgpu-hook $(B)/bin/containerd-shim-vgpu-v2 \
+                 $(B)/bin/shim/runc $(B)/bin/vgpu-broker
 
 .PHONY: native
 all: native
 native: $(NATIVE_BIN)
 
-$(B)/bin/vgpu-runtime: $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_COMMON) $(NATIVE_HDRS)
+$(B)/bin/vgpu-runtime: $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_DIR)/vg_runc.c $(NATIVE_DIR)/vg_exec.c $(NATIVE_CLIENT) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) -o $@ $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_COMMON)
+	$(CC) $(NATIVE_CFLAGS) -o $@ $(filter %.c,$^) -lm
 
-$(B)/bin/vgpu-hook: $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_COMMON) $(NATIVE_HDRS)
+$(B)/bin/vgpu-hook: $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_CLIENT) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) -o $@ $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_COMMON)
+	$(CC) $(NATIVE_CFLAGS) -o $@ $(filter %.c,$^) -lm
+
+$(B)/bin/containerd-shim-vgpu-v2: $(NATIVE_DIR)/containerd_shim.c $(NATIVE_DIR)/vg_exec.c $(NATIVE_COMMON) $(NATIVE_HDRS)
+	@mkdir -p $(@D)
+	$(CC) $(NATIVE_CFLAGS) -o $@ $(filter %.c,$^) -lm
+
+# A copy, not a link: it survives packaging as it is, and vgpu-runtime skips it (as
+# its own file, and as $$VGPU_SHIM_BIN) when it looks for the real runc.
+$(B)/bin/shim/runc: $(B)/bin/vgpu-runtime
+	@mkdir -p $(@D)
+	cp -f $< $@.tmp && mv -f $@.tmp $@
 
 # The token broker vgpud runs (libvgpu/src/broker.c is also inside libvgpu.so, for standalone slices).
 $(B)/bin/vgpu-broker: libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c libvgpu/src/broker.h libvgpu/include/vgpu_sched.h Makefile
 	@mkdir -p $(@D)
 	$(CC) $(NATIVE_CFLAGS) -pthread -o $@ libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c
-
-# Rewritten when the interpreter scripts/py picks changes (a .venv made later).
-$(B)/bin/vgpu-python: scripts/py FORCE
-	@mkdir -p $(@D)
-	@python=$$(./scripts/py -c 'import sys; print(sys.executable)'); \
-	 printf '%s\n%s\n' "$$python" "$(CURDIR)" > $@.tmp; \
-	 if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv $@.tmp $@; fi
-
-.PHONY: FORCE
-FORCE:

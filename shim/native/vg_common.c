@@ -5,12 +5,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
+
+#define WAIT_MAX_S 86400.0    /* keeps the milliseconds inside an int */
 
 void vg_strlcpy(char *dst, const char *src, size_t n)
 {
@@ -65,7 +66,42 @@ fail:;
     return NULL;
 }
 
-/* One line of `text` from *pos: [start, end) without the newline; false at the end. */
+int vg_self_dir(char *out, size_t n)
+{
+    char exe[PATH_MAX];
+    if (realpath("/proc/self/exe", exe) == NULL)
+        return -1;
+    char *slash = strrchr(exe, '/');
+    if (slash == NULL)
+        return -1;
+    *slash = '\0';
+    if (strlen(exe) >= n)
+        return -1;
+    vg_strlcpy(out, exe[0] ? exe : "/", n);
+    return 0;
+}
+
+/* --- the config ------------------------------------------------------------------ */
+
+int vg_config_load(struct vg_config *c, char *err, size_t errsz)
+{
+    const char *env = getenv("VGPU_CONFIG");
+    c->path = env && *env ? env : VG_DEFAULT_CONFIG;
+    c->text = vg_read_file(c->path, VG_CONFIG_MAX, NULL);
+    if (c->text == NULL && errno != ENOENT) {
+        snprintf(err, errsz, "vgpu: failed to read config %s: %s", c->path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+void vg_config_free(struct vg_config *c)
+{
+    free(c->text);
+    c->text = NULL;
+}
+
+/* One line of `text` from *pos: [start, start + len) without the newline; 0 at the end. */
 static int next_line(const char *text, size_t *pos, const char **start, size_t *len)
 {
     if (text[*pos] == '\0')
@@ -79,16 +115,8 @@ static int next_line(const char *text, size_t *pos, const char **start, size_t *
     return 1;
 }
 
-static size_t indent_of(const char *s, size_t len)
-{
-    size_t i = 0;
-    while (i < len && s[i] == ' ')
-        i++;
-    return i;
-}
-
-/* `s` (len bytes) without a trailing comment (" #...") and surrounding spaces. */
-static void plain_value(const char *s, size_t len, const char **out, size_t *out_len)
+/* `s` without a trailing comment (" #...") and surrounding blanks. */
+static void trim_value(const char *s, size_t len, const char **out, size_t *out_len)
 {
     for (size_t i = 0; i + 1 < len; i++) {
         if ((s[i] == ' ' || s[i] == '\t') && s[i + 1] == '#') {
@@ -106,36 +134,89 @@ static void plain_value(const char *s, size_t len, const char **out, size_t *out
     *out_len = len;
 }
 
-int vg_cfg_get(const char *text, const char *section, const char *key, char *out, size_t n)
+/* A scalar: plain, or quoted without escapes ("..." without \, '...' without '').
+ * 0 with the text in out, -1 for any other form. */
+static int scalar(const char *s, size_t len, char *out, size_t n)
 {
-    size_t pos = 0, len, slen = strlen(section), klen = strlen(key);
+    const char *v;
+    size_t vlen;
+    while (len && (*s == ' ' || *s == '\t')) {
+        s++;
+        len--;
+    }
+    if (len && (s[0] == '"' || s[0] == '\'')) {
+        while (len && isspace((unsigned char)s[len - 1]))
+            len--;
+        const char *close = memchr(s + 1, s[0], len - 1);
+        if (close == NULL || memchr(s + 1, '\\', (size_t)(close - s - 1)) != NULL)
+            return -1;
+        trim_value(close + 1, len - (size_t)(close + 1 - s), &v, &vlen);
+        if (vlen)
+            return -1;    /* text after the closing quote (or a doubled quote) */
+        v = s + 1;
+        vlen = (size_t)(close - v);
+    } else {
+        trim_value(s, len, &v, &vlen);
+        if (vlen == 0 || strchr("'\"&*!|>{[%@`#,?-", v[0]) != NULL)
+            return -1;    /* null, a nested block, flow style, anchors, tags... */
+    }
+    if (vlen >= n || memchr(v, '\0', vlen) != NULL)
+        return -1;
+    memcpy(out, v, vlen);
+    out[vlen] = '\0';
+    return 0;
+}
+
+/* Does the line at `s` begin with `word`, then blanks, then ':'? The rest after ':'. */
+static const char *key_colon(const char *s, size_t len, const char *word)
+{
+    size_t wlen = strlen(word), i = wlen;
+    if (len < wlen || strncmp(s, word, wlen) != 0)
+        return NULL;
+    while (i < len && s[i] == ' ')
+        i++;
+    if (i >= len || s[i] != ':' || (i + 1 < len && s[i + 1] != ' ' && s[i + 1] != '\t'))
+        return NULL;
+    return s + i + 1;
+}
+
+/* 1 found, 0 absent, -1 a form this scanner does not read. */
+static int scan(const char *text, const char *section, const char *key, char *out, size_t n)
+{
+    size_t pos = 0, len, block_indent = 0;
     const char *line;
-    int in_block = 0;
-    size_t block_indent = 0;
+    int in_block = 0, content = 0;
     while (next_line(text, &pos, &line, &len)) {
-        if (memchr(line, '\t', len))
-            return -1;            /* YAML forbids tabs for indentation: let yaml say so */
-        size_t ind = indent_of(line, len);
+        size_t ind = 0;
+        while (ind < len && (line[ind] == ' ' || line[ind] == '\t')) {
+            if (line[ind] == '\t')
+                return -1;        /* YAML forbids tabs in indentation */
+            ind++;
+        }
         if (ind == len || line[ind] == '#')
             continue;             /* blank or comment */
+        const char *s = line + ind;
+        size_t slen = len - ind;
         if (ind == 0) {
+            if (slen >= 3 && strncmp(s, "---", 3) == 0 && (slen == 3 || s[3] == ' ') &&
+                !content) {
+                content = 1;      /* the document's start marker */
+                continue;
+            }
+            content = 1;
             if (in_block)
-                return 0;         /* the next top-level key: no `key` */
-            if (line[0] == '%' || (len >= 3 && strncmp(line, "---", 3) == 0))
-                return -1;        /* directives, several documents */
-            if (len > slen && strncmp(line, section, slen) == 0) {
-                size_t i = slen;
-                while (i < len && line[i] == ' ')
-                    i++;
-                if (i < len && line[i] == ':') {
-                    const char *rest;
-                    size_t rest_len;
-                    plain_value(line + i + 1, len - i - 1, &rest, &rest_len);
-                    if (rest_len)
-                        return -1;  /* flow style or an anchor on the section */
-                    in_block = 1;
-                    block_indent = 0;
-                }
+                return 0;         /* the next top-level key: no `key` in the section */
+            if (strchr("\"'{[?&*!%.-|>", s[0]) != NULL)
+                return -1;        /* quoted keys, flow style, directives, documents */
+            const char *rest = key_colon(s, slen, section);
+            if (rest != NULL) {
+                const char *v;
+                size_t vlen;
+                trim_value(rest, slen - (size_t)(rest - s), &v, &vlen);
+                if (vlen)
+                    return -1;    /* `section: {...}` or an anchor on it */
+                in_block = 1;
+                block_indent = 0;
             }
             continue;
         }
@@ -145,27 +226,64 @@ int vg_cfg_get(const char *text, const char *section, const char *key, char *out
             block_indent = ind;
         if (ind != block_indent)
             continue;             /* deeper: a nested map's keys, not this block's */
-        if (len - ind > klen && strncmp(line + ind, key, klen) == 0 && line[ind + klen] == ':') {
-            const char *v;
-            size_t vlen;
-            plain_value(line + ind + klen + 1, len - ind - klen - 1, &v, &vlen);
-            if (vlen == 0 || strchr("'\"&*!|>{[%@`", v[0]) != NULL || vlen >= n)
-                return -1;
-            memcpy(out, v, vlen);
-            out[vlen] = '\0';
-            return 1;
-        }
+        if (strchr("\"'{[?&*!", s[0]) != NULL)
+            return -1;            /* a quoted or complex key: could be ours */
+        const char *rest = key_colon(s, slen, key);
+        if (rest != NULL)
+            return scalar(rest, slen - (size_t)(rest - s), out, n) == 0 ? 1 : -1;
     }
     return 0;
 }
 
-const char *vg_config_path(void)
+int vg_config_get(const struct vg_config *c, const char *section, const char *key, char *out,
+                  size_t n, char *err, size_t errsz)
 {
-    const char *c = getenv("VGPU_CONFIG");
-    return c && *c ? c : VG_DEFAULT_CONFIG;
+    if (c->text == NULL)
+        return 0;
+    int r = scan(c->text, section, key, out, n);
+    if (r < 0)
+        snprintf(err, errsz, "vgpu: failed to read config %s: %s.%s: a YAML form vgpu's "
+                 "compiled programs do not read (write `%s:` and below it `  %s: <value>`, "
+                 "a plain or quoted value without escapes)", c->path, section, key, section,
+                 key);
+    return r;
 }
 
-int vg_lifecycle_path(char *out, size_t n)
+int vg_config_wait_ms(const struct vg_config *c, int *ms, char *err, size_t errsz)
+{
+    char text[64];
+    int r = vg_config_get(c, "hook", "wait_s", text, sizeof(text), err, errsz);
+    if (r < 0)
+        return -1;
+    double s = VG_DEFAULT_WAIT_S;
+    if (r == 1) {
+        char *end;
+        errno = 0;
+        s = strtod(text, &end);
+        if (errno || end == text || *end != '\0' || !isfinite(s) || s < 0 || s > WAIT_MAX_S) {
+            snprintf(err, errsz, "vgpu: failed to read config %s: hook.wait_s: '%s' is not a "
+                     "number of seconds from 0 to %g", c->path, text, WAIT_MAX_S);
+            return -1;
+        }
+    }
+    *ms = (int)(s * 1000 + 0.5);
+    return 0;
+}
+
+/* A path value of the config: absolute, or one line naming the key. */
+static int config_path_value(const struct vg_config *c, const char *key, char *out, size_t n,
+                             char *err, size_t errsz)
+{
+    int r = vg_config_get(c, "paths", key, out, n, err, errsz);
+    if (r == 1 && out[0] != '/') {
+        snprintf(err, errsz, "vgpu: failed to read config %s: paths.%s: '%s' is not an "
+                 "absolute path", c->path, key, out);
+        return -1;
+    }
+    return r;
+}
+
+int vg_lifecycle_path(const struct vg_config *c, char *out, size_t n, char *err, size_t errsz)
 {
     const char *explicit_path = getenv("VGPU_LIFECYCLE_SOCKET");
     if (explicit_path && *explicit_path) {
@@ -177,120 +295,22 @@ int vg_lifecycle_path(char *out, size_t n)
     if (env && *env) {
         vg_strlcpy(sock, env, sizeof(sock));
     } else {
-        char *text = vg_read_file(vg_config_path(), 1 << 20, NULL);
-        if (text == NULL && errno != ENOENT)
+        int r = config_path_value(c, "socket", sock, sizeof(sock), err, errsz);
+        if (r < 0)
             return -1;
-        int r = text ? vg_cfg_get(text, "paths", "socket", sock, sizeof(sock)) : 0;
         if (r == 0) {
-            char run[VG_PATH_MAX];
-            int rr = text ? vg_cfg_get(text, "paths", "run_dir", run, sizeof(run)) : 0;
-            if (rr == 0)
-                vg_strlcpy(run, VG_DEFAULT_RUN_DIR, sizeof(run));
-            if (rr < 0 || snprintf(sock, sizeof(sock), "%s/%s", run, VG_SOCKET_NAME)
-                              >= (int)sizeof(sock))
-                r = -1;
-            else
-                r = 1;
+            char run[VG_PATH_MAX] = VG_DEFAULT_RUN_DIR;
+            if (config_path_value(c, "run_dir", run, sizeof(run), err, errsz) < 0)
+                return -1;
+            if (snprintf(sock, sizeof(sock), "%s/%s", run, VG_SOCKET_NAME) >= (int)sizeof(sock))
+                goto too_long;
         }
-        free(text);
-        if (r < 0 || sock[0] != '/')
-            return -1;            /* relative paths: the Python config resolves them */
     }
     if (snprintf(out, n, "%s%s", sock, VG_LIFECYCLE_SUFFIX) >= (int)n)
-        return -1;
+        goto too_long;
     return 0;
-}
-
-/* The interpreter (and a PYTHONPATH entry) from `vgpu-python` beside this program. */
-static int sidecar_python(char *python, size_t n, char *pythonpath, size_t pn)
-{
-    char exe[VG_PATH_MAX];
-    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-    if (len <= 0)
-        return -1;
-    exe[len] = '\0';
-    char *slash = strrchr(exe, '/');
-    if (slash == NULL)
-        return -1;
-    char path[VG_PATH_MAX];
-    snprintf(path, sizeof(path), "%.*s/vgpu-python", (int)(slash - exe), exe);
-    char *text = vg_read_file(path, 1 << 16, NULL);
-    if (text == NULL)
-        return -1;
-    size_t pos = 0, llen;
-    const char *line;
-    python[0] = pythonpath[0] = '\0';
-    if (next_line(text, &pos, &line, &llen) && llen < n) {
-        memcpy(python, line, llen);
-        python[llen] = '\0';
-    }
-    if (next_line(text, &pos, &line, &llen) && llen < pn) {
-        memcpy(pythonpath, line, llen);
-        pythonpath[llen] = '\0';
-    }
-    free(text);
-    return python[0] == '/' && access(python, X_OK) == 0 ? 0 : -1;
-}
-
-/* Make `data` this process's stdin (a memfd: no pipe-size limit, no writer to wait for). */
-static int restore_stdin(const char *data, size_t len)
-{
-    int fd = memfd_create("vgpu-hook-state", MFD_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    size_t done = 0;
-    while (done < len) {
-        ssize_t w = write(fd, data + done, len - done);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            close(fd);
-            return -1;
-        }
-        done += (size_t)w;
-    }
-    if (lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, STDIN_FILENO) < 0) {
-        close(fd);
-        return -1;
-    }
-    close(fd);
-    return 0;
-}
-
-void vg_exec_python(const char *module, int argc, char **argv, const char *stdin_data,
-                    size_t stdin_len)
-{
-    char python[VG_PATH_MAX] = "python3", pythonpath[VG_PATH_MAX] = "";
-    const char *env = getenv("VGPU_PYTHON");
-    if (env && *env)
-        vg_strlcpy(python, env, sizeof(python));
-    else if (sidecar_python(python, sizeof(python), pythonpath, sizeof(pythonpath)) != 0)
-        vg_strlcpy(python, "python3", sizeof(python));
-    if (pythonpath[0]) {
-        const char *old = getenv("PYTHONPATH");
-        char joined[2 * VG_PATH_MAX];
-        snprintf(joined, sizeof(joined), "%s%s%s", pythonpath, old && *old ? ":" : "",
-                 old && *old ? old : "");
-        setenv("PYTHONPATH", joined, 1);
-    }
-    if (stdin_data != NULL && restore_stdin(stdin_data, stdin_len) != 0) {
-        fprintf(stderr, "vgpu: failed to run the Python %s: cannot pass the state on: %s\n",
-                module, strerror(errno));
-        return;
-    }
-    char **args = calloc((size_t)argc + 4, sizeof(*args));
-    if (args == NULL) {
-        fprintf(stderr, "vgpu: failed to run the Python %s: out of memory\n", module);
-        return;
-    }
-    args[0] = python;
-    args[1] = "-m";
-    args[2] = (char *)module;
-    for (int i = 0; i < argc; i++)
-        args[3 + i] = argv[i];
-    execvp(python, args);
-    fprintf(stderr, "vgpu: failed to run the Python %s: cannot exec %s: %s "
-            "(set VGPU_PYTHON to the interpreter vgpu is installed in)\n",
-            module, python, strerror(errno));
-    free(args);
+too_long:
+    snprintf(err, errsz, "vgpu: failed to find vgpud's lifecycle socket: the path under %.200s "
+             "is too long", sock);
+    return -1;
 }

@@ -1,52 +1,57 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vgpu-runtime / vgpu-hook (compiled fast path): shared helpers.
+/* vgpu-runtime / vgpu-hook / containerd-shim-vgpu-v2: shared helpers.
  *
- * The programs decide nothing about requests: vgpud does (shim/fastpath.py) over its
- * lifecycle socket. What they need themselves: where that socket is, the few config
- * keys the pass-through reads, the one-line error, and the way back to the Python
- * implementation (`python -m shim` / `-m oci_hook`), which is complete and is run
- * whenever the fast path cannot decide. */
+ * The programs decide nothing about requests: vgpud does, over its lifecycle socket.
+ * What they need themselves: the few config keys they read (a small scanner for the
+ * YAML block form; any other form is refused with one line naming the file and the
+ * key), where vgpud's lifecycle socket is, and how long to wait for it. */
 #ifndef VG_COMMON_H
 #define VG_COMMON_H
 
 #include <stddef.h>
 
-#define VG_DEFAULT_CONFIG "/etc/vgpu/config.yaml"
-#define VG_DEFAULT_RUN_DIR "/run/vgpu"
-#define VG_SOCKET_NAME "vgpud.sock"
-#define VG_LIFECYCLE_SUFFIX ".lifecycle"
+#include "vg_defaults.h"
+
 #define VG_PATH_MAX 4096
+#define VG_ERR_MAX 8192       /* one error line */
+#define VG_WHY_MAX 6144       /* its cause, put into a line */
+#define VG_CONFIG_MAX (1u << 20)
 
 /* The whole file (NUL-terminated, *len without the NUL) or NULL with errno set;
  * files over `max` bytes fail with EFBIG. free() the result. */
 char *vg_read_file(const char *path, size_t max, size_t *len);
 
-/* `key` of the top-level block `section` of a YAML config, read by a small scanner
- * for the common block form only (what configured_lower in shim/runtime.py reads):
- *     section:
- *       key: value   # comment
- * 1: found (value in out), 0: absent, -1: a form the scanner does not follow (the
- * caller falls back to Python, which reads YAML). */
-int vg_cfg_get(const char *text, const char *section, const char *key, char *out, size_t n);
-
-/* The config file the Python path would read: $VGPU_CONFIG or the default. */
-const char *vg_config_path(void);
-
-/* The lifecycle socket of the vgpud the Python path would talk to:
- * $VGPU_LIFECYCLE_SOCKET, else ($VGPU_SOCKET, else the config's paths.socket, else
- * paths.run_dir/vgpud.sock, else /run/vgpu/vgpud.sock) + ".lifecycle".
- * 0: found; -1: the config cannot be read simply (fall back to Python). */
-int vg_lifecycle_path(char *out, size_t n);
-
-/* Replace this process with `<python> -m <module> args...`; `stdin_data`, when not
- * NULL, becomes its stdin (the hook has read the OCI state already). The
- * interpreter: $VGPU_PYTHON, else the first line of `vgpu-python` beside this
- * program (its second line, if any, is prepended to PYTHONPATH: a checkout), else
- * python3 on PATH. Returns only on failure, after printing one line. */
-void vg_exec_python(const char *module, int argc, char **argv, const char *stdin_data,
-                    size_t stdin_len);
-
 /* Copy with truncation; always NUL-terminates. */
 void vg_strlcpy(char *dst, const char *src, size_t n);
+
+/* The directory this program's file is in (symlinks resolved); -1 if unknown. */
+int vg_self_dir(char *out, size_t n);
+
+/* The vgpu config as the programs read it: $VGPU_CONFIG, else the default path;
+ * a missing file means every default. */
+struct vg_config {
+    const char *path;
+    char *text;           /* NULL: no file */
+};
+
+/* 0, or -1 with `err` set (a file that exists but cannot be read). */
+int vg_config_load(struct vg_config *c, char *err, size_t errsz);
+void vg_config_free(struct vg_config *c);
+
+/* `section.key` of the config, from the block form only:
+ *     section:
+ *       key: value   # comment      (plain, or quoted without escapes)
+ * 1: found (value in out), 0: absent, -1: a form the scanner does not read, with
+ * `err` one line naming the file and the key. */
+int vg_config_get(const struct vg_config *c, const char *section, const char *key, char *out,
+                  size_t n, char *err, size_t errsz);
+
+/* hook.wait_s in milliseconds (default VG_DEFAULT_WAIT_S); -1 with `err` set. */
+int vg_config_wait_ms(const struct vg_config *c, int *ms, char *err, size_t errsz);
+
+/* vgpud's lifecycle socket: $VGPU_LIFECYCLE_SOCKET, else ($VGPU_SOCKET, else the
+ * config's paths.socket, else paths.run_dir/vgpud.sock, else /run/vgpu/vgpud.sock)
+ * + ".lifecycle". 0, or -1 with `err` set. */
+int vg_lifecycle_path(const struct vg_config *c, char *out, size_t n, char *err, size_t errsz);
 
 #endif

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -147,30 +148,64 @@ static int recv_all(int fd, char *buf, size_t len, long long deadline)
     return 0;
 }
 
-int vg_call(const char *path, const struct vg_msg *req, struct vg_msg *reply, int timeout_ms,
-            char *err, size_t errsz)
+/* Connect to `addr`, retrying while the socket is missing or refuses, until `deadline`.
+ * The fd, or -1 with errno (ETIMEDOUT: nobody accepted in time). */
+static int connect_until(const struct sockaddr_un *addr, long long deadline)
+{
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -1;
+        /* A blocking connect on a unix socket waits (for a full backlog) up to SO_SNDTIMEO. */
+        long long left = deadline - now_ms();
+        if (left < 1)
+            left = 1;
+        struct timeval tv = {.tv_sec = left / 1000, .tv_usec = (left % 1000) * 1000};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        if (connect(fd, (const struct sockaddr *)addr, sizeof(*addr)) == 0)
+            return fd;
+        int e = errno;
+        close(fd);
+        if (e == EINTR)
+            continue;
+        if (e != ENOENT && e != ECONNREFUSED && e != EAGAIN) {
+            errno = e;
+            return -1;
+        }
+        left = deadline - now_ms();
+        if (left <= 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        struct timespec nap = {.tv_nsec = (left < VG_RETRY_MS ? left : VG_RETRY_MS) * 1000000L};
+        nanosleep(&nap, NULL);
+    }
+}
+
+int vg_msg_start(struct vg_msg *m, const char *op)
+{
+    return vg_msg_add(m, "v", VG_PROTOCOL_VERSION) || vg_msg_add(m, "op", op) ? -1 : 0;
+}
+
+int vg_call(const char *path, const char *client, const struct vg_msg *req,
+            struct vg_msg *reply, int timeout_ms, char *err, size_t errsz)
 {
     long long deadline = now_ms() + timeout_ms;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(addr.sun_path)) {
-        snprintf(err, errsz, "socket path %s is too long", path);
-        return VG_CALL_UNREACHABLE;
-    }
-    strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        snprintf(err, errsz, "socket: %s", strerror(errno));
+        snprintf(err, errsz, "the socket path %s is too long", path);
         return VG_CALL_FAILED;
     }
-    /* A blocking connect on a unix socket waits (for a full backlog) up to SO_SNDTIMEO. */
-    struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
-        int e = errno;
-        close(fd);
-        snprintf(err, errsz, "cannot connect to %s: %s", path, strerror(e));
-        return e == EAGAIN || e == EINPROGRESS || e == ETIMEDOUT ? VG_CALL_FAILED
-                                                                : VG_CALL_UNREACHABLE;
+    strcpy(addr.sun_path, path);
+    int fd = connect_until(&addr, deadline);
+    if (fd < 0) {
+        if (errno == ETIMEDOUT) {
+            snprintf(err, errsz, "vgpud at %s did not answer within %gs (is vgpud running?)",
+                     path, timeout_ms / 1000.0);
+            return VG_CALL_UNREACHABLE;
+        }
+        snprintf(err, errsz, "cannot connect to vgpud at %s: %s", path, strerror(errno));
+        return VG_CALL_FAILED;
     }
     unsigned char header[4];
     uint32_t len = (uint32_t)req->len;
@@ -196,6 +231,15 @@ int vg_call(const char *path, const struct vg_msg *req, struct vg_msg *reply, in
     if (len && reply->data[len - 1] != '\0') {
         snprintf(err, errsz, "vgpud at %s sent a malformed answer", path);
         return VG_CALL_FAILED;
+    }
+    const char *v = vg_msg_get(reply, "v");
+    if (v == NULL || strcmp(v, VG_PROTOCOL_VERSION) != 0) {
+        char theirs[24] = "no version";
+        if (v != NULL)
+            snprintf(theirs, sizeof(theirs), "v%.16s", v);
+        snprintf(err, errsz, "%s speaks lifecycle protocol v%s; vgpud at %s speaks %s", client,
+                 VG_PROTOCOL_VERSION, path, theirs);
+        return VG_CALL_VERSION;
     }
     return 0;
 io_fail:;

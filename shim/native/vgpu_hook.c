@@ -1,14 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* vgpu-hook, compiled: the fast path of oci_hook/main.py.
+/* vgpu-hook: the OCI hook of containers that ask for a vGPU.
  *
  *     vgpu-hook prestart|createRuntime|poststop   (the OCI state on stdin)
  *
- * vgpud's lifecycle socket decides (the request, the slice, the mount plan; poststop
- * releases); for prestart this program then enters the container's mount namespace
- * and applies the plan (vg_mount.c). A mount failure gives the slice back and prints
- * the one line the engine shows. When vgpud cannot be asked (no lifecycle socket, an
- * older vgpud) this execs `python -m oci_hook <phase>` with the same state, which
- * waits a bounded time for vgpud and is the complete implementation. */
+ * prestart / createRuntime: vgpud decides (the request, the slice, the mount plan);
+ * this program enters the container's mount namespace and applies the plan
+ * (vg_mount.c). A mount failure gives the slice back; the engine shows our one line.
+ * poststop (or a state whose status is "stopped": hooks.d runs one command for every
+ * stage): vgpud releases the slice; if vgpud is away, its reconciler will.
+ * A container that asks for nothing (vg_spec.h: config.json and the state's
+ * annotations) exits 0 at once, without vgpud. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -20,16 +21,15 @@
 #include "vg_common.h"
 #include "vg_mount.h"
 #include "vg_msg.h"
+#include "vg_spec.h"
 
+#define CLIENT "vgpu-hook"
 #define USAGE "usage: vgpu-hook prestart|createRuntime|poststop  (the OCI state on stdin)"
 #define STATE_MAX (1u << 20)
-#define CALL_TIMEOUT_MS 10000       /* oci_hook.main's default wait, inside runc's timeout */
-#define POSTSTOP_TIMEOUT_MS 5000
-#define RELEASE_TIMEOUT_MS 2000
+#define SPEC_MAX (64u << 20)
+#define RELEASE_TIMEOUT_MS 2000   /* vgpud just answered; this only bounds a hang */
 
-static char *state;
-static size_t state_len;
-
+/* The whole of stdin (up to STATE_MAX), or NULL. */
 static char *read_stdin(size_t *len)
 {
     size_t cap = 4096;
@@ -38,57 +38,171 @@ static char *read_stdin(size_t *len)
     while (buf) {
         if (*len == cap) {
             if (cap >= STATE_MAX) {
-                free(buf);
-                return NULL;
+                errno = EFBIG;
+                break;
             }
             char *more = realloc(buf, cap * 2);
-            if (more == NULL) {
-                free(buf);
-                return NULL;
-            }
+            if (more == NULL)
+                break;
             buf = more;
             cap *= 2;
         }
         ssize_t r = read(STDIN_FILENO, buf + *len, cap - *len);
         if (r < 0 && errno == EINTR)
             continue;
-        if (r < 0) {
-            free(buf);
-            return NULL;
-        }
+        if (r < 0)
+            break;
         if (r == 0)
             return buf;
         *len += (size_t)r;
     }
+    free(buf);
     return NULL;
 }
 
-static void python(const char *phase)
+/* Could this container have a vGPU (ask for one, or hold one: vgpu.io/slice)? The
+ * state's annotations, then the bundle's config.json; whatever cannot be read may. */
+static int may_ask(const struct vg_spec *state)
 {
-    char *args[] = {(char *)phase};
-    vg_exec_python("oci_hook", 1, args, state, state_len);
-    exit(1);
+    if (state->asks || state->malformed)
+        return state->asks;
+    if (state->bundle[0] != '/')
+        return 1;
+    char path[VG_PATH_MAX + 16];
+    size_t len;
+    snprintf(path, sizeof(path), "%s/config.json", state->bundle);
+    char *spec = vg_read_file(path, SPEC_MAX, &len);
+    if (spec == NULL)
+        return 1;
+    struct vg_spec facts;
+    vg_spec_scan(spec, len, &facts);
+    free(spec);
+    return facts.asks;
 }
 
-static int base_request(struct vg_msg *m, const char *op)
+/* One line on stderr (no newline inside). */
+static void say(const char *line)
 {
-    const char *sock = getenv("VGPU_SOCKET");
-    return vg_msg_add(m, "v", VG_PROTOCOL_VERSION) || vg_msg_add(m, "op", op) ||
-           vg_msg_add(m, "config", vg_config_path()) || vg_msg_add(m, "socket", sock ? sock : "");
+    char copy[VG_ERR_MAX];
+    vg_strlcpy(copy, line, sizeof(copy));
+    for (char *p = copy; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    fprintf(stderr, "%s%s\n", strncmp(copy, "vgpu: ", 6) == 0 ? "" : "vgpu: ", copy);
 }
 
 /* After a failed mount: vgpud releases the container's slice. The OCI state goes along:
  * the container names itself (init pid, bundle), so a slice that another container
  * with the same id holds stays with it. */
-static void release(const char *sock, const char *id)
+static void release(const char *sock, const char *id, const char *state, size_t state_len)
 {
     struct vg_msg req = {0}, reply = {0};
-    char err[256];
-    if (!base_request(&req, "release") && !vg_msg_add(&req, "id", id) &&
+    char ignored[VG_WHY_MAX];
+    if (!vg_msg_start(&req, "release") && !vg_msg_add(&req, "id", id) &&
         !vg_msg_addn(&req, "state", state, state_len))
-        vg_call(sock, &req, &reply, RELEASE_TIMEOUT_MS, err, sizeof(err));
+        vg_call(sock, CLIENT, &req, &reply, RELEASE_TIMEOUT_MS, ignored, sizeof(ignored));
     vg_msg_free(&req);
     vg_msg_free(&reply);
+}
+
+/* Enter the container's mount namespace and apply vgpud's plan; 0 or -1 with err. */
+static int mount_plan(const struct vg_msg *reply, int pid, char *err, size_t errsz)
+{
+    struct vg_plan plan;
+    /* Our own namespace, to go back to: the release must reach vgpud's socket. */
+    int home = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
+    int ok = vg_plan_parse(reply, &plan, err, errsz) == 0 &&
+             vg_enter_mount_ns(pid, err, errsz) == 0 && vg_plan_apply(&plan, err, errsz) == 0;
+    vg_plan_free(&plan);
+    if (!ok && home >= 0)
+        setns(home, CLONE_NEWNS);
+    if (home >= 0)
+        close(home);
+    return ok ? 0 : -1;
+}
+
+static int poststop(const char *sock, int wait_ms, const struct vg_spec *facts,
+                    const char *state, size_t state_len)
+{
+    struct vg_msg req = {0}, reply = {0};
+    char why[VG_WHY_MAX], line[VG_ERR_MAX];
+    int rc = 1;
+    if (vg_msg_start(&req, "poststop") || vg_msg_addn(&req, "state", state, state_len)) {
+        say("failed to release the vGPU slice: out of memory");
+        goto out;
+    }
+    int r = vg_call(sock, CLIENT, &req, &reply, wait_ms, why, sizeof(why));
+    if (r == VG_CALL_VERSION) {
+        say(why);
+    } else if (r != 0) {
+        /* Not an error for the container: vgpud's reconciler frees slices of dead ones. */
+        snprintf(line, sizeof(line), "failed to release the vGPU slice of %s: %s; the "
+                 "reconciler will release it", facts->id[0] ? facts->id : "the container", why);
+        say(line);
+        rc = 0;
+    } else {
+        const char *status = vg_msg_get(&reply, "status"), *message;
+        if (status && strcmp(status, "ok") == 0) {
+            rc = 0;
+        } else if (status && strcmp(status, "error") == 0) {
+            message = vg_msg_get(&reply, "message");
+            say(message && *message ? message : "vgpud failed to release the vGPU slice");
+        } else {
+            snprintf(line, sizeof(line), "failed to release the vGPU slice: vgpud at %s "
+                     "answered poststop with status '%.32s'", sock, status ? status : "");
+            say(line);
+        }
+    }
+out:
+    vg_msg_free(&req);
+    vg_msg_free(&reply);
+    return rc;
+}
+
+static int prestart(const char *sock, int wait_ms, const char *phase, const char *state,
+                    size_t state_len)
+{
+    struct vg_msg req = {0}, reply = {0};
+    char why[VG_WHY_MAX], line[VG_ERR_MAX];
+    int rc = 1;
+    if (vg_msg_start(&req, "prestart") || vg_msg_add(&req, "phase", phase) ||
+        vg_msg_addn(&req, "state", state, state_len)) {
+        say("failed to allocate a vGPU: out of memory");
+        goto out;
+    }
+    int r = vg_call(sock, CLIENT, &req, &reply, wait_ms, why, sizeof(why));
+    if (r != 0) {
+        snprintf(line, sizeof(line), "%s%s", r == VG_CALL_VERSION ? "" :
+                 "failed to allocate a vGPU: ", why);
+        say(line);
+        goto out;
+    }
+    const char *status = vg_msg_get(&reply, "status");
+    const char *id = vg_msg_get(&reply, "id"), *pid = vg_msg_get(&reply, "pid");
+    if (status && strcmp(status, "ok") == 0) {
+        rc = 0;
+    } else if (status && strcmp(status, "error") == 0) {
+        const char *message = vg_msg_get(&reply, "message");
+        say(message && *message ? message : "vgpud refused the container");
+    } else if (status && strcmp(status, "mount") == 0 && id && pid && atoi(pid) > 0) {
+        if (mount_plan(&reply, atoi(pid), why, sizeof(why)) == 0) {
+            rc = 0;
+        } else {
+            release(sock, id, state, state_len);
+            snprintf(line, sizeof(line), "failed to set up the vGPU mounts: %s", why);
+            say(line);
+        }
+    } else {
+        if (id != NULL)
+            release(sock, id, state, state_len);
+        snprintf(line, sizeof(line), "failed to allocate a vGPU: vgpud at %s answered "
+                 "prestart with status '%.32s'", sock, status ? status : "");
+        say(line);
+    }
+out:
+    vg_msg_free(&req);
+    vg_msg_free(&reply);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -99,64 +213,32 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *phase = argv[1];
-    int post = strcmp(phase, "poststop") == 0;
-    state = read_stdin(&state_len);
+    size_t state_len;
+    char *state = read_stdin(&state_len);
     if (state == NULL) {
         fprintf(stderr, "vgpu: failed to read the OCI state on stdin: %s\n",
-                errno ? strerror(errno) : "over 1 MiB");
+                errno == EFBIG ? "over 1 MiB" : strerror(errno));
         return 1;
     }
-    char sock[VG_PATH_MAX], err[1024];
-    if (memchr(state, '\0', state_len) != NULL || vg_lifecycle_path(sock, sizeof(sock)) != 0)
-        python(phase);
-    struct vg_msg req = {0}, reply = {0};
-    if (base_request(&req, post ? "poststop" : "prestart") || vg_msg_add(&req, "phase", phase) ||
-        vg_msg_addn(&req, "state", state, state_len))
-        python(phase);
-    int rc = vg_call(sock, &req, &reply, post ? POSTSTOP_TIMEOUT_MS : CALL_TIMEOUT_MS, err,
-                     sizeof(err));
-    vg_msg_free(&req);
-    if (rc == VG_CALL_UNREACHABLE)
-        python(phase);
-    if (rc != 0) {
-        if (post) {                 /* as the Python hook: vgpud down is not an error here */
-            fprintf(stderr, "vgpu: failed to release the vGPU slice: %s; the reconciler will "
-                    "release it\n", err);
-            return 0;
-        }
-        fprintf(stderr, "vgpu: failed to allocate a vGPU: %s\n", err);
+    if (memchr(state, '\0', state_len) != NULL) {
+        fprintf(stderr, "vgpu: failed to read the OCI state on stdin: it holds a NUL byte\n");
         return 1;
     }
-    const char *v = vg_msg_get(&reply, "v"), *status = vg_msg_get(&reply, "status");
-    if (v == NULL || strcmp(v, VG_PROTOCOL_VERSION) != 0 || status == NULL ||
-        strcmp(status, "fallback") == 0)
-        python(phase);
-    if (strcmp(status, "ok") == 0)
+    struct vg_spec facts;
+    vg_spec_scan(state, state_len, &facts);
+    if (!may_ask(&facts))
         return 0;
-    if (strcmp(status, "error") == 0) {
-        const char *message = vg_msg_get(&reply, "message");
-        fprintf(stderr, "%s\n", message ? message : "vgpu: vgpud refused the container");
+    struct vg_config cfg = {0};
+    char sock[VG_PATH_MAX], err[VG_ERR_MAX];
+    int wait_ms;
+    if (vg_config_load(&cfg, err, sizeof(err)) != 0 ||
+        vg_config_wait_ms(&cfg, &wait_ms, err, sizeof(err)) != 0 ||
+        vg_lifecycle_path(&cfg, sock, sizeof(sock), err, sizeof(err)) != 0) {
+        say(err);
         return 1;
     }
-    const char *id = vg_msg_get(&reply, "id"), *pid = vg_msg_get(&reply, "pid");
-    if (strcmp(status, "mount") != 0 || id == NULL || pid == NULL || atoi(pid) <= 0) {
-        if (id != NULL)
-            release(sock, id);
-        python(phase);              /* an answer this program does not know */
-    }
-    struct vg_plan plan;
-    /* Our own namespace, to go back to: the release must reach vgpud's socket. */
-    int home = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
-    int ok = vg_plan_parse(&reply, &plan, err, sizeof(err)) == 0 &&
-             vg_enter_mount_ns(atoi(pid), err, sizeof(err)) == 0 &&
-             vg_plan_apply(&plan, err, sizeof(err)) == 0;
-    vg_plan_free(&plan);
-    if (!ok) {
-        if (home >= 0)
-            setns(home, CLONE_NEWNS);
-        release(sock, id);
-        fprintf(stderr, "vgpu: failed to set up the vGPU mounts: %s\n", err);
-        return 1;
-    }
-    return 0;
+    vg_config_free(&cfg);
+    if (strcmp(phase, "poststop") == 0 || strcmp(facts.status, "stopped") == 0)
+        return poststop(sock, wait_ms, &facts, state, state_len);
+    return prestart(sock, wait_ms, phase, state, state_len);
 }

@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The values the compiled programs share with vgpud's Python, in one place. A test
+ * compares every one with its Python twin (named above it), so keep the form
+ * `#define NAME "text"` or `#define NAME number`, one per line. */
+#ifndef VG_DEFAULTS_H
+#define VG_DEFAULTS_H
+
+/* arbiter.config.DEFAULT_CONFIG_PATH */
+#define VG_DEFAULT_CONFIG "/etc/vgpu/config.yaml"
+/* arbiter.config.Config.run_dir */
+#define VG_DEFAULT_RUN_DIR "/run/vgpu"
+/* the socket's name in run_dir (arbiter.config.Config.socket) */
+#define VG_SOCKET_NAME "vgpud.sock"
+/* the lifecycle socket is the gRPC socket's path + this (lifecycle_socket()) */
+#define VG_LIFECYCLE_SUFFIX ".lifecycle"
+/* arbiter.config.Config.hook_wait_s: how long a program waits for vgpud, seconds */
+#define VG_DEFAULT_WAIT_S 10
+/* the lifecycle protocol's version (the lifecycle module's VERSION) */
+#define VG_PROTOCOL_VERSION "2"
+/* arbiter.config.Config.runtime_lower */
+#define VG_DEFAULT_LOWER "runc"
+/* oci_hook.request.ANNOTATION_PREFIX: annotations that may ask for a vGPU */
+#define VG_ANNOTATION_PREFIX "vgpu.io/"
+/* process.env entries that may ask for a vGPU (VGPU_MEMORY, ...) */
+#define VG_ENV_PREFIX "VGPU_"
+/* containerd-shim-vgpu-v2's private bin dir, beside the programs: its runc is vgpu-runtime */
+#define VG_SHIM_BIN_DIR "shim"
+/* containerd's runc shim, which containerd-shim-vgpu-v2 runs */
+#define VG_RUNC_SHIM "containerd-shim-runc-v2"
+
+#endif
