@@ -33,39 +33,12 @@ from pathlib import Path
 
 from arbiter.identity import Cgroups
 from arbiter.model import OwnerKind, Slice
-from arbiter.region import proc_start_time
+from arbiter.proc import pid_namespace_inode, pids_by_namespace, proc_start_time, process_tree
 
-__all__ = ["SlicePids", "container_cgroup", "descendants", "pid_namespace"]
+__all__ = ["SlicePids", "container_cgroup", "descendants"]
 
 #: Cgroup directories walked below a container's cgroup (nested cgroups of its own).
 _WALK_MAX = 256
-
-
-def pid_namespace(proc: Path, pid: str) -> str:
-    """The pid namespace of /proc/<pid> ("pid:[4026531836]"), "" when unreadable."""
-    try:
-        return os.readlink(proc / pid / "ns" / "pid")
-    except OSError:
-        return ""
-
-
-def _children(proc: Path) -> dict[int, set[int]]:
-    """Parent pid -> its child pids, from /proc/<pid>/stat (the field after the comm)."""
-    out: dict[int, set[int]] = {}
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return out
-    for e in entries:
-        try:
-            stat = (proc / e / "stat").read_text()
-        except OSError:
-            continue
-        # comm may hold spaces and parentheses: the fields start after the last ')'.
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 1 and fields[1].isdigit():
-            out.setdefault(int(fields[1]), set()).add(int(e))
-    return out
 
 
 def descendants(children: Mapping[int, set[int]], pid: int) -> set[int]:
@@ -113,19 +86,6 @@ def container_cgroup(s: Slice) -> str:
     return ""
 
 
-def _pids_by_namespace(proc: Path) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {}
-    try:
-        entries = [e for e in os.listdir(proc) if e.isdigit()]
-    except OSError:
-        return out
-    for e in entries:
-        ns = pid_namespace(proc, e)
-        if ns:
-            out.setdefault(ns, set()).add(int(e))
-    return out
-
-
 class SlicePids:
     """Maps slices to host pids for one pass (the /proc scan is made once, when needed)."""
 
@@ -133,8 +93,8 @@ class SlicePids:
                  proc: Path = Path("/proc")) -> None:
         self._region_pids = region_pids
         self._proc = Path(proc)
-        self._own_ns = pid_namespace(self._proc, "self")
-        self._by_ns: dict[str, set[int]] | None = None
+        self._own_ns = pid_namespace_inode("self", self._proc)
+        self._by_ns: dict[int, set[int]] | None = None
         self._children: dict[int, set[int]] | None = None
         self._never: set[int] | None = None       # pid 1 and vgpud's ancestors
         self._cgroups = Cgroups(self._proc)
@@ -168,7 +128,7 @@ class SlicePids:
         otherwise hand the guard the whole host)."""
         if self._never is None:
             if self._children is None:
-                self._children = _children(self._proc)
+                self._children = process_tree(self._proc)
             self._never = {1} | _ancestors(self._children, os.getpid())
         return self._never | {os.getpid()}
 
@@ -201,10 +161,13 @@ class SlicePids:
         The caller has checked that owner_pid is the recorded process."""
         if s.owner_kind != OwnerKind.CONTAINER or not s.owner_pid:
             return set()
-        ns = pid_namespace(self._proc, str(s.owner_pid))
+        ns = pid_namespace_inode(s.owner_pid, self._proc)
         # A host process as owner shares our namespace: that is not its container.
         if not ns or ns == self._own_ns:
             return set()
         if self._by_ns is None:
-            self._by_ns = _pids_by_namespace(self._proc)
+            try:
+                self._by_ns = pids_by_namespace(self._proc)
+            except OSError:
+                self._by_ns = {}
         return self._by_ns.get(ns, set())

@@ -37,8 +37,8 @@ from arbiter.convert import DeviceView, policy_from_name, priority_from_name
 from arbiter.errors import NoCapacityError, NotFoundError, RequestError, StateError, VgpuError
 from arbiter.identity import Holder, Liveness
 from arbiter.model import Gpu, OwnerKind, Request, Slice
+from arbiter.proc import proc_start_time
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
-from arbiter.region import proc_start_time
 from arbiter.regions import Regions
 
 __all__ = ["Allocation", "Arbiter", "Health", "HeldError", "Settings"]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arbiter.model import OwnerKind, Slice
-from arbiter.region import pid_alive, proc_start_time
+from arbiter.proc import pid_alive, proc_start_time
 
 __all__ = ["PENDING_GRACE_S", "Cgroups", "Holder", "Liveness", "read_cgroup",
            "runtime_state_exists"]

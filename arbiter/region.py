@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from arbiter.errors import RegionError
+from arbiter.proc import ProcessView
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "Policy",
     "Priority",
     "ProcessUsage",
-    "ProcessView",
     "Region",
     "VgSlot",
     "VgpuRegion",
@@ -52,12 +52,8 @@ __all__ = [
     "create_usage",
     "new_slice_key",
     "open_region",
-    "pid_alive",
-    "pid_namespace_inode",
-    "proc_start_time",
     "read_slots",
     "usage_path_of",
-    "visible_pid",
 ]
 
 REGION_MAGIC = 0x55504756  # "VGPU" little-endian
@@ -68,9 +64,6 @@ REGION_SLOTS = 1024
 REGION_UUID_LEN = 96
 FLAG_ARBITER = 0x1  # made by vgpud: env vars never override it
 SLOT_REAPING = 0x80000000  # slot pid field while a reaper clears the slot
-
-#: Inode of the initial pid namespace (the kernel's PROC_PID_INIT_INO).
-PID_NS_INIT = 0xEFFFFFFC
 
 _U32_MAX = (1 << 32) - 1
 _U64_MAX = (1 << 64) - 1
@@ -172,118 +165,9 @@ class ProcessUsage(NamedTuple):
     used: int
 
 
-def _proc_stat(pid: int, proc: Path) -> tuple[int, str]:
-    """(start time, state) of pid from /proc/<pid>/stat: fields 22 and 3; (0, "?") unknown."""
-    try:
-        data = (proc / str(pid) / "stat").read_bytes()
-    except OSError:
-        return 0, "?"
-    # comm may hold spaces and parentheses: fields restart after the last ')'.
-    _, sep, rest = data.rpartition(b")")
-    fields = rest.split()
-    if not sep or len(fields) < 20:
-        return 0, "?"
-    try:
-        return int(fields[19]), fields[0].decode()  # rest starts at field 3 (state)
-    except (ValueError, UnicodeDecodeError):
-        return 0, "?"
-
-
-def proc_start_time(pid: int, proc: Path = Path("/proc")) -> int:
-    """Start time of pid (field 22 of /proc/<pid>/stat, clock ticks), 0 when unknown."""
-    return _proc_stat(pid, proc)[0]
-
-
-def _running_since(pid: int, start_time: int, proc: Path) -> bool:
-    """pid runs (a zombie holds no memory: gone) and started at start_time (0: any)."""
-    now, state = _proc_stat(pid, proc)
-    if state in ("Z", "X", "x"):
-        return False
-    # /proc may be unreadable (hidepid); then trust that the pid exists.
-    return start_time == 0 or now == 0 or now == start_time
-
-
-def pid_namespace_inode(pid: int | str, proc: Path = Path("/proc")) -> int:
-    """Inode of /proc/<pid>/ns/pid ("self" works), 0 when unreadable."""
-    try:
-        return os.stat(proc / str(pid) / "ns" / "pid").st_ino
-    except OSError:
-        return 0
-
-
-class ProcessView:
-    """One look at /proc for many liveness questions (a region's slots, say).
-
-    The calling process's pid namespace is read once, and the map of namespaces to
-    their processes is built at most once, on the first question about a process of
-    another namespace (a container's, seen from the host). The twin of vg_slots.c's
-    foreign_lookup / vg_pid_alive / vg_pid_visible.
-    """
-
-    def __init__(self, proc: Path = Path("/proc")) -> None:
-        self.proc = Path(proc)
-        self.mine = pid_namespace_inode("self", self.proc)
-        self._by_ns: dict[int, list[int]] | None = None
-
-    def _foreign(self, pid_ns: int) -> bool:
-        return bool(pid_ns and self.mine and pid_ns != self.mine)
-
-    def find(self, pid_ns: int, start_time: int) -> int:
-        """Our pid of the process of namespace pid_ns started at start_time.
-
-        >0 found, 0 gone, -1 cannot tell (no process of that namespace in our /proc).
-        """
-        if self._by_ns is None:
-            self._by_ns = {}
-            try:
-                entries = [e for e in os.listdir(self.proc) if e.isdigit()]
-            except OSError:
-                return -1
-            for e in entries:
-                ns = pid_namespace_inode(e, self.proc)
-                if ns:
-                    self._by_ns.setdefault(ns, []).append(int(e))
-        members = self._by_ns.get(pid_ns, [])
-        for pid in members:
-            if _running_since(pid, start_time, self.proc):
-                return pid
-        # The initial namespace's /proc shows everyone: nobody there means gone.
-        return 0 if members or self.mine == PID_NS_INIT else -1
-
-    def alive(self, pid: int, start_time: int, pid_ns: int = 0) -> bool:
-        """True when pid runs and, unless start_time is 0, started at start_time.
-
-        pid_ns is the inode of the pid namespace pid is numbered in (0: ours); where
-        /proc cannot tell about another namespace, the process counts as alive.
-        """
-        if pid == 0 or pid & SLOT_REAPING:
-            return False
-        if self._foreign(pid_ns):
-            return self.find(pid_ns, start_time) != 0
-        try:
-            os.kill(pid, 0)
-        except PermissionError:
-            pass  # alive, someone else's
-        except OSError:
-            return False
-        return _running_since(pid, start_time, self.proc)
-
-    def visible(self, pid: int, start_time: int, pid_ns: int = 0) -> int:
-        """The owner's pid as our namespace numbers it (host pid of a container process),
-        0 when gone or not visible."""
-        if self._foreign(pid_ns):
-            return max(0, self.find(pid_ns, start_time))
-        return pid if self.alive(pid, start_time) else 0
-
-
-def pid_alive(pid: int, start_time: int, proc: Path = Path("/proc"), pid_ns: int = 0) -> bool:
-    """True when pid runs and, unless start_time is 0, started at start_time (vg_pid_alive)."""
-    return ProcessView(proc).alive(pid, start_time, pid_ns)
-
-
-def visible_pid(pid: int, start_time: int, proc: Path = Path("/proc"), pid_ns: int = 0) -> int:
-    """The slot owner's pid as our namespace numbers it, 0 when gone (vg_pid_visible)."""
-    return ProcessView(proc).visible(pid, start_time, pid_ns)
+def _owned(slot_pid: int) -> bool:
+    """A slot's pid field names its owner: not free (0), not a reaper's mark."""
+    return slot_pid != 0 and not slot_pid & SLOT_REAPING
 
 
 def _check_limits(
@@ -566,7 +450,7 @@ class Region:
         total = 0
         view = ProcessView(self._proc)
         for pid, start, used, pid_ns in self.slots():
-            if not live_only or view.alive(pid, start, pid_ns):
+            if not live_only or (_owned(pid) and view.alive(pid, start, pid_ns)):
                 total += used
         return min(total, _U64_MAX)
 
@@ -579,7 +463,7 @@ class Region:
         out = []
         view = ProcessView(self._proc)
         for pid, start, used, pid_ns in self.slots():
-            visible = view.visible(pid, start, pid_ns)
+            visible = view.visible(pid, start, pid_ns) if _owned(pid) else 0
             if visible:
                 out.append(ProcessUsage(visible, used))
         return out

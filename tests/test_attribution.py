@@ -31,8 +31,8 @@ from arbiter.freezer import find_root
 from arbiter.guardian import Guardian
 from arbiter.inventory import DeviceSample
 from arbiter.model import Gpu, Grant, OwnerKind, Request, Slice
+from arbiter.proc import pid_namespace_inode, proc_start_time, visible_pid
 from arbiter.reconcile import Reconciler
-from arbiter.region import pid_namespace_inode, proc_start_time, visible_pid
 from arbiter.regions import Regions
 from arbiter.state import Store
 
@@ -239,7 +239,8 @@ def test_a_containers_cgroup_counts_even_without_its_init(cgroup_v2, procs):
 FORGE = """
 import os, struct, sys
 from pathlib import Path
-from arbiter.region import VgpuUsage, VgSlot, pid_namespace_inode, usage_path_of
+from arbiter.proc import pid_namespace_inode
+from arbiter.region import VgpuUsage, VgSlot, usage_path_of
 victim = int(sys.argv[1])
 path = usage_path_of(Path(os.environ["VGPU_REGION_DIR"]) / "vgpu0")
 slot = VgSlot(pid=victim, flags=0, start_time=0, used=0,

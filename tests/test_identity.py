@@ -12,7 +12,7 @@ from arbiter.core import Arbiter, HeldError
 from arbiter.events import EventLog
 from arbiter.identity import Cgroups, Holder, Liveness, read_cgroup
 from arbiter.model import Gpu, OwnerKind, Request
-from arbiter.region import proc_start_time
+from arbiter.proc import proc_start_time
 from arbiter.regions import Regions
 from arbiter.state import Store
 
