@@ -25,6 +25,15 @@ from typing import Any
 import jsonschema
 import yaml
 
+from arbiter.defaults import (
+    DEFAULT_CONFIG_PATH,
+    DEFAULT_LOWER_RUNTIME,
+    DEFAULT_RUN_DIR,
+    DEFAULT_SOCKET,
+    DEFAULT_WAIT_S,
+    ENV_CONFIG,
+    SOCKET_NAME,
+)
 from arbiter.errors import ConfigError, QuantityError
 from arbiter.quantity import MEMORY_FORMS, parse_memory
 from arbiter.shipped import shipped_file
@@ -38,9 +47,6 @@ __all__ = [
     "load_config",
     "schema_path",
 ]
-
-#: Where vgpud, the hook and the CLI look when neither --config nor VGPU_CONFIG says.
-DEFAULT_CONFIG_PATH = Path("/etc/vgpu/config.yaml")
 
 #: Device nodes of a real GPU besides its own /dev/nvidia<minor> (inventory adds that one).
 DEFAULT_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
@@ -70,9 +76,9 @@ _PATH_FIELDS = frozenset({"socket", "state_dir", "run_dir", "event_log", "nvml_l
 class Config:
     """The validated configuration of one host; field defaults are the built-in defaults."""
 
-    socket: Path = Path("/run/vgpu/vgpud.sock")
+    socket: Path = DEFAULT_SOCKET
     state_dir: Path = Path("/var/lib/vgpu")
-    run_dir: Path = Path("/run/vgpu")
+    run_dir: Path = DEFAULT_RUN_DIR
     event_log: Path = Path("/var/lib/vgpu/events.jsonl")
     placement_policy: str = "binpack"
     allow_preemption: bool = False
@@ -96,11 +102,11 @@ class Config:
     device_nodes: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     runtime_state_roots: tuple[Path, ...] = (
         Path("/run/runc"), Path("/run/containerd/runc"), Path("/run/docker/runtime-runc"))
-    hook_wait_s: float = 10.0
+    hook_wait_s: float = DEFAULT_WAIT_S
     allow_env_requests: bool = True
     nvml_library: Path | None = None
     #: OCI runtime vgpu-runtime execs: a name searched on PATH, or an absolute path.
-    runtime_lower: str = "runc"
+    runtime_lower: str = DEFAULT_LOWER_RUNTIME
     #: The file this config came from (None: built-in defaults); not part of equality.
     source: Path | None = field(default=None, compare=False)
 
@@ -133,8 +139,8 @@ def config_path(explicit: str | Path | None = None,
     Only the last may be missing (load_config then gives the built-in defaults)."""
     if explicit:
         return Path(explicit)
-    if environ.get("VGPU_CONFIG"):
-        return Path(environ["VGPU_CONFIG"])
+    if environ.get(ENV_CONFIG):
+        return Path(environ[ENV_CONFIG])
     return DEFAULT_CONFIG_PATH
 
 
@@ -406,7 +412,7 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
     # Paths that default relative to others follow them (--run-dir moves the socket).
     run_dir = Path(values.get("run_dir", Config.run_dir))
     state_dir = Path(values.get("state_dir", Config.state_dir))
-    values.setdefault("socket", run_dir / "vgpud.sock")
+    values.setdefault("socket", run_dir / SOCKET_NAME)
     values.setdefault("event_log", state_dir / "events.jsonl")
     return Config(**values, source=Path(path) if path is not None else None)
 
