@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Install what building and testing vgpu needs; safe to run again (installs only what is missing).
 #   Debian packages: gcc, make, libc6-dev (apt-get, only when one is missing);
-#                    for the end-to-end tests runc, crun, containerd, docker.io and
+#                    for the end-to-end tests runc, crun, containerd, docker.io, podman and
 #                    busybox-static (an engine counts as present when its command
 #                    is on PATH, however it was installed: docker-ce's dockerd will do)
 #   Python packages: the project's runtime dependencies and its `test` extra, read from
@@ -25,7 +25,8 @@ fi
 
 # command -> Debian package, for the container engines the end-to-end tests drive.
 ENGINE_PACKAGES=(runc:runc crun:crun containerd:containerd ctr:containerd
-                 containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io)
+                 containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io
+                 podman:podman)
 
 deb_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
@@ -54,7 +55,7 @@ if ((${#missing[@]})); then
     "${SUDO[@]}" apt-get update -q
     DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
-    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io busybox-static)"
+    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman busybox-static)"
 fi
 
 if ((USE_VENV)); then
