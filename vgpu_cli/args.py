@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from importlib import metadata
 
 from arbiter.errors import VgpuError
 from arbiter.quantity import parse_compute, parse_memory
+from arbiter.version import version
 from vgpu_cli.paths import DEFAULT_CONFIG, DEFAULT_SOCKET
 from vgpu_cli.render import POLICIES, PRIORITIES
 
 __all__ = ["DEFAULT_TIMEOUT_S", "build_parser", "parse_args", "parse_policy",
-           "parse_priority", "version"]
+           "parse_priority"]
 
 DEFAULT_TIMEOUT_S = 10.0
-
-
-def version() -> str:
-    """The installed vgpu distribution's version."""
-    try:
-        return metadata.version("vgpu")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _choice_type(kind: str, words: Sequence[str]) -> Callable[[str], int]:

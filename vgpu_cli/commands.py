@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiter.errors import VgpuError
-from vgpu_cli.args import version
+from arbiter.version import version
 from vgpu_cli.client import Client, connect, messages, rpc_error
 from vgpu_cli.errors import CliError
 from vgpu_cli.paths import DEFAULT_SOCKET, config_paths, resolve_config, resolve_socket

@@ -11,22 +11,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from arbiter import defaults
 from arbiter.errors import VgpuError
 from vgpu_cli.errors import CliError
 
 __all__ = ["DEFAULT_CONFIG", "DEFAULT_SOCKET", "config_paths", "resolve_config",
            "resolve_socket"]
 
-DEFAULT_SOCKET = "/run/vgpu/vgpud.sock"
-DEFAULT_CONFIG = "/etc/vgpu/config.yaml"
+DEFAULT_SOCKET = str(defaults.DEFAULT_SOCKET)
+DEFAULT_CONFIG = str(defaults.DEFAULT_CONFIG_PATH)
 
 
 def resolve_socket(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     """--socket, else $VGPU_SOCKET, else the config file's socket, else the default path."""
     if args.socket:
         return str(args.socket)
-    if env.get("VGPU_SOCKET"):
-        return env["VGPU_SOCKET"]
+    if env.get(defaults.ENV_SOCKET):
+        return env[defaults.ENV_SOCKET]
     config = resolve_config(args, env)
     if Path(config).is_file():  # only then: loading the schema costs time
         paths = config_paths(config)
@@ -39,7 +40,7 @@ def resolve_socket(args: argparse.Namespace, env: Mapping[str, str]) -> str:
 
 def resolve_config(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     """--config, else $VGPU_CONFIG, else the default path."""
-    return str(args.config or env.get("VGPU_CONFIG") or DEFAULT_CONFIG)
+    return str(args.config or env.get(defaults.ENV_CONFIG) or DEFAULT_CONFIG)
 
 
 def config_paths(config: str) -> dict[str, Any]:
