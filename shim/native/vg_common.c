@@ -157,8 +157,9 @@ static int scalar(const char *s, size_t len, char *out, size_t n)
         vlen = (size_t)(close - v);
     } else {
         trim_value(s, len, &v, &vlen);
-        if (vlen == 0 || strchr("'\"&*!|>{[%@`#,?-", v[0]) != NULL)
-            return -1;    /* null, a nested block, flow style, anchors, tags... */
+        if (vlen == 0 || strchr("'\"&*!|>{[%@`#,", v[0]) != NULL ||
+            ((v[0] == '-' || v[0] == '?') && (vlen == 1 || v[1] == ' ')))
+            return -1;    /* null, a nested block, flow style, anchors, tags, a list... */
     }
     if (vlen >= n || memchr(v, '\0', vlen) != NULL)
         return -1;

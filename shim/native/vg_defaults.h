@@ -5,19 +5,19 @@
 #ifndef VG_DEFAULTS_H
 #define VG_DEFAULTS_H
 
-/* arbiter.config.DEFAULT_CONFIG_PATH */
+/* arbiter.defaults.DEFAULT_CONFIG_PATH */
 #define VG_DEFAULT_CONFIG "/etc/vgpu/config.yaml"
-/* arbiter.config.Config.run_dir */
+/* arbiter.defaults.DEFAULT_RUN_DIR */
 #define VG_DEFAULT_RUN_DIR "/run/vgpu"
-/* the socket's name in run_dir (arbiter.config.Config.socket) */
+/* arbiter.defaults.SOCKET_NAME: vgpud's socket in the run dir */
 #define VG_SOCKET_NAME "vgpud.sock"
-/* the lifecycle socket is the gRPC socket's path + this (lifecycle_socket()) */
+/* the lifecycle socket is vgpud's socket path + this (shim.lifecycle.lifecycle_socket) */
 #define VG_LIFECYCLE_SUFFIX ".lifecycle"
-/* arbiter.config.Config.hook_wait_s: how long a program waits for vgpud, seconds */
+/* arbiter.defaults.DEFAULT_WAIT_S: how long a program waits for vgpud (hook.wait_s), s */
 #define VG_DEFAULT_WAIT_S 10
-/* the lifecycle protocol's version (the lifecycle module's VERSION) */
+/* shim.lifecycle.VERSION: the lifecycle protocol's version */
 #define VG_PROTOCOL_VERSION "2"
-/* arbiter.config.Config.runtime_lower */
+/* arbiter.defaults.DEFAULT_LOWER_RUNTIME (runtime.lower) */
 #define VG_DEFAULT_LOWER "runc"
 /* oci_hook.request.ANNOTATION_PREFIX: annotations that may ask for a vGPU */
 #define VG_ANNOTATION_PREFIX "vgpu.io/"
