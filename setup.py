@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Build hook: compile libvgpu.so and the compiled vgpu-runtime / vgpu-hook with make and
-ship them inside the arbiter package (arbiter/native/, arbiter/native/bin/)."""
+"""Build hook: compile libvgpu.so and the programs with make and ship them, with the
+configs/ files the code reads at run time, inside the arbiter package:
+arbiter/native/libvgpu.so, arbiter/native/bin/<program>, arbiter/configs/<file>."""
 from __future__ import annotations
 
+import ast
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from setuptools import Distribution, setup
@@ -15,54 +17,70 @@ from setuptools.errors import ExecError
 ROOT = Path(__file__).resolve().parent
 LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
 PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
-# The fast path (arbiter.native.program_path looks in arbiter/native/bin/).
-PROGRAMS = ("build/bin/vgpu-runtime", "build/bin/vgpu-hook", "build/bin/vgpu-broker")
-PROGRAM_DIR = ("arbiter", "native", "bin")
-# configs/ files an installed vgpud reads (arbiter.config.schema_path looks in arbiter/configs/).
-CONFIG_FILES = ("vgpud.schema.json", "vgpu.yaml", "request.schema.json")
+PROGRAM_DIR = ("arbiter", "native", "bin")      # where arbiter.native.program_path looks
+CONFIG_DIR = ("arbiter", "configs")             # where arbiter.shipped.shipped_file looks
 
 
-def make_libvgpu() -> Path:
-    """Run `make build/libvgpu.so` (and the programs) in the source tree; the library's path."""
+def _tuple(module: str, name: str) -> tuple[str, ...]:
+    """The string tuple `name` of a package module, read without importing the package
+    (it is being built): the one list of what to ship stays in the code that finds it."""
+    tree = ast.parse((ROOT / module).read_text(encoding="utf-8"))
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            value = ast.literal_eval(node.value)
+            return tuple(str(v) for v in value)
+    raise ExecError(f"failed to read {name} from {module}")
+
+
+PROGRAMS = _tuple("arbiter/native/__init__.py", "PROGRAMS")  # e.g. vgpu-hook, shim/runc
+CONFIGS = _tuple("arbiter/shipped.py", "CONFIGS")            # e.g. oci-hooks.d/vgpu.json
+
+
+def make() -> None:
+    """Run make for the library and every program in the source tree."""
+    targets = [LIBRARY, *(f"build/bin/{p}" for p in PROGRAMS)]
     try:
-        subprocess.run(["make", "-C", str(ROOT), LIBRARY, *PROGRAMS], check=True)
+        subprocess.run(["make", "-C", str(ROOT), *targets], check=True)
     except (OSError, subprocess.CalledProcessError) as e:
-        raise ExecError(f"failed to build libvgpu.so: {e} (needs gcc and make)") from e
-    return ROOT / LIBRARY
+        raise ExecError(f"failed to build libvgpu.so and the programs: {e} "
+                        "(needs gcc and make)") from e
 
 
-class build_py_with_libvgpu(build_py):  # noqa: N801 - setuptools command naming
-    """build_py that also builds libvgpu.so and copies it in as package data."""
+def _shipped() -> list[tuple[Path, tuple[str, ...]]]:
+    """(source, destination parts under build_lib) of every file the build adds."""
+    files = [(ROOT / LIBRARY, PACKAGED)]
+    files += [(ROOT / "build" / "bin" / p, (*PROGRAM_DIR, *p.split("/"))) for p in PROGRAMS]
+    files += [(ROOT / "configs" / c, (*CONFIG_DIR, *c.split("/"))) for c in CONFIGS]
+    return files
+
+
+class build_py_with_native(build_py):  # noqa: N801 - setuptools command naming
+    """build_py that also builds the native parts and copies them and configs/ in."""
 
     def run(self) -> None:
-        """Build the Python files, then the library."""
-        super().run()
-        library = make_libvgpu()
-        # Editable installs find the checkout's build/libvgpu.so instead.
+        """Build the Python files, then the native parts."""
         if not self.editable_mode:
-            target = Path(self.build_lib, *PACKAGED)
+            # setuptools reuses build/lib.*: a module deleted since the last build (or a
+            # program no longer shipped) would still go into the wheel.
+            shutil.rmtree(self.build_lib, ignore_errors=True)
+        super().run()
+        make()
+        # Editable installs find the checkout's build/ and configs/ instead.
+        if self.editable_mode:
+            return
+        for source, parts in _shipped():
+            target = Path(self.build_lib, *parts)
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.copy_file(str(library), str(target))
-            configs = Path(self.build_lib, "arbiter", "configs")
-            configs.mkdir(parents=True, exist_ok=True)
-            for name in CONFIG_FILES:
-                self.copy_file(str(ROOT / "configs" / name), str(configs / name))
-            bindir = Path(self.build_lib, *PROGRAM_DIR)
-            bindir.mkdir(parents=True, exist_ok=True)
-            for program in PROGRAMS:
-                self.copy_file(str(ROOT / program), str(bindir / Path(program).name))
-            # The programs' Python fallback runs the interpreter building this (pip
-            # builds with the interpreter it installs into); $VGPU_PYTHON overrides it.
-            (bindir / "vgpu-python").write_text(sys.executable + "\n", encoding="utf-8")
+            # preserve_mode: the programs stay executable in the wheel; a symlink in
+            # build/bin (shim/runc) is copied as the file it names.
+            self.copy_file(str(source), str(target), preserve_mode=True)
 
     def get_outputs(self, include_bytecode: bool = True) -> list[str]:
-        """Declare the copied library and config files among the outputs."""
+        """Declare the copied files among the outputs."""
         outputs = list(super().get_outputs(include_bytecode))
         if not self.editable_mode:
-            outputs.append(str(Path(self.build_lib, *PACKAGED)))
-            outputs += [str(Path(self.build_lib, "arbiter", "configs", n)) for n in CONFIG_FILES]
-            outputs += [str(Path(self.build_lib, *PROGRAM_DIR, n)) for n in
-                        (*(Path(p).name for p in PROGRAMS), "vgpu-python")]
+            outputs += [str(Path(self.build_lib, *parts)) for _, parts in _shipped()]
         return outputs
 
 
@@ -75,15 +93,15 @@ class NativeDistribution(Distribution):
 
 
 class platform_wheel(bdist_wheel):  # noqa: N801 - setuptools command naming
-    """Tag the wheel for this platform (it holds a native library), any Python 3."""
+    """Tag the wheel for this platform (it holds native code), any Python 3."""
 
     def get_tag(self) -> tuple[str, str, str]:
-        """py3-none-<platform>: libvgpu.so does not link against Python."""
+        """py3-none-<platform>: libvgpu.so and the programs do not link against Python."""
         _, _, platform = super().get_tag()
         return "py3", "none", platform
 
 
 setup(
     distclass=NativeDistribution,
-    cmdclass={"build_py": build_py_with_libvgpu, "bdist_wheel": platform_wheel},
+    cmdclass={"build_py": build_py_with_native, "bdist_wheel": platform_wheel},
 )
