@@ -9,6 +9,7 @@ benchmark options.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import io
@@ -101,6 +102,38 @@ def test_every_docs_page_is_reachable_from_the_readme() -> None:
     missing = [p for p in [*(ROOT / "docs").glob("*.md"), ROOT / "bench" / "README.md"]
                if p.resolve() not in linked]
     assert not missing, f"not linked from README.md: {ids(missing)}"
+
+
+def demo_line_patterns() -> list[re.Pattern[str]]:
+    """What scripts/demo.py can print: each string literal of it, one pattern per line, with
+    every {field} of an f-string matching anything."""
+    patterns = []
+    for node in ast.walk(ast.parse((ROOT / "scripts" / "demo.py").read_text())):
+        if isinstance(node, ast.JoinedStr):
+            parts = [re.escape(v.value) if isinstance(v, ast.Constant) else "\x00"
+                     for v in node.values]
+            text = "".join(parts)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = re.escape(node.value)
+        else:
+            continue
+        for line in re.split(r"\\\n", text):      # re.escape writes a newline as backslash-newline
+            if line.strip("\x00 \\"):
+                patterns.append(re.compile(line.replace("\x00", ".*")))
+    return patterns
+
+
+def test_the_demo_sample_is_what_the_demo_prints() -> None:
+    """Every line of the README's demo sample is a line scripts/demo.py prints (the `vgpu
+    smi` table aside: the CLI draws it)."""
+    sample = FENCE.findall(section(README.read_text(), "What the demo shows"))
+    assert sample, "README.md's demo section shows no output"
+    patterns = demo_line_patterns()
+    lines = [ln for ln in "\n".join(sample).splitlines()
+             if ln.strip() and not ln.startswith(("|", "+"))]
+    assert len(lines) >= 10
+    unknown = [ln for ln in lines if not any(p.fullmatch(ln.rstrip()) for p in patterns)]
+    assert not unknown, f"the demo prints no such lines: {unknown}"
 
 
 # ---- links ------------------------------------------------------------------------------
