@@ -8,6 +8,9 @@ import sys
 import tomllib
 from pathlib import Path
 
+from vgpud_harness import Vgpud
+
+from arbiter.proto import vgpu_pb2 as pb
 from arbiter.version import version
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,3 +80,16 @@ def test_installed_reads_the_distributions_metadata(tmp_path: Path) -> None:
 def test_a_pyproject_of_another_project_is_not_ours(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "other"\nversion = "3.0"\n')
     assert version(tmp_path) != "3.0"
+
+
+def test_vgpud_and_vgpu_info_say_it_too(tmp_path: Path, simgpu_env: dict[str, str]) -> None:
+    """vgpud's Health (what `vgpu smi` and `vgpu info` show) carries the same version."""
+    daemon = Vgpud(tmp_path, simgpu_env).start()
+    try:
+        assert daemon.stub.Health(pb.HealthRequest(), timeout=10).version == pyproject_version()
+        env = dict(daemon.env, VGPU_SOCKET=str(daemon.socket))
+        out = subprocess.run([sys.executable, "-m", cli_module(), "info"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=60, check=True)
+        assert f"version {pyproject_version()}," in out.stdout, out.stdout
+    finally:
+        daemon.close()
