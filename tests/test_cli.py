@@ -336,6 +336,8 @@ def test_info_reports_daemon(fake, capsys):
     assert info["libvgpu"] == str(ROOT / "build" / "libvgpu.so")
     assert info["vgpu_runtime"] == str(ROOT / "build" / "bin" / "vgpu-runtime")
     assert info["vgpu_hook"] == str(ROOT / "build" / "bin" / "vgpu-hook")
+    assert info["containerd_shim_vgpu_v2"] == str(ROOT / "build" / "bin" /
+                                                  "containerd-shim-vgpu-v2")
     assert info["lifecycle_socket"] == f"{fake.socket}.lifecycle"
 
 
