@@ -248,7 +248,9 @@ def test_each_command_is_real(page: str, command: str) -> None:
             error = parses(argv)
             assert error is None, f"{where}: vgpu {' '.join(argv)}: {error}"
     elif program == "vgpud":
-        daemon = (ROOT / "arbiter" / "daemon.py").read_text()
+        # vgpud's flags are arbiter.daemon's (vgpud/ composes it with the container side).
+        daemon = "".join(f.read_text() for f in [ROOT / "arbiter" / "daemon.py",
+                                                 *(ROOT / "vgpud").glob("*.py")])
         for flag in flags_of(command):
             assert f'"{flag}"' in daemon, f"{where}: vgpud has no {flag}"
     elif program in ("python3", "python") and words[1] == "-m":
