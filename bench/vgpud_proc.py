@@ -40,7 +40,7 @@ def start_vgpud(tmp: Path, run_dir: Path,
     sock = tmp / "vgpud.sock"
     log = open(tmp / "vgpud.log", "wb")  # noqa: SIM115 - lives as long as vgpud
     proc = subprocess.Popen(
-        [sys.executable, "-m", "arbiter.daemon", "--config", str(config), "--socket", str(sock),
+        [sys.executable, "-m", "vgpud", "--config", str(config), "--socket", str(sock),
          "--state-dir", str(tmp / "state"), "--run-dir", str(run_dir),
          "--log-level", "warning"], cwd=ROOT, env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 30

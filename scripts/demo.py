@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "build" / "tests" / "vgpu_probe"
 LOAD = ROOT / "build" / "tests" / "gpu_load"
+RUNTIME = ROOT / "build" / "bin" / "vgpu-runtime"   # make builds it
 LOAD_SECONDS = 3.0
 MiB = 1 << 20
 
@@ -54,7 +55,7 @@ def start_vgpud(tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     config.write_text("metrics:\n  address: ''\n" + nodes)
     log = (tmp / "vgpud.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "arbiter.daemon", "--config", str(config),
+        [sys.executable, "-m", "vgpud", "--config", str(config),
          "--socket", str(tmp / "vgpud.sock"), "--state-dir", str(tmp / "state"),
          "--run-dir", str(tmp / "run")], env=env, stdout=log, stderr=log)
     deadline = time.monotonic() + 30
@@ -66,14 +67,14 @@ def start_vgpud(tmp: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 def vgpu(env: dict[str, str], *args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "arbiter.cli", *args], env=env, check=True,
+    return subprocess.run([sys.executable, "-m", "vgpu_cli", *args], env=env, check=True,
                           capture_output=True, text=True).stdout
 
 
 def run_in_slice(name: str, memory: str, env: dict[str, str]) -> subprocess.Popen[str]:
     """`vgpu run` a probe that fills its slice in 256 MiB steps, then holds it."""
     p = subprocess.Popen(
-        [sys.executable, "-m", "arbiter.cli", "run", "--memory", memory, "--compute", "30",
+        [sys.executable, "-m", "vgpu_cli", "run", "--memory", memory, "--compute", "30",
          "--", str(PROBE), "info", f"fill:mem:{256 * MiB}", "info", "hold"],
         env=env, stdout=subprocess.PIPE, text=True)
     report(f"$ vgpu run --memory {memory} --compute 30 -- <CUDA program {name}>", p)
@@ -98,10 +99,8 @@ def run_container(name: str, memory: str, tmp: Path, env: dict[str, str]
         env=[f"SIMGPU_STATE={sim / 'simgpu.state'}"] if sim else [],
         mounts=[{"destination": str(sim), "type": "bind", "source": str(sim),
                  "options": ["rbind", "rw"]}] if sim else [])
-    # The compiled vgpu-runtime (make builds it; vgpud's lifecycle socket does the work).
-    runtime = ROOT / "build" / "bin" / "vgpu-runtime"
-    cmd = [str(runtime)] if runtime.exists() else [sys.executable, "-m", "shim"]
-    p = subprocess.Popen([*cmd, "run", "-b", str(bundle), cid],
+    # The compiled vgpu-runtime (make builds it); vgpud's lifecycle socket decides.
+    p = subprocess.Popen([str(RUNTIME), "run", "-b", str(bundle), cid],
                          env=env, stdout=subprocess.PIPE, text=True)
     report(f"$ vgpu-runtime run  (container {name}, annotation vgpu.io/memory={memory})", p)
     return p, cid
@@ -128,15 +127,13 @@ def compute_demo(tmp: Path, env: dict[str, str], containers: bool) -> None:
                 env=[f"SIMGPU_STATE={sim / 'simgpu.state'}"],
                 mounts=[{"destination": str(sim), "type": "bind", "source": str(sim),
                          "options": ["rbind", "rw"]}])
-            runtime = ROOT / "build" / "bin" / "vgpu-runtime"
-            cmd = [str(runtime)] if runtime.exists() else [sys.executable, "-m", "shim"]
             print(f"$ vgpu-runtime run  (container {name}, vgpu.io/compute={pct}, "
                   "a greedy GPU load)")
-            argv = [*cmd, "run", "-b", str(bundle), cid]
+            argv = [str(RUNTIME), "run", "-b", str(bundle), cid]
         else:
             print(f"$ vgpu run --memory 512Mi --compute {pct} --policy fixed "
                   f"-- <greedy GPU load {name}>")
-            argv = [sys.executable, "-m", "arbiter.cli", "run", "--memory", "512Mi",
+            argv = [sys.executable, "-m", "vgpu_cli", "run", "--memory", "512Mi",
                     "--compute", str(pct), "--policy", "fixed", "--", str(LOAD),
                     *" ".join(load).split()]
         runs.append((name, pct, subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from arbiter.defaults import ENV_CONFIG, ENV_SOCKET
 from arbiter.errors import VgpuError
 from oci_hook.phases import release
 from oci_hook.request import ANNOTATION_PREFIX, INTERNAL_ANNOTATIONS, find_request, parse_request
@@ -43,9 +44,9 @@ def hook_settings(hook: Path | None, config: Config) -> HookSettings:
     socket) whatever environment the engine gives it."""
     if hook is None:
         raise HookProgramError()
-    env: dict[str, str] = {"PATH": HOOK_PATH, "VGPU_SOCKET": str(config.socket)}
+    env: dict[str, str] = {"PATH": HOOK_PATH, ENV_SOCKET: str(config.socket)}
     if config.source is not None:
-        env["VGPU_CONFIG"] = str(config.source)
+        env[ENV_CONFIG] = str(config.source)
     return HookSettings(path=str(hook), args=(str(hook),), env=env,
                         timeout=math.ceil(config.hook_wait_s) + _HOOK_MARGIN_S)
 

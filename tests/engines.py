@@ -16,13 +16,12 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NATIVE_BIN, ROOT, SIMGPU_DIR, clean_env
+from conftest import NATIVE_BIN, SIMGPU_DIR, clean_env
 from vgpud_harness import Vgpud
 
 __all__ = ["Containerd", "Dockerd", "require", "vgpu_bin_dir"]
@@ -39,15 +38,10 @@ def require(*binaries: str) -> None:
 
 
 def vgpu_bin_dir(dest: Path) -> Path:
-    """A bin directory with this checkout's programs: the compiled vgpu-runtime and
-    vgpu-hook of build/bin (links: they find build/bin/vgpu-python beside themselves
-    for their Python fallback) and containerd-shim-vgpu-v2 (Python)."""
+    """A bin directory with this checkout's compiled programs (links into build/bin: the
+    shim finds its private `runc` dir, build/bin/shim, beside its real path)."""
     dest.mkdir(parents=True, exist_ok=True)
-    script = dest / "containerd-shim-vgpu-v2"
-    script.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}} "
-                      f"exec {sys.executable} -m shim.containerd \"$@\"\n")
-    script.chmod(0o755)
-    for name in ("vgpu-runtime", "vgpu-hook"):
+    for name in ("containerd-shim-vgpu-v2", "vgpu-runtime", "vgpu-hook"):
         (dest / name).symlink_to(NATIVE_BIN / name)
     return dest
 

@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -44,9 +43,8 @@ class Host:
         self.n = 0
 
     def hook(self, phase: str, timeout: int = 20) -> dict[str, object]:
-        """The compiled vgpu-hook (it asks vgpud's lifecycle socket; Python where it cannot)."""
-        env = [f"PYTHONPATH={ROOT}", f"VGPU_SOCKET={self.vgpud.socket}",
-               f"VGPU_CONFIG={self.vgpud.config_file}", f"VGPU_PYTHON={sys.executable}"]
+        """The compiled vgpu-hook (it asks vgpud's lifecycle socket)."""
+        env = [f"VGPU_SOCKET={self.vgpud.socket}", f"VGPU_CONFIG={self.vgpud.config_file}"]
         return {"path": str(HOOK), "args": ["vgpu-hook", phase], "env": env, "timeout": timeout}
 
     def bundle(self, script: str, annotations: dict[str, str] | None = None, *,

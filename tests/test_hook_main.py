@@ -1,24 +1,37 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vgpu-hook as a subprocess with the OCI state on stdin: phases, the quiet path, errors."""
+"""The compiled vgpu-hook as a subprocess with the OCI state on stdin, asking a real vgpud:
+phases, the quiet path without vgpud, errors as one line."""
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
-from conftest import ROOT, clean_env
+from conftest import NATIVE_BIN, clean_env
 from test_e2e_runc import Host, MiB, probe_lines
+from vgpud_harness import Vgpud
 
 from arbiter.proto import vgpu_pb2 as pb
 
 
-def hook(args, stdin: str, env: dict[str, str] | None = None, importtime: bool = False):
-    full = dict(clean_env(), PYTHONPATH=str(ROOT), **(env or {}))
-    x = ["-X", "importtime"] if importtime else []
-    return subprocess.run([sys.executable, *x, "-m", "oci_hook", *args], input=stdin,
+def hook(args, stdin: str, env: dict[str, str] | None = None):
+    full = dict(clean_env(), **(env or {}))
+    return subprocess.run([str(NATIVE_BIN / "vgpu-hook"), *args], input=stdin,
                           capture_output=True, text=True, env=full, timeout=60)
+
+
+@pytest.fixture
+def vgpud(tmp_path, simgpu_env):
+    (tmp_path / "vgpud").mkdir()
+    d = Vgpud(tmp_path / "vgpud", simgpu_env,
+              config={"hook": {"wait_s": 2, "allow_env_requests": False}}).start()
+    yield d
+    d.close()
+
+
+def at(d: Vgpud) -> dict[str, str]:
+    return {"VGPU_CONFIG": str(d.config_file), "VGPU_SOCKET": str(d.socket)}
 
 
 def bundle_with(tmp_path, annotations=None, env=()):
@@ -42,44 +55,44 @@ def test_usage(args):
 
 
 @pytest.mark.parametrize("phase", ["prestart", "createRuntime", "poststop"])
-def test_no_request_is_silent_and_imports_nothing_heavy(tmp_path, phase):
-    b = bundle_with(tmp_path, env=["PATH=/bin", "VGPU_MEMORY_LIMIT=1Gi"])
-    p = hook([phase], state(b, {"other": "x"}), importtime=True)
-    assert p.returncode == 0 and p.stdout == ""
-    imported = {line.split("|")[-1].strip() for line in p.stderr.splitlines()}
-    assert not imported & {"grpc", "jsonschema", "yaml", "arbiter.config", "arbiter.model"}
-    assert [x for x in p.stderr.splitlines() if not x.startswith("import time:")] == []
+def test_no_request_is_silent_and_needs_no_vgpud(tmp_path, phase):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("hook:\n  wait_s: 30\n")
+    b = bundle_with(tmp_path, env=["PATH=/bin", "NOT_VGPU_MEMORY=1Gi"])
+    start = time.monotonic()
+    p = hook([phase], state(b, {"other": "x"}),
+             env={"VGPU_CONFIG": str(cfg), "VGPU_SOCKET": str(tmp_path / "none.sock")})
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+    assert time.monotonic() - start < 5   # it did not wait for vgpud
 
 
 @pytest.mark.parametrize(("stdin", "reason"), [
-    ("not json", "not JSON"),
     ("[]", "not a JSON object"),
     ('{"pid": 1, "bundle": "/x"}', "no container id"),
     ('{"id": "c", "pid": 1, "bundle": "relative"}', "is not an absolute path"),
-], ids=["garbage", "array", "no-id", "relative-bundle"])
-def test_bad_state_is_one_line(stdin, reason):
-    p = hook(["prestart"], stdin)
+], ids=["array", "no-id", "relative-bundle"])
+def test_bad_state_is_vgpud_s_one_line(stdin, reason, vgpud):
+    p = hook(["prestart"], stdin, env=at(vgpud))
     assert p.returncode == 1
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("vgpu: failed to read")
     assert reason in p.stderr
 
 
-def test_bad_request_needs_no_vgpud(tmp_path):
+def test_bad_request_is_vgpud_s_one_line(tmp_path, vgpud):
     b = bundle_with(tmp_path, {"vgpu.io/memory": "lots"})
-    p = hook(["prestart"], state(b, {"vgpu.io/memory": "lots"}),
-             env={"VGPU_SOCKET": str(tmp_path / "none.sock")})
+    p = hook(["prestart"], state(b, {"vgpu.io/memory": "lots"}), env=at(vgpud))
     assert p.returncode == 1
     assert p.stderr == ("vgpu: vgpu.io/memory=lots: not a memory quantity: use an integer with "
                         "an optional suffix Ki, Mi, Gi, Ti, K, M, G or T (no suffix = MiB)\n")
 
 
-def test_env_request_refused_where_config_forbids(tmp_path):
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text("hook:\n  allow_env_requests: false\n")
+def test_env_request_ignored_where_vgpud_s_config_forbids(tmp_path, vgpud):
     b = bundle_with(tmp_path, env=["VGPU_MEMORY=1Gi"])
-    p = hook(["prestart"], state(b), env={"VGPU_CONFIG": str(cfg),
-                                          "VGPU_SOCKET": str(tmp_path / "none.sock")})
+    with subprocess.Popen(["sleep", "30"]) as sleeper:
+        p = hook(["prestart"], state(b, pid=sleeper.pid), env=at(vgpud))
+        sleeper.kill()
     assert (p.returncode, p.stderr) == (0, "")
+    assert vgpud.events("allocate") == []
 
 
 def test_vgpud_down_prestart_waits_bounded_then_fails_clearly(tmp_path):
@@ -108,7 +121,8 @@ def test_vgpud_down_poststop_says_so_and_succeeds(tmp_path, args, status):
     p = hook(args, state(b, {"vgpu.io/memory": "1Gi"}, pid=0, status=status),
              env={"VGPU_CONFIG": str(cfg), "VGPU_SOCKET": str(tmp_path / "none.sock")})
     assert p.returncode == 0 and p.stderr.count("\n") == 1
-    assert "the reconciler will release the slice of c1" in p.stderr
+    assert "failed to release the vGPU slice of c1" in p.stderr
+    assert p.stderr.endswith("the reconciler will release it\n")
 
 
 @pytest.fixture

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Mounting a slice against hostile images: every target stays inside the rootfs.
 
-Both implementations run every test: oci_hook.mounts' MountHelper (Python), and the
-compiled vgpu-hook (shim/native/vg_mount.c), which gets the same Plan from a lifecycle
-socket (a LifecycleServer that answers it, as vgpud does) and mounts it itself.
+The plan is oci_hook.mounts.plan_mounts' (the decision vgpud makes); the compiled
+vgpu-hook (shim/native/vg_mount.c) gets it from a lifecycle socket (a LifecycleServer
+that answers it, as vgpud does) and mounts it itself.
 The mounts are made for real, in the mount namespace of a process started with
 `unshare --mount` (what runc's init is during prestart); the assertions look at the
 host paths an escape would have written to, and at that namespace through /proc/<pid>/root.
@@ -19,17 +19,17 @@ from pathlib import Path
 
 import pytest
 from conftest import LIBVGPU, NATIVE_BIN
+from prereq import require
 
-from arbiter.lifecycle import LifecycleServer, Reply
 from arbiter.sched import slice_key_of
-from oci_hook.client import SliceView, VGpuView
 from oci_hook.errors import MountError
-from oci_hook.mounts import CONTAINER_LIBVGPU, CONTAINER_SCHED_DIR, MountHelper, plan_mounts
+from oci_hook.mounts import CONTAINER_LIBVGPU, CONTAINER_SCHED_DIR, plan_mounts
+from oci_hook.slices import SliceView, VGpuView
+from shim.lifecycle import LifecycleServer, Reply
 
 REQ_NAME = f"GPU-0.{slice_key_of('s1', 0):016x}.req"
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                                reason="needs root and unshare")
+require(os.geteuid() == 0 and shutil.which("unshare") is not None, "needs root and unshare")
 
 
 @pytest.fixture
@@ -95,8 +95,7 @@ class CompiledHook:
         self.plan = plan
         state = json.dumps({"id": "c1", "pid": pid, "bundle": str(Path(plan.rootfs).parent),
                             "status": "created"})
-        env = {"PATH": os.environ["PATH"], "VGPU_LIFECYCLE_SOCKET": str(self.socket),
-               "VGPU_PYTHON": "/nonexistent"}   # a fallback to Python would fail loudly
+        env = {"PATH": os.environ["PATH"], "VGPU_LIFECYCLE_SOCKET": str(self.socket)}
         p = subprocess.run([str(NATIVE_BIN / "vgpu-hook"), "prestart"], input=state, env=env,
                            capture_output=True, text=True, timeout=30)
         if p.returncode != 0:
@@ -111,26 +110,12 @@ class CompiledHook:
         self.server.close()
 
 
-@pytest.fixture(params=["python", "compiled"], autouse=True)
-def implementation(request, tmp_path):
-    """Run the test with MountHelper and with the compiled vgpu-hook."""
-    global _compiled
-    _compiled = CompiledHook(tmp_path) if request.param == "compiled" else None
-    yield request.param
-    if _compiled is not None:
-        _compiled.close()
-    _compiled = None
-
-
-_compiled: CompiledHook | None = None
-
-
-def apply(pid: int, plan) -> None:
-    if _compiled is not None:
-        _compiled.apply(pid, plan)
-        return
-    helper = MountHelper.start(pid)
-    helper.apply(plan, timeout=10)
+@pytest.fixture
+def hook(tmp_path):
+    """The compiled vgpu-hook and the socket that answers it the plan."""
+    h = CompiledHook(tmp_path)
+    yield h
+    h.close()
 
 
 def inside(pid: int, rootfs: Path, path: str) -> Path:
@@ -150,10 +135,10 @@ def mounts_of(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
 
 
-def test_plain_image_gets_every_mount(tree, ns):
+def test_plain_image_gets_every_mount(tree, ns, hook):
     rootfs, _, region = tree
     (rootfs / "etc/ld.so.preload").write_text("/lib/own.so\n")
-    apply(ns, plan_for(rootfs, region))
+    hook.apply(ns, plan_for(rootfs, region))
     assert inside(ns, rootfs, "/dev/vgpu0").read_bytes() == region.read_bytes()
     assert inside(ns, rootfs, CONTAINER_LIBVGPU).read_bytes() == LIBVGPU.read_bytes()
     assert inside(ns, rootfs, "/etc/ld.so.preload").read_text() == \
@@ -184,11 +169,11 @@ def test_plain_image_gets_every_mount(tree, ns):
     assert (sched / "GPU-0").read_bytes() == b"G" * 64
 
 
-def test_second_run_changes_nothing(tree, ns):
+def test_second_run_changes_nothing(tree, ns, hook):
     rootfs, _, region = tree
-    apply(ns, plan_for(rootfs, region))
+    hook.apply(ns, plan_for(rootfs, region))
     before = mounts_of(ns)
-    apply(ns, plan_for(rootfs, region))
+    hook.apply(ns, plan_for(rootfs, region))
     assert mounts_of(ns) == before
     assert inside(ns, rootfs, "/etc/ld.so.preload").read_text() == f"{CONTAINER_LIBVGPU}\n"
 
@@ -198,7 +183,7 @@ HOSTILE = ["etc-absolute-symlink", "etc-relative-escape", "dev-vgpu0-symlink",
 
 
 @pytest.mark.parametrize("case", HOSTILE)
-def test_hostile_image_never_writes_outside_the_rootfs(tree, ns, case):
+def test_hostile_image_never_writes_outside_the_rootfs(tree, ns, hook, case):
     rootfs, outside, region = tree
     escape = rootfs.parent.parent.parent  # where ../../.. from the rootfs's /etc would land
     before = sorted(os.listdir(escape))
@@ -217,7 +202,7 @@ def test_hostile_image_never_writes_outside_the_rootfs(tree, ns, case):
         (rootfs / "a").symlink_to(f"{outside}/b")
     elif case == "preload-fifo":
         os.mkfifo(rootfs / "etc/ld.so.preload")
-    apply(ns, plan_for(rootfs, region))
+    hook.apply(ns, plan_for(rootfs, region))
     assert os.listdir(outside) == []
     assert sorted(os.listdir(escape)) == before
     # The mounts are there, inside the rootfs, wherever the image's links led.
@@ -226,12 +211,12 @@ def test_hostile_image_never_writes_outside_the_rootfs(tree, ns, case):
     assert read_in(ns, rootfs, "/etc/ld.so.preload").startswith(CONTAINER_LIBVGPU.encode())
 
 
-def test_failure_undoes_the_mounts_made(tree, ns):
+def test_failure_undoes_the_mounts_made(tree, ns, hook):
     rootfs, _, region = tree
     (rootfs / "etc/ld.so.preload").mkdir()  # the last mount cannot be made
     before = mounts_of(ns)
     with pytest.raises(MountError) as info:
-        apply(ns, plan_for(rootfs, region))
+        hook.apply(ns, plan_for(rootfs, region))
     assert "/etc/ld.so.preload" in str(info.value) and "\n" not in str(info.value)
     assert mounts_of(ns) == before
 
@@ -245,16 +230,7 @@ def test_a_missing_scheduling_file_refuses_the_container(tree, name):
         plan_for(rootfs, region)
 
 
-def test_missing_source_fails_clearly(tree, ns):
+def test_missing_source_fails_clearly(tree, ns, hook):
     rootfs, _, region = tree
     with pytest.raises(MountError, match="/dev/nvidia-missing"):
-        apply(ns, plan_for(rootfs, region, nodes=("/dev/nvidia-missing",)))
-
-
-def test_abort_reaps_the_child(ns, implementation):
-    if implementation != "python":
-        pytest.skip("MountHelper only")
-    helper = MountHelper.start(ns)
-    helper.abort()
-    with pytest.raises(ChildProcessError):
-        os.waitpid(helper.pid, 0)
+        hook.apply(ns, plan_for(rootfs, region, nodes=("/dev/nvidia-missing",)))

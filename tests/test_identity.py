@@ -282,11 +282,10 @@ def test_process_slices_are_judged_by_pid_and_start_time(parts, sleeper):
 # --- the API, over a real socket ----------------------------------------------------------------
 
 def test_attach_allocate_and_release_over_grpc(tmp_path, simgpu_env, sleeper):
-    """What the Python hook sends (a vgpud without the lifecycle socket's help)."""
+    """Attach, Allocate and Release as gRPC clients send them: the holder is recorded and
+    another container with the same id is refused, on every call."""
     import grpc
     from vgpud_harness import Vgpud, pb
-
-    from oci_hook.client import Vgpud as HookClient
 
     v = Vgpud(tmp_path, simgpu_env).start()
     try:
@@ -294,27 +293,25 @@ def test_attach_allocate_and_release_over_grpc(tmp_path, simgpu_env, sleeper):
                                                   bundle="/b1"), timeout=10).slice
         assert (made.owner_pid, made.owner_bundle) == (0, "/b1")
         init, other = sleeper(), sleeper()
-        hook = HookClient(str(v.socket))
-        try:
-            view = hook.attach(made.id, "c1", init.pid, "/b1", timeout=10)
-            assert view.id == made.id
-            got = v.stub.Get(pb.GetRequest(id=made.id), timeout=10)
-            assert (got.owner_pid, got.owner_start) == (init.pid, proc_start_time(init.pid))
-            with pytest.raises(grpc.RpcError) as info:
-                v.stub.Allocate(pb.AllocateRequest(owner="c1", memory_bytes=MiB,
-                                                   owner_pid=other.pid, bundle="/b2"),
-                                timeout=10)
-            assert info.value.code() == grpc.StatusCode.ABORTED
-            assert info.value.details().startswith("container id 'c1' is in use")
-            # The second container's poststop: kept, and said why.
-            resp = v.stub.Release(pb.ReleaseRequest(owner="c1", bundle="/b2"), timeout=10)
-            assert (resp.released, resp.id) == (False, made.id)
-            assert "its container still runs" in resp.kept
-            assert not hook.release("c1", timeout=10, bundle="/b2")
-            # The holder's own rollback releases.
-            assert hook.release("c1", timeout=10, pid=init.pid, bundle="/b1")
-        finally:
-            hook.close()
+        view = v.stub.Attach(pb.AttachRequest(id=made.id, owner="c1", owner_pid=init.pid,
+                                              bundle="/b1"), timeout=10)
+        assert view.id == made.id
+        got = v.stub.Get(pb.GetRequest(id=made.id), timeout=10)
+        assert (got.owner_pid, got.owner_start) == (init.pid, proc_start_time(init.pid))
+        with pytest.raises(grpc.RpcError) as info:
+            v.stub.Allocate(pb.AllocateRequest(owner="c1", memory_bytes=MiB,
+                                               owner_pid=other.pid, bundle="/b2"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.ABORTED
+        assert info.value.details().startswith("container id 'c1' is in use")
+        # The second container's poststop: kept, and said why.
+        resp = v.stub.Release(pb.ReleaseRequest(owner="c1", bundle="/b2"), timeout=10)
+        assert (resp.released, resp.id) == (False, made.id)
+        assert "its container still runs" in resp.kept
+        assert not v.stub.Release(pb.ReleaseRequest(owner="c1", bundle="/b2"),
+                                  timeout=10).released
+        # The holder's own rollback releases.
+        assert v.stub.Release(pb.ReleaseRequest(owner="c1", owner_pid=init.pid, bundle="/b1"),
+                              timeout=10).released
         assert [e["kind"] for e in v.events() if e["kind"].endswith(".refused")] == [
             "allocate.refused", "release.refused", "release.refused"]
     finally:

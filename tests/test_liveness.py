@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -68,12 +67,12 @@ class Host:
         self.procs: list[subprocess.Popen[str]] = []
 
     def env(self) -> dict[str, str]:
-        return dict(clean_env(), PYTHONPATH=str(ROOT), VGPU_SOCKET=str(self.vgpud.socket),
-                    VGPU_CONFIG=str(self.vgpud.config_file), VGPU_PYTHON=sys.executable)
+        return dict(clean_env(), VGPU_SOCKET=str(self.vgpud.socket),
+                    VGPU_CONFIG=str(self.vgpud.config_file))
 
     def hook(self, phase: str) -> dict[str, object]:
         env = [f"{k}={v}" for k, v in self.env().items()
-               if k in ("PYTHONPATH", "VGPU_SOCKET", "VGPU_CONFIG", "VGPU_PYTHON")]
+               if k in ("VGPU_SOCKET", "VGPU_CONFIG")]
         return {"path": str(HOOK), "args": ["vgpu-hook", phase], "env": env, "timeout": 20}
 
     def bundle(self, cid: str, *, hooks: bool) -> Path:
