@@ -19,12 +19,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from prereq import require
 from test_hostile_compute import REFUSED, SCRIBBLE, Host
 from vgpud_harness import pb
 
 from arbiter.region import open_region, usage_path_of
 
-pytestmark = pytest.mark.skipif(not SCRIBBLE.exists(), reason="make builds build/tests/scribble")
+require(SCRIBBLE.exists(), "make builds build/tests/scribble")
 
 MiB = 1 << 20
 LIMIT = 256 * MiB
