@@ -5,8 +5,8 @@ A tiny C program, compiled against the real headers, prints each shared macro as
 compiler sees it; each is compared with its one Python definition. Every macro of
 shim/native/vg_defaults.h (the C side's one place for them) must have a Python twin
 below: a value added there without one fails here. The region and sched layouts and
-their constants are pinned field by field in tests/test_region_layout.py and
-tests/test_sched_layout.py.
+their constants (VG_SLOTS_MAX too) are pinned field by field in
+tests/test_region_layout.py and tests/test_sched_layout.py.
 """
 from __future__ import annotations
 
@@ -19,14 +19,13 @@ import pytest
 from conftest import ROOT
 
 from arbiter import defaults
-from arbiter import region as rg
 from arbiter.config import Config
 from arbiter.native import PROGRAMS
 from oci_hook.request import ANNOTATION_PREFIX, ENV_KEYS
 from shim import lifecycle
 
 DEFAULTS_H = ROOT / "shim" / "native" / "vg_defaults.h"
-INCLUDE_DIRS = (ROOT / "shim" / "native", ROOT / "libvgpu" / "include", ROOT / "libvgpu" / "common")
+INCLUDE_DIRS = (ROOT / "shim" / "native",)
 _DEFINE = re.compile(r"^#define[ \t]+(VG_[A-Z0-9_]+)[ \t]+\S", re.MULTILINE)
 
 
@@ -69,11 +68,8 @@ C_ONLY = {
 ELSEWHERE: dict[str, object] = {
     # A lifecycle frame's largest body: vg_msg.c and shim.lifecycle refuse the same.
     "VG_MSG_MAX": lifecycle.MAX_FRAME,
-    # The bound on a tenant-written slot high water: libvgpu (vg_slots.c) and vgpud
-    # (arbiter.region) must read the same slots of a usage file.
-    "VG_SLOTS_MAX": rg.REGION_SLOTS,
 }
-HEADERS = ("vg_defaults.h", "vg_msg.h", "vg_slots.h")
+HEADERS = ("vg_defaults.h", "vg_msg.h")
 
 
 def test_every_macro_of_vg_defaults_has_a_python_twin() -> None:

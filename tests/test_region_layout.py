@@ -13,20 +13,19 @@ from typing import Any
 
 import pytest
 from c_layout import assert_fields, assert_size_and_alignment, read_layout
-from conftest import TEST_BIN
 
 from arbiter import region as rg
 from arbiter.errors import RegionError, VgpuError
+from arbiter.proc import pid_alive, proc_start_time
 from arbiter.region import Policy, Priority, VgpuRegion, VgpuUsage, VgSlot
 
-REGION_LAYOUT = TEST_BIN / "region_layout"
 GI = 1 << 30
 
 
 @pytest.fixture(scope="module")
 def c_layout() -> dict[str, Any]:
     """The layout as the C compiler sees it."""
-    return read_layout(REGION_LAYOUT)
+    return read_layout(["vgpu_region.h", "vg_slots.h"], list(MIRRORS))
 
 
 MIRRORS = {"vgpu_region": VgpuRegion, "vgpu_usage": VgpuUsage, "vg_slot": VgSlot}
@@ -43,20 +42,23 @@ def test_mirror_fields(c_layout: dict[str, Any], struct_name: str) -> None:
 
 
 def test_constants(c_layout: dict[str, Any]) -> None:
-    c = c_layout["constants"]
-    assert c == {
-        "REGION_MAGIC": rg.REGION_MAGIC,
-        "USAGE_MAGIC": rg.USAGE_MAGIC,
-        "REGION_VERSION": rg.REGION_VERSION,
-        "REGION_SLOTS": rg.REGION_SLOTS,
-        "REGION_UUID_LEN": rg.REGION_UUID_LEN,
-        "FLAG_ARBITER": rg.FLAG_ARBITER,
-        "SLOT_REAPING": rg.SLOT_REAPING,
-        "PRIORITY_LOW": Priority.LOW,
-        "PRIORITY_NORMAL": Priority.NORMAL,
-        "PRIORITY_HIGH": Priority.HIGH,
-        "POLICY_FIXED": Policy.FIXED,
-        "POLICY_BURST": Policy.BURST,
+    """Every integer constant of the headers, with its Python twin."""
+    assert c_layout["constants"] == {
+        "VGPU_REGION_MAGIC": rg.REGION_MAGIC,
+        "VGPU_USAGE_MAGIC": rg.USAGE_MAGIC,
+        "VGPU_REGION_VERSION": rg.REGION_VERSION,
+        "VGPU_REGION_SLOTS": rg.REGION_SLOTS,
+        "VGPU_REGION_UUID_LEN": rg.REGION_UUID_LEN,
+        "VGPU_REGION_FLAG_ARBITER": rg.FLAG_ARBITER,
+        "VG_SLOT_REAPING": rg.SLOT_REAPING,
+        # The bound on a tenant-written slot high water: libvgpu (vg_slots.c) and vgpud
+        # (arbiter.region) must read the same slots of a usage file.
+        "VG_SLOTS_MAX": rg.REGION_SLOTS,
+        "VGPU_PRIORITY_LOW": Priority.LOW,
+        "VGPU_PRIORITY_NORMAL": Priority.NORMAL,
+        "VGPU_PRIORITY_HIGH": Priority.HIGH,
+        "VGPU_POLICY_FIXED": Policy.FIXED,
+        "VGPU_POLICY_BURST": Policy.BURST,
     }
     assert len(Priority) == 3 and len(Policy) == 2
 
@@ -250,7 +252,7 @@ def _dead_pid() -> int:
 def test_used_bytes_and_processes(tmp_path: Path) -> None:
     path = make(tmp_path / "vgpu0")
     me = os.getpid()
-    start = rg.proc_start_time(me)
+    start = proc_start_time(me)
     assert start > 0
     slots = [
         (me, start, 100),                   # live
@@ -337,14 +339,14 @@ def test_a_high_water_past_the_table_is_bounded(tmp_path: Path) -> None:
 def test_proc_start_time(tmp_path: Path, stat_text: str, expected: int) -> None:
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "stat").write_text(stat_text)
-    assert rg.proc_start_time(42, proc=tmp_path) == expected
+    assert proc_start_time(42, proc=tmp_path) == expected
 
 
 def test_pid_alive_trusts_kill_when_proc_is_hidden(tmp_path: Path) -> None:
     me = os.getpid()
-    assert rg.pid_alive(me, 12345, proc=tmp_path)  # hidepid: no /proc/<pid>/stat
-    assert not rg.pid_alive(me, rg.proc_start_time(me) + 1)
-    assert rg.pid_alive(me, rg.proc_start_time(me))
-    assert rg.pid_alive(me, 0)
-    assert not rg.pid_alive(0, 0)
-    assert not rg.pid_alive(_dead_pid(), 0)
+    assert pid_alive(me, 12345, proc=tmp_path)  # hidepid: no /proc/<pid>/stat
+    assert not pid_alive(me, proc_start_time(me) + 1)
+    assert pid_alive(me, proc_start_time(me))
+    assert pid_alive(me, 0)
+    assert not pid_alive(0, 0)
+    assert not pid_alive(_dead_pid(), 0)

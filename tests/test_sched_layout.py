@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from c_layout import assert_fields, assert_size_and_alignment, read_layout
-from conftest import TEST_BIN
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,7 +23,6 @@ from arbiter import sched as sc
 from arbiter.errors import RegionError, SchedError, VgpuError
 from arbiter.sched import VgpuSched, VgpuSchedEntry, VgpuSchedReq
 
-SCHED_LAYOUT = TEST_BIN / "sched_layout"
 UUID = "GPU-5d1f0c2e-0000-4000-8000-000000000001"
 SIZE = ctypes.sizeof(VgpuSched)
 
@@ -32,7 +30,7 @@ SIZE = ctypes.sizeof(VgpuSched)
 @pytest.fixture(scope="module")
 def c_layout() -> dict[str, Any]:
     """The layout as the C compiler sees it."""
-    return read_layout(SCHED_LAYOUT)
+    return read_layout(["vgpu_sched.h"], list(MIRRORS))
 
 
 MIRRORS = {"vgpu_sched": VgpuSched, "vgpu_sched_entry": VgpuSchedEntry,
@@ -50,12 +48,13 @@ def test_mirror_fields(c_layout: dict[str, Any], struct_name: str) -> None:
 
 
 def test_constants(c_layout: dict[str, Any]) -> None:
+    """Every integer constant of the header, with its Python twin."""
     assert c_layout["constants"] == {
-        "SCHED_MAGIC": sc.SCHED_MAGIC,
-        "SCHED_REQ_MAGIC": sc.SCHED_REQ_MAGIC,
-        "SCHED_VERSION": sc.SCHED_VERSION,
-        "SCHED_ENTRIES": sc.SCHED_ENTRIES,
-        "SCHED_UUID_LEN": sc.SCHED_UUID_LEN,
+        "VGPU_SCHED_MAGIC": sc.SCHED_MAGIC,
+        "VGPU_SCHED_REQ_MAGIC": sc.SCHED_REQ_MAGIC,
+        "VGPU_SCHED_VERSION": sc.SCHED_VERSION,
+        "VGPU_SCHED_ENTRIES": sc.SCHED_ENTRIES,
+        "VGPU_SCHED_UUID_LEN": sc.SCHED_UUID_LEN,
     }
     assert sc.SCHED_MAGIC.to_bytes(4, "little") == b"SHED"
     assert sc.SCHED_REQ_MAGIC.to_bytes(4, "little") == b"SREQ"
