@@ -19,13 +19,16 @@ import pytest
 from conftest import ROOT
 
 from arbiter import defaults
+from arbiter import region as rg
 from arbiter.config import Config
 from arbiter.native import PROGRAMS
+from arbiter.regions import region_name
+from oci_hook.mounts import CONTAINER_SCHED_DIR
 from oci_hook.request import ANNOTATION_PREFIX, ENV_KEYS
 from shim import lifecycle
 
 DEFAULTS_H = ROOT / "shim" / "native" / "vg_defaults.h"
-INCLUDE_DIRS = (ROOT / "shim" / "native",)
+INCLUDE_DIRS = (ROOT / "shim" / "native", ROOT / "libvgpu" / "include")
 _DEFINE = re.compile(r"^#define[ \t]+(VG_[A-Z0-9_]+)[ \t]+\S", re.MULTILINE)
 
 
@@ -68,8 +71,13 @@ C_ONLY = {
 ELSEWHERE: dict[str, object] = {
     # A lifecycle frame's largest body: vg_msg.c and shim.lifecycle refuse the same.
     "VG_MSG_MAX": lifecycle.MAX_FRAME,
+    # libvgpu finds a slice's files and the scheduling files where vgpud and the hook
+    # put them (the headers' integer constants are pinned by the layout tests).
+    "VGPU_REGION_FILE_PREFIX": region_name(0).removesuffix("0"),
+    "VGPU_USAGE_SUFFIX": rg.USAGE_SUFFIX,
+    "VGPU_SCHED_CONTAINER_DIR": CONTAINER_SCHED_DIR,
 }
-HEADERS = ("vg_defaults.h", "vg_msg.h")
+HEADERS = ("vg_defaults.h", "vg_msg.h", "vgpu_region.h", "vgpu_sched.h")
 
 
 def test_every_macro_of_vg_defaults_has_a_python_twin() -> None:

@@ -31,6 +31,12 @@
 enum vgpu_priority { VGPU_PRIORITY_LOW = 0, VGPU_PRIORITY_NORMAL = 1, VGPU_PRIORITY_HIGH = 2 };
 enum vgpu_policy { VGPU_POLICY_FIXED = 0, VGPU_POLICY_BURST = 1 };
 
+/* A slice's files, vgpu<i> and vgpu<i>.usage, in its region dir (the hook mounts them
+ * as /dev/vgpu<i>): arbiter.regions.region_name and arbiter.region.USAGE_SUFFIX are the
+ * Python twins (tests/test_constants.py). */
+#define VGPU_REGION_FILE_PREFIX "vgpu"
+#define VGPU_USAGE_SUFFIX ".usage"
+
 /* flags */
 #define VGPU_REGION_FLAG_ARBITER 0x1u /* made by vgpud: env vars never override it */
 

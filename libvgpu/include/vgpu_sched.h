@@ -50,6 +50,9 @@
 #define VGPU_SCHED_VERSION 2u
 #define VGPU_SCHED_ENTRIES 128u
 #define VGPU_SCHED_UUID_LEN 96u
+/* Where the hook mounts the GPUs' scheduling files in a container
+ * (oci_hook.mounts.CONTAINER_SCHED_DIR). */
+#define VGPU_SCHED_CONTAINER_DIR "/run/vgpu/sched"
 
 /* The broker's accounting of one slice on this GPU (128 bytes); read-only. */
 struct vgpu_sched_entry {

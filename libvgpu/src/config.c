@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../common/vg_quantity.h"
+#include "../include/vgpu_sched.h"
 #include "vgpu_internal.h"
 
 extern char **environ;
@@ -153,7 +154,7 @@ static void arbiter_sched_dir(struct vg_config *cfg, const char *dev_dir)
 {
     cfg->sched_from_arbiter = 1;
     if (strcmp(dev_dir, "/dev") == 0) {
-        snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "/run/vgpu/sched");
+        snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%s", VGPU_SCHED_CONTAINER_DIR);
         return;
     }
     const char *dir = getenv("VGPU_SCHED_DIR");
@@ -178,7 +179,7 @@ static int arbiter_made(const char *dir)
     struct {
         uint32_t magic, version, size, flags;
     } head;
-    snprintf(path, sizeof(path), "%s/vgpu0", dir);
+    snprintf(path, sizeof(path), "%s/" VGPU_REGION_FILE_PREFIX "0", dir);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return 0;
@@ -192,7 +193,7 @@ static unsigned count_slice_files(const char *dir)
     unsigned n = 0;
     char path[300];
     for (; n < VG_MAX_DEVICES; n++) {
-        snprintf(path, sizeof(path), "%s/vgpu%u", dir, n);
+        snprintf(path, sizeof(path), "%s/" VGPU_REGION_FILE_PREFIX "%u", dir, n);
         if (access(path, F_OK) != 0)
             break;
     }

@@ -258,8 +258,8 @@ static int init_regions(void)
         struct vgpu_region *r = NULL;
         struct vgpu_usage *u = NULL;
         char upath[320];
-        snprintf(path, sizeof(path), "%s/vgpu%d", vg_cfg.region_dir, i);
-        snprintf(upath, sizeof(upath), "%s.usage", path);
+        snprintf(path, sizeof(path), "%s/" VGPU_REGION_FILE_PREFIX "%d", vg_cfg.region_dir, i);
+        snprintf(upath, sizeof(upath), "%s" VGPU_USAGE_SUFFIX, path);
         struct region_fill args = {i, limit ? limit : total, uuid};
         switch (vg_cfg.mode) {
         case VG_MODE_SLICE:
