@@ -84,7 +84,8 @@ def test_wheel_ships_the_native_parts_the_configs_and_types(wheel: Path) -> None
     for name in ("arbiter/py.typed", "oci_hook/py.typed", "shim/py.typed",
                  "arbiter/native/__init__.py", "arbiter/proto/vgpu_pb2.py"):
         assert name in names
-    assert not any(n.startswith(("tests/", "libvgpu/", "configs/")) for n in names)
+    assert not any(n.startswith(("tests/", "libvgpu/", "configs/", "shim/native/"))
+                   for n in names)
     scripts = {line.split(" = ")[0] for line in entry_points.splitlines() if " = " in line}
     assert {"vgpu", "vgpud"} <= scripts
     assert not scripts & {"vgpu-runtime", "vgpu-hook", "containerd-shim-vgpu-v2"}  # compiled
