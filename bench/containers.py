@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 from vgpud_proc import simgpu_env, start_vgpud  # noqa: E402
 
-TARGET_ADDED_MS = 150.0
+TARGET_ADDED_MS = 25.0   # issue 11: start overhead <= +25 ms median over plain runc
 TARGET_CONCURRENT_RATIO = 3.0
 
 

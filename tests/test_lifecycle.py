@@ -153,6 +153,22 @@ def test_socket_is_beside_the_grpc_socket_root_only(vgpud):
     assert health.paths["lifecycle_socket"] == str(lifecycle_socket(vgpud.socket))
 
 
+def test_the_domain_daemon_alone_serves_no_lifecycle_socket(tmp_path, simgpu_env):
+    """arbiter.daemon knows nothing of containers: vgpud (vgpud.main) attaches the socket."""
+    (tmp_path / "d").mkdir()
+    d = Vgpud(tmp_path / "d", simgpu_env)
+    plain = d.command()
+    assert plain[1:3] == ["-m", "vgpud"]
+    d.command = lambda: [plain[0], "-m", "arbiter.daemon", *plain[3:]]  # type: ignore[method-assign]
+    d.start()
+    try:
+        health = d.stub.Health(pb.HealthRequest(), timeout=5)
+        assert "lifecycle_socket" not in health.paths
+        assert not lifecycle_socket(d.socket).exists()
+    finally:
+        d.close()
+
+
 def test_runtime_create_modifies_the_spec_with_hooks_naming_the_compiled_hook(vgpud, tmp_path):
     b = bundle_with(tmp_path, {"vgpu.io/memory": "64Mi"})
     reply = ask_fields(vgpud, "runtime-create", bundle=str(b), id="c1").items
