@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import NATIVE_BIN, clean_env
 
-__all__ = ["FakeVgpud", "Recorder", "program", "run_program"]
+__all__ = ["FakeVgpud", "Recorder", "Tree", "program", "run_program"]
 
 Fields = list[tuple[str, str]]
 
@@ -83,7 +83,8 @@ def encode(fields: Fields) -> bytes:
 class FakeVgpud:
     """A lifecycle socket at `path` answering each request with `answer(request)`
     (a list of fields, sent as they are: the test chooses the version); every request
-    is recorded, as a list of (key, value), in `requests`."""
+    is recorded, as a list of (key, value), in `requests`. As a context manager it
+    listens inside the block."""
 
     def __init__(self, path: Path, answer: Callable[[Fields], Fields]) -> None:
         self.path = path
@@ -129,6 +130,14 @@ class FakeVgpud:
                 with contextlib.suppress(OSError):   # a client that gave up
                     conn.sendall(encode(self.answer(request)))
 
+    def __enter__(self) -> FakeVgpud:
+        if not self._thread.is_alive():
+            self.listen()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def ops(self) -> list[str]:
         return [dict(r).get("op", "") for r in self.requests]
 
@@ -139,3 +148,26 @@ class FakeVgpud:
         self._sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+class Tree:
+    """A program's temporary tree: a config file (hook.wait_s = `wait_s`) and vgpud's
+    socket path, where nothing listens unless a FakeVgpud from vgpud() does."""
+
+    def __init__(self, tmp: Path, wait_s: float) -> None:
+        self.tmp = tmp
+        self.config = tmp / "config.yaml"
+        self.write_config(f"hook:\n  wait_s: {wait_s}\n")
+        self.socket = tmp / "vgpud.sock"
+        self.lifecycle = Path(f"{self.socket}.lifecycle")
+        self.path = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+    def write_config(self, text: str) -> None:
+        self.config.write_text(text)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {"PATH": self.path, "VGPU_CONFIG": str(self.config),
+                "VGPU_SOCKET": str(self.socket), **extra}
+
+    def vgpud(self, answer: Callable[[Fields], Fields]) -> FakeVgpud:
+        return FakeVgpud(self.lifecycle, answer)

@@ -16,22 +16,18 @@ import time
 from pathlib import Path
 
 import pytest
-from native_programs import FakeVgpud, program, run_program
+from native_programs import Tree, program, run_program
 
 HOOK = program("vgpu-hook")
 WAIT_S = 0.5
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
 
 
-class Host:
-    """A config, a bundle, the state runc would pass, vgpud's (absent) socket."""
+class Host(Tree):
+    """The tree, with a bundle and the state runc would pass."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.config = tmp / "config.yaml"
-        self.config.write_text(f"hook:\n  wait_s: {WAIT_S}\n")
-        self.socket = tmp / "vgpud.sock"
-        self.lifecycle = Path(f"{self.socket}.lifecycle")
+        super().__init__(tmp, WAIT_S)
         self.bundle = tmp / "bundle"
         self.bundle.mkdir()
         self.spec({"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"]}})
@@ -53,12 +49,7 @@ class Host:
         return json.dumps(s)
 
     def run(self, phase: str, state: str, **env: str) -> subprocess.CompletedProcess[str]:
-        full = {"PATH": "/usr/bin:/bin", "VGPU_CONFIG": str(self.config),
-                "VGPU_SOCKET": str(self.socket), **env}
-        return run_program([HOOK, phase], full, input=state)
-
-    def vgpud(self, answer) -> FakeVgpud:
-        return FakeVgpud(self.lifecycle, answer)
+        return run_program([HOOK, phase], self.env(**env), input=state)
 
 
 @pytest.fixture
@@ -81,12 +72,9 @@ def test_usage(host, args):
 
 @pytest.mark.parametrize("phase", ["prestart", "createRuntime", "poststop"])
 def test_a_container_that_asks_for_nothing_exits_at_once_without_vgpud(host, phase):
-    vgpud = host.vgpud(ok).listen()
-    try:
+    with host.vgpud(ok) as vgpud:
         start = time.monotonic()
         p = host.run(phase, host.state(annotations={"org.example/x": "vgpu.io/memory"}))
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
     assert vgpud.requests == [] and time.monotonic() - start < WAIT_S
 
@@ -106,11 +94,8 @@ ASKS = {
 def test_a_container_that_may_ask_is_sent_to_vgpud(host, phase, spec, annotations):
     host.spec(spec)
     state = host.state(annotations=annotations)
-    vgpud = host.vgpud(ok).listen()
-    try:
+    with host.vgpud(ok) as vgpud:
         p = host.run(phase, state)
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (0, "")
     assert vgpud.requests == [[("v", "2"), ("op", "prestart"), ("phase", phase),
                                ("state", state)]]
@@ -120,11 +105,8 @@ def test_a_container_that_may_ask_is_sent_to_vgpud(host, phase, spec, annotation
 def test_poststop_and_a_stopped_state_release_through_vgpud(host, phase):
     host.spec({"annotations": {"vgpu.io/memory": "64Mi", "vgpu.io/slice": "s1"}})
     state = host.state(status="stopped", pid=0)
-    vgpud = host.vgpud(ok).listen()
-    try:
+    with host.vgpud(ok) as vgpud:
         p = host.run(phase, state)
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (0, "")
     assert vgpud.requests == [[("v", "2"), ("op", "poststop"), ("state", state)]]
 
@@ -153,11 +135,9 @@ def test_poststop_without_vgpud_leaves_the_slice_to_the_reconciler(host, phase, 
 @pytest.mark.parametrize("phase", ["prestart", "poststop"])
 def test_a_vgpud_of_another_version_is_named_with_ours(host, phase):
     host.spec(ASKS["spec-annotation"][0])
-    vgpud = host.vgpud(lambda r: [("v", "1"), ("status", "ok")]).listen()
-    try:
+    with host.vgpud(lambda r: [("v", "1"), ("status", "ok")]) as vgpud:
         p = host.run(phase, host.state())
-    finally:
-        vgpud.close()
+    assert len(vgpud.requests) == 1
     assert (p.returncode, p.stderr) == (
         1, f"vgpu: vgpu-hook speaks lifecycle protocol v2; vgpud at {host.lifecycle} speaks v1\n")
 
@@ -165,13 +145,10 @@ def test_a_vgpud_of_another_version_is_named_with_ours(host, phase):
 def test_a_refusal_is_the_one_line(host):
     host.spec(ASKS["spec-annotation"][0])
     message = "vgpu: failed to allocate a vGPU: no GPU has 64 MiB free"
-    vgpud = host.vgpud(lambda r: [("v", "2"), ("status", "error"), ("message", message)])
-    vgpud.listen()
-    try:
+    with host.vgpud(lambda r: [("v", "2"), ("status", "error"), ("message", message)]) as vgpud:
         p = host.run("prestart", host.state())
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (1, message + "\n")
+    assert vgpud.ops() == ["prestart"]
 
 
 def test_an_unreadable_state_is_one_line(host):
@@ -215,11 +192,8 @@ def test_the_plan_is_mounted_inside_the_container_only(host, container):
     source = host.tmp / "region"
     source.write_text("slice s1\n")
     host.spec(ASKS["spec-annotation"][0])
-    vgpud = host.vgpud(mount_answer(pid, rootfs, str(source), "/etc/vgpu-region")).listen()
-    try:
+    with host.vgpud(mount_answer(pid, rootfs, str(source), "/etc/vgpu-region")) as vgpud:
         p = host.run("prestart", host.state(pid=pid))
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (0, "")
     assert vgpud.ops() == ["prestart"]
     inside = Path(f"/proc/{pid}/root{rootfs}/etc/vgpu-region")
@@ -235,11 +209,8 @@ def test_a_failed_mount_gives_the_slice_back_with_the_state(host, container):
     host.spec(ASKS["spec-annotation"][0])
     state = host.state(pid=pid)
     answer = mount_answer(pid, rootfs, str(host.tmp / "no-such-region"), "/etc/vgpu-region")
-    vgpud = host.vgpud(answer).listen()
-    try:
+    with host.vgpud(answer) as vgpud:
         p = host.run("prestart", state)
-    finally:
-        vgpud.close()
     assert p.returncode == 1 and p.stderr.count("\n") == 1
     assert p.stderr.startswith("vgpu: failed to set up the vGPU mounts: ")
     assert str(host.tmp / "no-such-region") in p.stderr

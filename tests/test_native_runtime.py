@@ -18,30 +18,19 @@ from pathlib import Path
 
 import pytest
 from conftest import NATIVE_BIN
-from native_programs import FakeVgpud, Recorder, program, run_program
+from native_programs import Recorder, Tree, program, run_program
 
 RUNTIME = program("vgpu-runtime")
 WAIT_S = 0.5
 
 
-class Host:
-    """A temporary tree: a config, a fake `runc` on PATH, bundles, vgpud's socket path."""
+class Host(Tree):
+    """The tree, with a fake `runc` first on PATH and bundles."""
 
     def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.config = tmp / "config.yaml"
-        self.write_config(f"hook:\n  wait_s: {WAIT_S}\n")
+        super().__init__(tmp, WAIT_S)
         self.lower = Recorder(tmp / "lower" / "runc", env_names=("VGPU_RUNTIME_EXEC_PID",))
-        self.socket = tmp / "vgpud.sock"
-        self.lifecycle = Path(f"{self.socket}.lifecycle")
-        self.path = f"{self.lower.path.parent}:/usr/sbin:/usr/bin:/sbin:/bin"
-
-    def write_config(self, text: str) -> None:
-        self.config.write_text(text)
-
-    def env(self, **extra: str) -> dict[str, str]:
-        return {"PATH": self.path, "VGPU_CONFIG": str(self.config),
-                "VGPU_SOCKET": str(self.socket), **extra}
+        self.path = f"{self.lower.path.parent}:{self.path}"
 
     def bundle(self, spec: object, name: str = "b") -> Path:
         """A bundle whose config.json is `spec` (JSON-encoded unless it is text)."""
@@ -53,9 +42,6 @@ class Host:
     def run(self, *args: str | Path, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         return run_program([RUNTIME, *args], env or self.env(), cwd=cwd)
-
-    def vgpud(self, answer) -> FakeVgpud:
-        return FakeVgpud(self.lifecycle, answer)
 
 
 @pytest.fixture
@@ -88,12 +74,9 @@ NOTHING = {
 
 @pytest.mark.parametrize("spec", NOTHING.values(), ids=NOTHING.keys())
 def test_a_spec_that_asks_for_nothing_never_contacts_vgpud(host, spec):
-    vgpud = host.vgpud(ok).listen()
-    try:
+    with host.vgpud(ok) as vgpud:
         b = host.bundle(spec)
         p = host.run("create", "--bundle", b, "c1")
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (0, "")
     assert host.lower.argv() == ["create", "--bundle", str(b), "c1"]
     assert vgpud.requests == []
@@ -153,12 +136,9 @@ MAY_ASK = {
 
 @pytest.mark.parametrize("spec", MAY_ASK.values(), ids=MAY_ASK.keys())
 def test_a_spec_that_may_ask_is_sent_to_vgpud(host, spec):
-    vgpud = host.vgpud(ok).listen()
-    try:
+    with host.vgpud(ok) as vgpud:
         b = host.bundle(spec)
         p = host.run("create", "--bundle", b, "c1")
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (0, "")
     assert vgpud.requests == [[("v", "2"), ("op", "runtime-create"), ("bundle", str(b)),
                                ("id", "c1")]]
@@ -194,13 +174,9 @@ def test_the_line_also_goes_to_runc_log(host, log_format):
 
 def test_a_refusal_is_reported_and_the_lower_runtime_never_runs(host):
     message = "vgpu: failed to allocate a vGPU: vgpu.io/memory: '64Xi' is not a memory quantity"
-    vgpud = host.vgpud(lambda r: [("v", "2"), ("status", "error"), ("message", message)])
-    vgpud.listen()
-    try:
+    with host.vgpud(lambda r: [("v", "2"), ("status", "error"), ("message", message)]) as vgpud:
         b = host.bundle({"annotations": {"vgpu.io/memory": "64Xi"}})
         p = host.run("--log", host.tmp / "log", "create", "--bundle", b, "c1")
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (1, message + "\n")
     assert not host.lower.ran and vgpud.ops() == ["runtime-create"]
     assert message.replace("'", "'") in (host.tmp / "log").read_text()
@@ -208,12 +184,9 @@ def test_a_refusal_is_reported_and_the_lower_runtime_never_runs(host):
 
 @pytest.mark.parametrize("theirs", [[("v", "1")], []], ids=["v1", "no-version"])
 def test_a_vgpud_of_another_version_is_named_with_ours(host, theirs):
-    vgpud = host.vgpud(lambda r: [*theirs, ("status", "exec"), ("lower", "/bin/true")])
-    vgpud.listen()
-    try:
+    with host.vgpud(lambda r: [*theirs, ("status", "ok")]) as vgpud:
         p = host.run("create", "--bundle", host.bundle(MAY_ASK["annotation"]), "c1")
-    finally:
-        vgpud.close()
+    assert vgpud.ops() == ["runtime-create"]
     spoken = "v1" if theirs else "no version"
     assert (p.returncode, p.stderr) == (
         1, f"vgpu: vgpu-runtime speaks lifecycle protocol v2; vgpud at {host.lifecycle} "
@@ -229,11 +202,8 @@ def test_a_vgpud_of_another_version_is_named_with_ours(host, theirs):
 def test_the_bundle_vgpud_gets_is_absolute(host, argv):
     b = host.bundle(MAY_ASK["annotation"], name="rel")
     argv = [a.replace("{b}", str(b)) for a in argv]
-    vgpud = host.vgpud(ok).listen()
-    try:
+    with host.vgpud(ok) as vgpud:
         p = host.run(*argv, cwd=host.tmp if "rel" in argv else b)
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (0, "")
     assert dict(vgpud.requests[0])["bundle"] == str(b)
     assert dict(vgpud.requests[0])["id"] == "c1"
@@ -245,12 +215,9 @@ def test_a_failed_exec_gives_the_slice_back(host):
     broken.write_text("#!/nonexistent/interpreter\n")
     broken.chmod(0o755)
     host.write_config(f"hook:\n  wait_s: {WAIT_S}\nruntime:\n  lower: {broken}\n")
-    vgpud = host.vgpud(ok).listen()
-    try:
+    with host.vgpud(ok) as vgpud:
         b = host.bundle(MAY_ASK["annotation"])
         p = host.run("create", "--bundle", b, "c1")
-    finally:
-        vgpud.close()
     assert p.returncode == 1
     assert p.stderr == (f"vgpu: failed to run the lower runtime: cannot exec {broken}: "
                         "No such file or directory\n")

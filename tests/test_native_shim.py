@@ -92,14 +92,11 @@ def test_the_runc_shims_runc_is_vgpu_runtime_and_reaches_the_real_runc(tmp_path)
                          then=f'exec runc --root /r create --bundle {bundle} c1')
     config = tmp_path / "config.yaml"
     config.write_text(f"paths:\n  socket: {tmp_path}/vgpud.sock\nhook:\n  wait_s: 5\n")
-    vgpud = FakeVgpud(tmp_path / "vgpud.sock.lifecycle",
-                      lambda r: [("v", "2"), ("status", "ok")]).listen()
-    try:
+    with FakeVgpud(tmp_path / "vgpud.sock.lifecycle",
+                   lambda r: [("v", "2"), ("status", "ok")]) as vgpud:
         p = run_program([SHIM, *ARGV], {
             "PATH": f"{runc_shim.path.parent}:{real.path.parent}:/usr/bin:/bin",
             "VGPU_CONFIG": str(config)})
-    finally:
-        vgpud.close()
     assert (p.returncode, p.stderr) == (0, "")
     assert runc_shim.argv() == ARGV
     assert vgpud.requests == [[("v", "2"), ("op", "runtime-create"), ("bundle", str(bundle)),

@@ -22,15 +22,12 @@ void vg_strlcpy(char *dst, const char *src, size_t n)
     dst[len] = '\0';
 }
 
-char *vg_read_file(const char *path, size_t max, size_t *len)
+char *vg_read_fd(int fd, size_t max, size_t *len)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return NULL;
     size_t cap = 8192, used = 0;
     char *buf = malloc(cap + 1);
     if (buf == NULL)
-        goto fail;
+        return NULL;
     for (;;) {
         if (used == cap) {
             if (cap >= max) {
@@ -53,7 +50,6 @@ char *vg_read_file(const char *path, size_t max, size_t *len)
             break;
         used += (size_t)got;
     }
-    close(fd);
     buf[used] = '\0';
     if (len != NULL)
         *len = used;
@@ -61,9 +57,35 @@ char *vg_read_file(const char *path, size_t max, size_t *len)
 fail:;
     int saved = errno;
     free(buf);
-    close(fd);
     errno = saved;
     return NULL;
+}
+
+char *vg_read_file(const char *path, size_t max, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    char *text = vg_read_fd(fd, max, len);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    return text;
+}
+
+void vg_line(char *out, size_t n, const char *message)
+{
+    snprintf(out, n, "%s%s", strncmp(message, "vgpu: ", 6) == 0 ? "" : "vgpu: ", message);
+    for (char *p = out; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+}
+
+void vg_say(const char *message)
+{
+    char line[VG_ERR_MAX];
+    vg_line(line, sizeof(line), message);
+    fprintf(stderr, "%s\n", line);
 }
 
 int vg_self_dir(char *out, size_t n)

@@ -17,9 +17,19 @@
 #define VG_WHY_MAX 6144       /* its cause, put into a line */
 #define VG_CONFIG_MAX (1u << 20)
 
-/* The whole file (NUL-terminated, *len without the NUL) or NULL with errno set;
- * files over `max` bytes fail with EFBIG. free() the result. */
+/* All of `fd` until EOF (NUL-terminated, *len without the NUL) or NULL with errno set;
+ * over `max` bytes fails with EFBIG. free() the result. */
+char *vg_read_fd(int fd, size_t max, size_t *len);
+
+/* The same for the file at `path`. */
 char *vg_read_file(const char *path, size_t max, size_t *len);
+
+/* `message` as one line in `out`: "vgpu: " in front unless it is there, line breaks
+ * made spaces (the engine shows one line). */
+void vg_line(char *out, size_t n, const char *message);
+
+/* vg_line's line on stderr. */
+void vg_say(const char *message);
 
 /* Copy with truncation; always NUL-terminates. */
 void vg_strlcpy(char *dst, const char *src, size_t n);

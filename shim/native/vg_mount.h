@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Apply a mount plan (oci_hook/mounts.py's Plan, as vgpud answers it) inside a
- * container's rootfs, with the same guarantees as the Python implementation: every
+ * container's rootfs (the only mount implementation; vgpud only plans). Every
  * target is resolved with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), so a
  * symlink planted by the image resolves as if the rootfs were / and never leads
  * out of it; missing directories and files are made with mkdirat/openat(O_EXCL |

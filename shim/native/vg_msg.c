@@ -252,3 +252,15 @@ io_fail:;
         snprintf(err, errsz, "vgpud at %s: %s", path, strerror(e));
     return VG_CALL_FAILED;
 }
+
+void vg_reply_line(const struct vg_msg *reply, const char *sock, const char *op,
+                   const char *doing, char *out, size_t n)
+{
+    const char *status = vg_msg_get(reply, "status"), *message = vg_msg_get(reply, "message");
+    int error = status && strcmp(status, "error") == 0;
+    if (error && message && *message)
+        snprintf(out, n, "%s", message);
+    else
+        snprintf(out, n, "failed to %s: vgpud at %s answered %s with status '%.32s'%s", doing,
+                 sock, op, status ? status : "", error ? " and no message" : "");
+}

@@ -45,4 +45,9 @@ int vg_msg_next(const struct vg_msg *m, size_t *pos, const char **key, size_t *k
 int vg_call(const char *path, const char *client, const struct vg_msg *req,
             struct vg_msg *reply, int timeout_ms, char *err, size_t errsz);
 
+/* The line for a reply that is not what the caller can go on with: vgpud's message
+ * for status=error, else the status named (`op` was asked, to `doing`). */
+void vg_reply_line(const struct vg_msg *reply, const char *sock, const char *op,
+                   const char *doing, char *out, size_t n);
+
 #endif

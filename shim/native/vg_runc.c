@@ -119,12 +119,8 @@ static void json_escape(FILE *f, const char *s)
 
 void vg_runc_report(const struct vg_runc_args *a, const char *message)
 {
-    char line[8192];
-    const char *prefix = strncmp(message, "vgpu: ", 6) == 0 ? "" : "vgpu: ";
-    snprintf(line, sizeof(line), "%s%s", prefix, message);
-    for (char *p = line; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
+    char line[VG_ERR_MAX];
+    vg_line(line, sizeof(line), message);
     fprintf(stderr, "%s\n", line);
     if (a->log == NULL || *a->log == '\0')
         return;

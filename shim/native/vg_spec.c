@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 #include "vg_spec.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Deeper nesting is called malformed (no spec nests near this); bounds the recursion. */
 #define MAX_DEPTH 256
+#define SPEC_MAX (64u << 20)
 #define KEY_MAX 64      /* the decoded bytes of a key kept: enough for every name we test */
 
 /* What a value is, as far as the request test cares. */
@@ -292,4 +295,18 @@ void vg_spec_scan(const char *text, size_t len, struct vg_spec *out)
     out->malformed = 1;
     out->asks = memmem(text, len, "vgpu.io", 7) != NULL || memmem(text, len, "VGPU_", 5) != NULL ||
                 memmem(text, len, "\\u", 2) != NULL;
+}
+
+int vg_spec_scan_bundle(const char *bundle, struct vg_spec *out)
+{
+    char path[VG_PATH_MAX + 16];
+    size_t len;
+    if (snprintf(path, sizeof(path), "%s/config.json", bundle) >= (int)sizeof(path))
+        return -1;
+    char *spec = vg_read_file(path, SPEC_MAX, &len);
+    if (spec == NULL)
+        return -1;
+    vg_spec_scan(spec, len, out);
+    free(spec);
+    return 0;
 }

@@ -24,4 +24,7 @@ struct vg_spec {
 /* Walk `len` bytes of JSON at `text` into `out`; never fails (see `malformed`). */
 void vg_spec_scan(const char *text, size_t len, struct vg_spec *out);
 
+/* The same for `<bundle>/config.json`; -1 if it cannot be read. */
+int vg_spec_scan_bundle(const char *bundle, struct vg_spec *out);
+
 #endif

@@ -26,39 +26,7 @@
 #define CLIENT "vgpu-hook"
 #define USAGE "usage: vgpu-hook prestart|createRuntime|poststop  (the OCI state on stdin)"
 #define STATE_MAX (1u << 20)
-#define SPEC_MAX (64u << 20)
 #define RELEASE_TIMEOUT_MS 2000   /* vgpud just answered; this only bounds a hang */
-
-/* The whole of stdin (up to STATE_MAX), or NULL. */
-static char *read_stdin(size_t *len)
-{
-    size_t cap = 4096;
-    char *buf = malloc(cap);
-    *len = 0;
-    while (buf) {
-        if (*len == cap) {
-            if (cap >= STATE_MAX) {
-                errno = EFBIG;
-                break;
-            }
-            char *more = realloc(buf, cap * 2);
-            if (more == NULL)
-                break;
-            buf = more;
-            cap *= 2;
-        }
-        ssize_t r = read(STDIN_FILENO, buf + *len, cap - *len);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0)
-            break;
-        if (r == 0)
-            return buf;
-        *len += (size_t)r;
-    }
-    free(buf);
-    return NULL;
-}
 
 /* Could this container have a vGPU (ask for one, or hold one: vgpu.io/slice)? The
  * state's annotations, then the bundle's config.json; whatever cannot be read may. */
@@ -66,29 +34,9 @@ static int may_ask(const struct vg_spec *state)
 {
     if (state->asks || state->malformed)
         return state->asks;
-    if (state->bundle[0] != '/')
-        return 1;
-    char path[VG_PATH_MAX + 16];
-    size_t len;
-    snprintf(path, sizeof(path), "%s/config.json", state->bundle);
-    char *spec = vg_read_file(path, SPEC_MAX, &len);
-    if (spec == NULL)
-        return 1;
-    struct vg_spec facts;
-    vg_spec_scan(spec, len, &facts);
-    free(spec);
-    return facts.asks;
-}
-
-/* One line on stderr (no newline inside). */
-static void say(const char *line)
-{
-    char copy[VG_ERR_MAX];
-    vg_strlcpy(copy, line, sizeof(copy));
-    for (char *p = copy; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
-    fprintf(stderr, "%s%s\n", strncmp(copy, "vgpu: ", 6) == 0 ? "" : "vgpu: ", copy);
+    struct vg_spec spec;
+    return state->bundle[0] != '/' || vg_spec_scan_bundle(state->bundle, &spec) != 0 ||
+           spec.asks;
 }
 
 /* After a failed mount: vgpud releases the container's slice. The OCI state goes along:
@@ -121,88 +69,29 @@ static int mount_plan(const struct vg_msg *reply, int pid, char *err, size_t err
     return ok ? 0 : -1;
 }
 
-static int poststop(const char *sock, int wait_ms, const struct vg_spec *facts,
-                    const char *state, size_t state_len)
-{
-    struct vg_msg req = {0}, reply = {0};
-    char why[VG_WHY_MAX], line[VG_ERR_MAX];
-    int rc = 1;
-    if (vg_msg_start(&req, "poststop") || vg_msg_addn(&req, "state", state, state_len)) {
-        say("failed to release the vGPU slice: out of memory");
-        goto out;
-    }
-    int r = vg_call(sock, CLIENT, &req, &reply, wait_ms, why, sizeof(why));
-    if (r == VG_CALL_VERSION) {
-        say(why);
-    } else if (r != 0) {
-        /* Not an error for the container: vgpud's reconciler frees slices of dead ones. */
-        snprintf(line, sizeof(line), "failed to release the vGPU slice of %s: %s; the "
-                 "reconciler will release it", facts->id[0] ? facts->id : "the container", why);
-        say(line);
-        rc = 0;
-    } else {
-        const char *status = vg_msg_get(&reply, "status"), *message;
-        if (status && strcmp(status, "ok") == 0) {
-            rc = 0;
-        } else if (status && strcmp(status, "error") == 0) {
-            message = vg_msg_get(&reply, "message");
-            say(message && *message ? message : "vgpud failed to release the vGPU slice");
-        } else {
-            snprintf(line, sizeof(line), "failed to release the vGPU slice: vgpud at %s "
-                     "answered poststop with status '%.32s'", sock, status ? status : "");
-            say(line);
-        }
-    }
-out:
-    vg_msg_free(&req);
-    vg_msg_free(&reply);
-    return rc;
-}
-
-static int prestart(const char *sock, int wait_ms, const char *phase, const char *state,
+/* vgpud answered prestart (or poststop: `post`); 0 when the container may go on. */
+static int answered(const struct vg_msg *reply, const char *sock, int post, const char *state,
                     size_t state_len)
 {
-    struct vg_msg req = {0}, reply = {0};
     char why[VG_WHY_MAX], line[VG_ERR_MAX];
-    int rc = 1;
-    if (vg_msg_start(&req, "prestart") || vg_msg_add(&req, "phase", phase) ||
-        vg_msg_addn(&req, "state", state, state_len)) {
-        say("failed to allocate a vGPU: out of memory");
-        goto out;
+    const char *status = vg_msg_get(reply, "status");
+    const char *id = vg_msg_get(reply, "id"), *pid = vg_msg_get(reply, "pid");
+    if (status && strcmp(status, "ok") == 0)
+        return 0;
+    if (!post && status && strcmp(status, "mount") == 0 && id && pid && atoi(pid) > 0) {
+        if (mount_plan(reply, atoi(pid), why, sizeof(why)) == 0)
+            return 0;
+        release(sock, id, state, state_len);
+        snprintf(line, sizeof(line), "failed to set up the vGPU mounts: %s", why);
+        vg_say(line);
+        return 1;
     }
-    int r = vg_call(sock, CLIENT, &req, &reply, wait_ms, why, sizeof(why));
-    if (r != 0) {
-        snprintf(line, sizeof(line), "%s%s", r == VG_CALL_VERSION ? "" :
-                 "failed to allocate a vGPU: ", why);
-        say(line);
-        goto out;
-    }
-    const char *status = vg_msg_get(&reply, "status");
-    const char *id = vg_msg_get(&reply, "id"), *pid = vg_msg_get(&reply, "pid");
-    if (status && strcmp(status, "ok") == 0) {
-        rc = 0;
-    } else if (status && strcmp(status, "error") == 0) {
-        const char *message = vg_msg_get(&reply, "message");
-        say(message && *message ? message : "vgpud refused the container");
-    } else if (status && strcmp(status, "mount") == 0 && id && pid && atoi(pid) > 0) {
-        if (mount_plan(&reply, atoi(pid), why, sizeof(why)) == 0) {
-            rc = 0;
-        } else {
-            release(sock, id, state, state_len);
-            snprintf(line, sizeof(line), "failed to set up the vGPU mounts: %s", why);
-            say(line);
-        }
-    } else {
-        if (id != NULL)
-            release(sock, id, state, state_len);
-        snprintf(line, sizeof(line), "failed to allocate a vGPU: vgpud at %s answered "
-                 "prestart with status '%.32s'", sock, status ? status : "");
-        say(line);
-    }
-out:
-    vg_msg_free(&req);
-    vg_msg_free(&reply);
-    return rc;
+    if (!post && id != NULL && !(status && strcmp(status, "error") == 0))
+        release(sock, id, state, state_len);   /* an answer we do not know: undo it */
+    vg_reply_line(reply, sock, post ? "poststop" : "prestart",
+                  post ? "release the vGPU slice" : "allocate a vGPU", line, sizeof(line));
+    vg_say(line);
+    return 1;
 }
 
 int main(int argc, char **argv)
@@ -214,7 +103,7 @@ int main(int argc, char **argv)
     }
     const char *phase = argv[1];
     size_t state_len;
-    char *state = read_stdin(&state_len);
+    char *state = vg_read_fd(STDIN_FILENO, STATE_MAX, &state_len);
     if (state == NULL) {
         fprintf(stderr, "vgpu: failed to read the OCI state on stdin: %s\n",
                 errno == EFBIG ? "over 1 MiB" : strerror(errno));
@@ -234,11 +123,35 @@ int main(int argc, char **argv)
     if (vg_config_load(&cfg, err, sizeof(err)) != 0 ||
         vg_config_wait_ms(&cfg, &wait_ms, err, sizeof(err)) != 0 ||
         vg_lifecycle_path(&cfg, sock, sizeof(sock), err, sizeof(err)) != 0) {
-        say(err);
+        vg_say(err);
         return 1;
     }
     vg_config_free(&cfg);
-    if (strcmp(phase, "poststop") == 0 || strcmp(facts.status, "stopped") == 0)
-        return poststop(sock, wait_ms, &facts, state, state_len);
-    return prestart(sock, wait_ms, phase, state, state_len);
+    /* hooks.d runs one command line for every stage: a stopped container is poststop. */
+    int post = strcmp(phase, "poststop") == 0 || strcmp(facts.status, "stopped") == 0;
+    struct vg_msg req = {0}, reply = {0};
+    char why[VG_WHY_MAX], line[VG_ERR_MAX];
+    int r = VG_CALL_FAILED, rc = 1;
+    snprintf(why, sizeof(why), "out of memory");
+    if (!vg_msg_start(&req, post ? "poststop" : "prestart") &&
+        (post || !vg_msg_add(&req, "phase", phase)) && !vg_msg_addn(&req, "state", state, state_len))
+        r = vg_call(sock, CLIENT, &req, &reply, wait_ms, why, sizeof(why));
+    if (r == 0) {
+        rc = answered(&reply, sock, post, state, state_len);
+    } else if (r == VG_CALL_VERSION) {
+        vg_say(why);
+    } else if (post) {
+        /* Not an error for the container: vgpud's reconciler frees slices of dead ones. */
+        snprintf(line, sizeof(line), "failed to release the vGPU slice of %s: %s; the "
+                 "reconciler will release it", facts.id[0] ? facts.id : "the container", why);
+        vg_say(line);
+        rc = 0;
+    } else {
+        snprintf(line, sizeof(line), "failed to allocate a vGPU: %s", why);
+        vg_say(line);
+    }
+    vg_msg_free(&req);
+    vg_msg_free(&reply);
+    free(state);
+    return rc;
 }

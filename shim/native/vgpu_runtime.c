@@ -20,7 +20,6 @@
 #include "vg_spec.h"
 
 #define CLIENT "vgpu-runtime"
-#define SPEC_MAX (64u << 20)
 #define RELEASE_TIMEOUT_MS 5000   /* vgpud just answered; this only bounds a hang */
 
 /* The lower runtime's absolute path; -1 with `err` set. */
@@ -66,17 +65,8 @@ static int find_lower(const struct vg_config *cfg, char *out, size_t n, char *er
  * lower runtime reports it its own way. */
 static int may_ask(const struct vg_runc_args *inv)
 {
-    char path[VG_PATH_MAX + 16];
-    size_t len;
-    if (snprintf(path, sizeof(path), "%s/config.json", inv->bundle) >= (int)sizeof(path))
-        return 0;
-    char *spec = vg_read_file(path, SPEC_MAX, &len);
-    if (spec == NULL)
-        return 0;
     struct vg_spec facts;
-    vg_spec_scan(spec, len, &facts);
-    free(spec);
-    return facts.asks;
+    return vg_spec_scan_bundle(inv->bundle, &facts) == 0 && facts.asks;
 }
 
 static int call(const char *sock, struct vg_msg *req, struct vg_msg *reply, int timeout_ms,
@@ -124,13 +114,10 @@ static int ask_vgpud(const struct vg_config *cfg, const struct vg_runc_args *inv
     const char *status = vg_msg_get(&reply, "status");
     if (status && strcmp(status, "ok") == 0) {
         rc = 0;
-    } else if (status && strcmp(status, "error") == 0) {
-        const char *message = vg_msg_get(&reply, "message");
-        snprintf(err, errsz, "%s", message && *message ? message : "vgpud refused the container");
     } else {
-        snprintf(err, errsz, "vgpu: failed to allocate a vGPU: vgpud at %s answered "
-                 "runtime-create with status '%.32s'", sock, status ? status : "");
-        release(sock, inv);
+        if (!(status && strcmp(status, "error") == 0))
+            release(sock, inv);   /* an answer we do not know: undo it */
+        vg_reply_line(&reply, sock, "runtime-create", "allocate a vGPU", err, errsz);
     }
 out:
     vg_msg_free(&req);
