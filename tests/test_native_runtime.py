@@ -69,6 +69,7 @@ NOTHING = {
     "annotations-not-an-object": {"annotations": ["vgpu.io/memory"]},
     "escapes-elsewhere": {"annotations": {"caf\u00e9": "\u00e9\n"}, "process": {"cwd": "/\t"}},
     "not-json-no-request": '{"process": {"env": ["A=1"]',
+    "deeply-nested": '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",   # bounded, no crash
 }
 
 
@@ -121,6 +122,7 @@ MAY_ASK = {
     "duplicate-key": '{"annotations": {"vgpu.io/memory": "1"}, "annotations": {}}',
     "not-json-with-request": '{"annotations": {"vgpu.io/memory": "64Mi"',
     "not-json-with-escape": '{"a": "\\u0076", ',
+    "large": {"process": {"env": [f"E{i}={'x' * 100}" for i in range(40_000)] + ["VGPU_COUNT=1"]}},
 }
 
 
