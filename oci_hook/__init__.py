@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vgpu-hook: the OCI prestart/poststop hook that gives a container its vGPU slice."""
+"""What vgpu-hook's phases decide (the request, the slice, the mount plan, what poststop
+releases), run inside vgpud; the compiled vgpu-hook (shim/native/) applies it."""
 
 __all__: list[str] = []

@@ -31,7 +31,6 @@ class Spec:
     rootfs: Path                          # absolute: root.path, relative to the bundle
     env: tuple[str, ...] = ()             # process.env, NAME=VALUE items
     annotations: Mapping[str, str] = field(default_factory=dict)
-    hook_timeouts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # phase -> s
 
 
 def _strings(value: Any, what: str) -> dict[str, str]:
@@ -84,19 +83,6 @@ def load_spec(bundle: Path) -> Spec:
     env = process.get("env") or [] if isinstance(process, dict) else []
     if not isinstance(env, list) or not all(isinstance(e, str) for e in env):
         raise StateError(what, "process.env is not a list of strings")
-    timeouts: dict[str, tuple[int, ...]] = {}
-    hooks = doc.get("hooks") or {}
-    if isinstance(hooks, dict):
-        for phase, entries in hooks.items():
-            if isinstance(entries, list):
-                timeouts[phase] = tuple(
-                    e["timeout"] for e in entries if isinstance(e, dict) and _is_ours(e)
-                    and isinstance(e.get("timeout"), int) and e["timeout"] > 0)
     return Spec(rootfs=bundle / root_path, env=tuple(env),
-                annotations=_strings(doc.get("annotations"), what), hook_timeouts=timeouts)
+                annotations=_strings(doc.get("annotations"), what))
 
-
-def _is_ours(entry: Mapping[str, Any]) -> bool:
-    """A hooks entry that runs vgpu-hook (as the installed script or `python -m oci_hook`)."""
-    words = [entry.get("path", ""), *(entry.get("args") or [])]
-    return any(isinstance(w, str) and ("vgpu-hook" in w or w == "oci_hook") for w in words)

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vgpu-runtime and containerd-shim-vgpu-v2: OCI runtime wrappers that inject the vgpu hooks."""
+"""The container side inside vgpud: vgpu-runtime's decisions (the spec modifiers), the
+lifecycle socket the compiled programs (shim/native/) ask, and `vgpu install`."""
 
 __all__: list[str] = []

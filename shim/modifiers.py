@@ -35,7 +35,7 @@ __all__ = [
 
 #: A hook whose path or args contain one of these is already ours (Podman's hooks.d
 #: may have added it): we never add a second one.
-HOOK_MARKERS = ("vgpu-hook", "oci_hook")
+HOOK_MARKERS = ("vgpu-hook",)
 
 
 class Modifier(Protocol):
