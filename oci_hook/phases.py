@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,8 +63,10 @@ def _request(state: HookState, spec: Spec | None,
 
 
 def prestart(state: HookState, config: Config, slices: Slices, *,
-             libvgpu: Path) -> Plan | None:
-    """The mount plan that gives the container its slice; None when it asks for none."""
+             libvgpu: Callable[[], Path]) -> Plan | None:
+    """The mount plan that gives the container its slice; None when it asks for none.
+
+    `libvgpu` finds the library to mount (asked only for a container that gets a slice)."""
     spec = load_spec(state.bundle)
     raw, annotations = _request(state, spec, config)
     if raw is None:
@@ -78,7 +80,7 @@ def prestart(state: HookState, config: Config, slices: Slices, *,
     req = None if annotations.get(SLICE_ANNOTATION) else _parse(raw, state, slices)
     try:
         s = _slice(slices, state, raw, annotations, req)
-        return plan_mounts(view_of(slices, s), rootfs=spec.rootfs, libvgpu=libvgpu,
+        return plan_mounts(view_of(slices, s), rootfs=spec.rootfs, libvgpu=libvgpu(),
                            preload_host=state.bundle / PRELOAD_HOST_NAME)
     except BaseException:
         # The Allocate or Attach may have granted it: give it back (best effort; the

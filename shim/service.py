@@ -79,7 +79,7 @@ class LifecycleOps:
         state = parse_state(req.get("state"))
         if state.status == "stopped":  # hooks.d runs one command line for every stage
             return self.poststop(req)
-        plan = phases.prestart(state, self.config, self.slices, libvgpu=self._libvgpu())
+        plan = phases.prestart(state, self.config, self.slices, libvgpu=self._libvgpu)
         if plan is None:
             return Reply.of("ok")
 

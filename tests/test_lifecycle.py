@@ -17,6 +17,7 @@ from vgpud_harness import Vgpud, pb
 
 from arbiter.config import Config
 from arbiter.core import Arbiter
+from arbiter.errors import LibraryNotFoundError
 from arbiter.events import EventLog
 from arbiter.model import Gpu
 from arbiter.regions import Regions
@@ -354,22 +355,44 @@ def test_a_v1_client_is_told_both_versions_over_the_socket(vgpud, tmp_path):
 
 # --- the decision with the domain in process (real SQLite and region files) ------------------
 
-def test_runtime_create_without_the_compiled_hook_fails_and_allocates_nothing(tmp_path):
+@pytest.fixture
+def domain(tmp_path):
+    """arbiter.core.Arbiter on one simulated GPU: the Slices the ops are given in vgpud."""
     store = Store(tmp_path / "state")
     arbiter = Arbiter(gpus=[Gpu(0, "GPU-0", "sim", 16 << 30, 0, ("/dev/null",))], store=store,
                       regions=Regions(tmp_path / "run"), events=EventLog(tmp_path / "ev.jsonl"))
     arbiter.start()
-    try:
-        ops = LifecycleOps(arbiter, Config(), hook=lambda: None)
-        b = bundle_with(tmp_path, {"vgpu.io/memory": "64Mi"})
-        before = (b / "config.json").read_bytes()
-        reply = ops.ops()["runtime-create"](Fields([("bundle", str(b)), ("id", "c1")]))
-        assert reply.items == [("v", VERSION), ("status", "error"), (
-            "message", "vgpu: failed to add the vgpu hooks: the compiled vgpu-hook is neither "
-                       "in arbiter/native/bin nor in build/bin (build it with make)")]
-        assert arbiter.slices() == [] and (b / "config.json").read_bytes() == before
-    finally:
-        store.close()
+    yield arbiter
+    store.close()
+
+
+def test_runtime_create_without_the_compiled_hook_fails_and_allocates_nothing(domain, tmp_path):
+    ops = LifecycleOps(domain, Config(), hook=lambda: None).ops()
+    b = bundle_with(tmp_path, {"vgpu.io/memory": "64Mi"})
+    before = (b / "config.json").read_bytes()
+    reply = ops["runtime-create"](Fields([("bundle", str(b)), ("id", "c1")]))
+    assert reply.items == [("v", VERSION), ("status", "error"), (
+        "message", "vgpu: failed to add the vgpu hooks: the compiled vgpu-hook is neither "
+                   "in arbiter/native/bin nor in build/bin (build it with make)")]
+    assert domain.slices() == [] and (b / "config.json").read_bytes() == before
+
+
+def test_a_prestart_that_fails_after_the_grant_gives_the_slice_back(domain, tmp_path):
+    def no_library() -> Path:
+        raise LibraryNotFoundError([tmp_path / "libvgpu.so"])
+    ops = LifecycleOps(domain, Config(), libvgpu=no_library).ops()
+    b = bundle_with(tmp_path, {"vgpu.io/memory": "64Mi"})
+    state = json.dumps({"id": "c1", "pid": os.getpid(), "bundle": str(b), "status": "created"})
+    reply = dict(ops["prestart"](Fields([("phase", "prestart"), ("state", state)])).items)
+    assert reply["status"] == "error"
+    assert reply["message"].startswith("vgpu: failed to find libvgpu.so"), reply
+    assert domain.slices() == []
+    assert [e["kind"] for e in domain.events.recent()][-2:] == ["allocate", "release"]
+    # A container that asks for nothing never needs the library.
+    plain = bundle_with(tmp_path, {}, name="plain")
+    state = json.dumps({"id": "c2", "pid": os.getpid(), "bundle": str(plain),
+                        "status": "created"})
+    assert ops["prestart"](Fields([("state", state)])).items == [("v", VERSION), ("status", "ok")]
 
 
 # --- the compiled programs on the socket -----------------------------------------------------
