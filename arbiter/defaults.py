@@ -16,6 +16,8 @@ __all__ = [
     "DEFAULT_SOCKET",
     "DEFAULT_WAIT_S",
     "ENV_CONFIG",
+    "ENV_REGION_DIR",
+    "ENV_SCHED_DIR",
     "ENV_SOCKET",
     "SOCKET_NAME",
 ]
@@ -34,3 +36,7 @@ DEFAULT_LOWER_RUNTIME = "runc"
 #: The environment variables that name the config file and vgpud's socket.
 ENV_CONFIG = "VGPU_CONFIG"
 ENV_SOCKET = "VGPU_SOCKET"
+#: What libvgpu reads outside a container (`vgpu run` sets them): the slice's region
+#: files and the GPUs' scheduling files.
+ENV_REGION_DIR = "VGPU_REGION_DIR"
+ENV_SCHED_DIR = "VGPU_SCHED_DIR"

@@ -76,6 +76,8 @@ ELSEWHERE: dict[str, object] = {
     "VGPU_REGION_FILE_PREFIX": region_name(0).removesuffix("0"),
     "VGPU_USAGE_SUFFIX": rg.USAGE_SUFFIX,
     "VGPU_SCHED_CONTAINER_DIR": CONTAINER_SCHED_DIR,
+    "VGPU_ENV_REGION_DIR": defaults.ENV_REGION_DIR,
+    "VGPU_ENV_SCHED_DIR": defaults.ENV_SCHED_DIR,
 }
 HEADERS = ("vg_defaults.h", "vg_msg.h", "vgpu_region.h", "vgpu_sched.h")
 

@@ -36,6 +36,9 @@ enum vgpu_policy { VGPU_POLICY_FIXED = 0, VGPU_POLICY_BURST = 1 };
  * Python twins (tests/test_constants.py). */
 #define VGPU_REGION_FILE_PREFIX "vgpu"
 #define VGPU_USAGE_SUFFIX ".usage"
+/* Standalone (no arbiter): the directory of shared region files (`vgpu run` sets it;
+ * arbiter.defaults.ENV_REGION_DIR). */
+#define VGPU_ENV_REGION_DIR "VGPU_REGION_DIR"
 
 /* flags */
 #define VGPU_REGION_FLAG_ARBITER 0x1u /* made by vgpud: env vars never override it */

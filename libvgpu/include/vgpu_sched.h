@@ -53,6 +53,9 @@
 /* Where the hook mounts the GPUs' scheduling files in a container
  * (oci_hook.mounts.CONTAINER_SCHED_DIR). */
 #define VGPU_SCHED_CONTAINER_DIR "/run/vgpu/sched"
+/* Outside a container: the directory of the GPUs' scheduling files (`vgpu run` sets it;
+ * arbiter.defaults.ENV_SCHED_DIR). */
+#define VGPU_ENV_SCHED_DIR "VGPU_SCHED_DIR"
 
 /* The broker's accounting of one slice on this GPU (128 bytes); read-only. */
 struct vgpu_sched_entry {

@@ -137,10 +137,10 @@ static int load_sched(struct vg_config *cfg)
         else
             cfg->floor = (int)pct;
     }
-    const char *dir = getenv("VGPU_SCHED_DIR");
+    const char *dir = getenv(VGPU_ENV_SCHED_DIR);
     if (dir && *dir) {
         if (strlen(dir) >= sizeof(cfg->sched_dir) - 110)
-            set_error(cfg, CUDA_ERROR_INVALID_VALUE, "VGPU_SCHED_DIR=\"%s\": path too long", dir);
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE, VGPU_ENV_SCHED_DIR "=\"%s\": path too long", dir);
         else
             snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%s", dir);
     }
@@ -157,7 +157,7 @@ static void arbiter_sched_dir(struct vg_config *cfg, const char *dev_dir)
         snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%s", VGPU_SCHED_CONTAINER_DIR);
         return;
     }
-    const char *dir = getenv("VGPU_SCHED_DIR");
+    const char *dir = getenv(VGPU_ENV_SCHED_DIR);
     if (dir && *dir && strlen(dir) < sizeof(cfg->sched_dir) - 110)
         snprintf(cfg->sched_dir, sizeof(cfg->sched_dir), "%s", dir);
     else
@@ -215,18 +215,18 @@ void vg_config_load(struct vg_config *cfg, const char *dev_dir)
     int limits = load_limits(cfg);
     load_context_reserve(cfg);
     int sched = load_sched(cfg);
-    const char *dir = getenv("VGPU_REGION_DIR");
+    const char *dir = getenv(VGPU_ENV_REGION_DIR);
     if (dir && *dir) {
         struct stat sb;
         cfg->mode = VG_MODE_SHARED;
         if (strlen(dir) >= sizeof(cfg->region_dir) - 16)
-            set_error(cfg, CUDA_ERROR_INVALID_VALUE, "VGPU_REGION_DIR=\"%s\": path too long", dir);
+            set_error(cfg, CUDA_ERROR_INVALID_VALUE, VGPU_ENV_REGION_DIR "=\"%s\": path too long", dir);
         /* Racing first processes may both mkdir: EEXIST is success. */
         else if (stat(dir, &sb) != 0 &&
                  (errno != ENOENT || (mkdir(dir, 0755) != 0 && errno != EEXIST) || stat(dir, &sb) != 0))
-            set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, "VGPU_REGION_DIR=\"%s\": %s", dir, strerror(errno));
+            set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, VGPU_ENV_REGION_DIR "=\"%s\": %s", dir, strerror(errno));
         else if (!S_ISDIR(sb.st_mode))
-            set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, "VGPU_REGION_DIR=\"%s\": not a directory", dir);
+            set_error(cfg, CUDA_ERROR_OPERATING_SYSTEM, VGPU_ENV_REGION_DIR "=\"%s\": not a directory", dir);
         snprintf(cfg->region_dir, sizeof(cfg->region_dir), "%s", dir);
         /* A slice the arbiter made (vgpu run) is a slice: its files, nothing more. */
         if (!cfg->error[0] && arbiter_made(dir)) {
