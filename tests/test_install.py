@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -243,3 +244,17 @@ def test_dry_run_prints_diff_and_changes_nothing(tmp_path, target):
     if target == "containerd":
         assert (f"link {tmp_path}/bin/containerd-shim-vgpu-v2: missing, would be -> {SHIM}"
                 in out)
+
+
+def test_containerd_reads_the_dropin_it_imports(tmp_path):
+    """containerd itself (>= 1.6: runtime_path) merges the drop-in into its config."""
+    if shutil.which("containerd") is None:
+        pytest.skip("containerd is not installed (scripts/install-deps.sh installs it)")
+    f = tmp_path / "config.toml"
+    ok("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
+    p = subprocess.run(["containerd", "--config", str(f), "config", "dump"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    runtime = cri_runtimes(tomllib.loads(p.stdout))["vgpu"]
+    assert (runtime["runtime_type"], runtime["runtime_path"], runtime["pod_annotations"]) == (
+        "io.containerd.vgpu.v2", SHIM, ["vgpu.io/*"])
