@@ -224,6 +224,20 @@ def test_a_dead_or_stopped_holder_does_not_stall_the_gpu(tmp_path: Path, sig: in
     assert survivor.share(r.at(at + 0.5), r.at(seconds)) >= 85
 
 
+def test_slices_started_together_both_run(tmp_path: Path) -> None:
+    """Two processes that start at the same instant on a fresh file both elect a broker
+    at times; the loser must wait for the winner, and grants of two overlapping brokers
+    must never look alike (one slice once took the other's grant for its own: 0 %)."""
+    seconds, rounds = 1.2, 15
+    for i in range(rounds):
+        tmp = tmp_path / f"round{i}"
+        tmp.mkdir()
+        loads = [Load(fixed(50), kernel="busy_100us", args=["--queue", "40"]),
+                 Load(burst(50), kernel="busy_100us", args=["--queue", "40"])]
+        got = shares(tmp, loads, seconds)
+        assert min(got) >= 20, f"round {i}: shares {got}: a slice starved"
+
+
 @timing
 def test_capture_is_not_throttled_but_the_graph_is(tmp_path: Path) -> None:
     """Kernels launched into a capturing stream do not run, so they are not charged."""

@@ -98,7 +98,7 @@ struct vg_bgpu {
     struct bslice sl[VGPU_SCHED_ENTRIES];
     /* the current hold (also the last segment) */
     int holder, on_floor;
-    uint32_t seq;
+    uint32_t seq, epoch;          /* epoch: this broker's, from the file (one per broker started) */
     uint64_t granted, uncontended, last_step;
     struct seg seg[SEG_MAX];
     int nseg;
@@ -601,9 +601,11 @@ static int should_revoke(struct vg_bgpu *g, uint64_t now)
 static void grant(struct vg_bgpu *g, int i, uint64_t now)
 {
     struct bslice *b = &g->sl[i];
-    g->seq = (g->seq + 1) & 0xFFFFFFu;
-    if (!g->seq)
-        g->seq = 1;
+    /* The epoch in the seq's top 4 bits: two brokers that overlap for a moment (an
+     * election race, a stopped broker replaced) never publish the same grant word, so a
+     * process that took one broker's grant cannot mistake another's for its own. */
+    uint32_t count = (g->seq + 1) & 0xFFFFFu;
+    g->seq = ((g->epoch & 0xFu) << 20) | (count ? count : 1);
     if (g->nseg == SEG_MAX)
         settle(g, now); /* the oldest never reported: it ends now at the latest */
     g->holder = i;
@@ -773,8 +775,7 @@ void vg_bgpu_run(struct vg_bgpu *g, volatile int *stop)
 {
     atomic_store(&g->s->broker_pid, (uint32_t)getpid());
     /* A broker that was stopped (SIGSTOP) and replaced must not come back to it. */
-    uint32_t epoch = atomic_fetch_add(&g->s->broker_epoch, 1) + 1;
-    while (!*stop && atomic_load(&g->s->broker_epoch) == epoch) {
+    while (!*stop && atomic_load(&g->s->broker_epoch) == g->epoch) {
         uint64_t sleep = step(g);
         atomic_store(&g->s->doorbell, 1);
         uint64_t sig;
@@ -794,12 +795,13 @@ static struct vg_bgpu *bgpu_new(struct vgpu_sched *s)
         return NULL;
     g->s = s;
     g->holder = -1;
+    /* Taken first: an older broker still running stops at its next step. */
+    g->epoch = atomic_fetch_add(&s->broker_epoch, 1) + 1;
     for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++)
         g->sl[i].fd = -1;
     /* Whatever a former broker left: a fresh start (slices re-request). */
     for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++)
         atomic_store(&s->entries[i].key, 0);
-    g->seq = atomic_load(&s->grant) >> 8; /* new grants never repeat a live value */
     atomic_store(&s->grant, 0);
     futex(&s->grant, FUTEX_WAKE, INT_MAX, 0);
     return g;

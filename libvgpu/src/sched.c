@@ -75,6 +75,7 @@ struct sdev {
     int entry;                   /* our entry in s, -1 until the broker lists us */
     int lock_fd;                 /* standalone: held while this process runs the broker */
     int brokering;               /* standalone: a thread of this process serves this GPU */
+    uint64_t unbeaten_since;     /* standalone: first seen a locked broker that never beat */
     char path[400];              /* the GPU file (standalone: for the election) */
     /* under g_lock; holding, launching, launches, done, ev_mark, npend, idle_from and
      * depth_now are also read (and launching, launches changed) with atomics by the
@@ -230,8 +231,13 @@ static void try_elect(struct sdev *d)
             d->lock_fd = fd;
         } else {
             close(fd);
+            /* Another process holds the lock: take over only from a broker that has been
+             * silent (or never beat: one starting now beats within a step) this long. */
             uint64_t beat = atomic_load(&d->s->broker_beat_ns), now = vg_broker_now();
-            if (beat && now > beat && now - beat < BROKER_STOPPED_NS)
+            if (!beat && !d->unbeaten_since)
+                d->unbeaten_since = now;
+            if (beat ? now > beat && now - beat < BROKER_STOPPED_NS
+                     : now - d->unbeaten_since < BROKER_STOPPED_NS)
                 return;
         }
     }
