@@ -7,7 +7,6 @@ modes. Each case: one line, the right exit status, no socket left behind.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -19,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, clean_env
+from conftest import ROOT
 from vgpud_harness import Vgpud, pb
 
 from arbiter.config import DEFAULT_CONFIG_PATH
-from arbiter.lifecycle import lifecycle_socket
+from shim.lifecycle import lifecycle_socket
 
 GiB = 1 << 30
 
@@ -86,7 +85,7 @@ def test_second_vgpud_on_the_state_dir_with_another_socket_touches_nothing(daemo
     other.mkdir()
     before = tree(first.state_dir)
     socks = {p: p.stat().st_ino for p in (first.socket, lifecycle_socket(first.socket))}
-    cmd = [sys.executable, "-m", "arbiter.daemon", "--config", str(first.config_file),
+    cmd = [sys.executable, "-m", "vgpud", "--config", str(first.config_file),
            "--socket", str(other / "b.sock"), "--state-dir", str(first.state_dir),
            "--run-dir", str(other / "run")]
     p = run(cmd, first.env)
@@ -180,7 +179,7 @@ def test_a_start_that_fails_midway_is_one_line_and_leaves_no_socket(daemons):
 def test_a_named_config_file_that_is_missing_is_an_error(daemons, tmp_path, how):
     v = daemons()
     missing = tmp_path / "nosuch.yaml"
-    cmd = [sys.executable, "-m", "arbiter.daemon", "--socket", str(v.socket),
+    cmd = [sys.executable, "-m", "vgpud", "--socket", str(v.socket),
            "--state-dir", str(v.state_dir), "--run-dir", str(v.run_dir)]
     env = dict(v.env)
     if how == "flag":
@@ -193,35 +192,12 @@ def test_a_named_config_file_that_is_missing_is_an_error(daemons, tmp_path, how)
     assert not v.state_dir.exists() and not v.run_dir.exists() and not v.socket.exists()
 
 
-@pytest.mark.parametrize("component", ["hook", "runtime"])
-def test_other_components_refuse_a_named_config_file_that_is_missing(tmp_path, component):
-    """The Python hook and vgpu-runtime load the config the same way: one line, exit 1."""
-    bundle = tmp_path / "bundle"
-    (bundle / "rootfs").mkdir(parents=True)
-    (bundle / "config.json").write_text(json.dumps(
-        {"root": {"path": "rootfs"}, "process": {"env": []},
-         "annotations": {"vgpu.io/memory": "1Gi"}}))
-    missing = tmp_path / "nosuch.yaml"
-    env = dict(clean_env(), PYTHONPATH=str(ROOT), VGPU_CONFIG=str(missing))
-    if component == "hook":
-        state = {"ociVersion": "1.0.2", "id": "c1", "pid": os.getpid(), "bundle": str(bundle),
-                 "status": "created", "annotations": {"vgpu.io/memory": "1Gi"}}
-        p = subprocess.run([sys.executable, "-m", "oci_hook", "prestart"], env=env,
-                           input=json.dumps(state), capture_output=True, text=True, timeout=60)
-    else:
-        p = subprocess.run([sys.executable, "-m", "shim", "create", "--bundle", str(bundle),
-                            "c1"], env=env, cwd=bundle, capture_output=True, text=True,
-                           timeout=60)
-    assert p.returncode == 1
-    assert p.stderr == f"vgpu: failed to load config {missing}: no such file\n"
-
-
 @pytest.mark.skipif(DEFAULT_CONFIG_PATH.exists(), reason=f"{DEFAULT_CONFIG_PATH} exists here")
 def test_the_default_config_path_missing_means_defaults(daemons):
     v = daemons()
     env = {k: val for k, val in v.env.items() if k != "VGPU_CONFIG"}
     # The defaults' metrics address (127.0.0.1:9400) may be taken here: vgpud serves anyway.
-    v.command = lambda: [sys.executable, "-m", "arbiter.daemon",  # type: ignore[method-assign]
+    v.command = lambda: [sys.executable, "-m", "vgpud",  # type: ignore[method-assign]
                          "--socket", str(v.socket), "--state-dir", str(v.state_dir),
                          "--run-dir", str(v.run_dir)]
     v.env = env

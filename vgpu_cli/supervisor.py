@@ -12,6 +12,8 @@ import signal
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 
+from arbiter.defaults import ENV_REGION_DIR, ENV_SCHED_DIR
+
 __all__ = ["FORWARDED", "block_signals", "child_env", "drain_signals", "exit_status",
            "pending_forwarded", "restore_signals", "spawn", "supervise"]
 
@@ -36,9 +38,9 @@ def child_env(env: Mapping[str, str], library: str, region_dir: str,
     result = dict(env)
     preload = result.get("LD_PRELOAD", "").strip()
     result["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
-    result["VGPU_REGION_DIR"] = region_dir
+    result[ENV_REGION_DIR] = region_dir
     if sched_dir:
-        result["VGPU_SCHED_DIR"] = sched_dir
+        result[ENV_SCHED_DIR] = sched_dir
     if gpu_uuids and all(gpu_uuids):
         result["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_uuids)
     return result
