@@ -164,7 +164,8 @@ def _validator() -> jsonschema.protocols.Validator:
 
 
 def load_config(path: Path | None, overrides: Mapping[str, object] = {},
-                *, required: bool | None = None) -> Config:
+                *, required: bool | None = None,
+                default_path: Path = DEFAULT_CONFIG_PATH) -> Config:
     """Load and validate `path` (None: built-in defaults) and apply overrides.
 
     `overrides` maps Config field names to values that win over the file (vgpud's
@@ -173,13 +174,13 @@ def load_config(path: Path | None, overrides: Mapping[str, object] = {},
     any other path was named on purpose (--config, VGPU_CONFIG, a client's config
     passed on by the compiled runtime), and silently running on defaults would hide
     the typo. `required` True or False makes a missing file an error or the defaults
-    whatever its path.
+    whatever its path; `default_path` is the path that stands for the defaults.
     """
     document: Any = {}
     tree: yaml.Node | None = None
     if path is not None:
         if required is None:
-            required = Path(path) != DEFAULT_CONFIG_PATH
+            required = Path(path) != default_path
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError as e:

@@ -46,8 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import LIBVGPU, TEST_BIN  # noqa: E402
-from gpu_loads import (  # noqa: E402
+from support.gpu_loads import (  # noqa: E402
     Load,
     load_env,
     run_loads,
@@ -55,6 +54,7 @@ from gpu_loads import (  # noqa: E402
     use_alone,
     wear_sched_file,
 )
+from support.paths import LIBVGPU, TEST_BIN  # noqa: E402
 
 WARM = 0.5
 TARGETS = (2, 5, 10, 30, 50, 70)

@@ -100,7 +100,7 @@ def main() -> None:
     native = ROOT / "build" / "bin" / "vgpu-runtime"
     if not native.exists():
         sys.exit("bench: build/bin/vgpu-runtime is missing (run make)")
-    from images import build_rootfs
+    from support.images import build_rootfs
 
     with tempfile.TemporaryDirectory(prefix="vgpu-cbench-", dir="/var/tmp") as d, \
             tempfile.TemporaryDirectory(prefix="vgpu-cbench-run-", dir="/dev/shm") as r:

@@ -89,7 +89,7 @@ def run_container(name: str, memory: str, tmp: Path, env: dict[str, str]
                   ) -> tuple[subprocess.Popen[str], str]:
     """A container asking for `memory`, through vgpu-runtime and runc, running the probe."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from images import make_bundle
+    from support.images import make_bundle
 
     cid = f"vgpu-demo-{name}-{os.getpid()}"
     sim = Path(env["SIMGPU_STATE"]).parent if "SIMGPU_STATE" in env else None
@@ -117,7 +117,7 @@ def compute_demo(tmp: Path, env: dict[str, str], containers: bool) -> None:
                 f"--trace {sim / f'trace-{name}'}"]
         if containers:
             sys.path.insert(0, str(ROOT / "tests"))
-            from images import make_bundle
+            from support.images import make_bundle
 
             cid = f"vgpu-demo-{name}-{os.getpid()}"
             bundle = make_bundle(

@@ -7,16 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-BUILD = ROOT / "build"
-SIMGPU_DIR = BUILD / "simgpu"
-LIBVGPU = BUILD / "libvgpu.so"
-TEST_BIN = BUILD / "tests"
-NATIVE_BIN = BUILD / "bin"   # the compiled vgpu-runtime and vgpu-hook
-
-# Variables that would change what libvgpu or simgpu do; a test starts clean.
-_CONFIG_PREFIXES = ("VGPU_", "SIMGPU_")
+from support.paths import ROOT, SIMGPU_DIR
+from support.process import clean_env
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -27,12 +19,6 @@ def built() -> None:
     """
     if os.environ.get("VGPU_TEST_NO_BUILD") != "1":
         subprocess.run(["make", "-s", "-C", str(ROOT), "all"], check=True)
-
-
-def clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_CONFIG_PREFIXES)}
-    env.pop("LD_PRELOAD", None)
-    return env
 
 
 @pytest.fixture
@@ -49,16 +35,6 @@ def simgpu_env(tmp_path: Path) -> dict[str, str]:
         ":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else ""
     )
     return env
-
-
-def run(cmd: list[str], env: dict[str, str], timeout: float = 60, check: bool = True,
-        **kw) -> subprocess.CompletedProcess[str]:
-    """Run a command, capture text output; on failure show both streams."""
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(
-            f"{cmd} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
-    return p
 
 
 @pytest.fixture

@@ -1,0 +1,25 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Running programs from tests: a clean environment and a run that shows both streams."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+# Variables that would change what libvgpu or simgpu do; a test starts clean.
+_CONFIG_PREFIXES = ("VGPU_", "SIMGPU_")
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_CONFIG_PREFIXES)}
+    env.pop("LD_PRELOAD", None)
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float = 60, check: bool = True,
+        **kw) -> subprocess.CompletedProcess[str]:
+    """Run a command, capture text output; on failure show both streams."""
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(
+            f"{cmd} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
+    return p
