@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PAGES = sorted([README, ROOT / "bench" / "README.md", *(ROOT / "docs").glob("*.md")])
 MAX_README_LINES = 160
