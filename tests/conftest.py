@@ -2,13 +2,19 @@
 """Shared fixtures: the built artefacts and a private simulated GPU per test."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.paths import ROOT, SIMGPU_DIR
 from support.process import clean_env
+
+from arbiter.freezer import find_root
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,3 +58,34 @@ def sleeper():
     for p in procs:
         p.kill()
         p.wait()
+
+
+@pytest.fixture
+def cgroup() -> Iterator[tuple[Path, Path]]:
+    """A fresh child of the cgroup v2 root (for a guard to freeze or kill): (root, its
+    directory); emptied and removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("freezing a cgroup needs root")
+    root = find_root()
+    if root is None:
+        pytest.skip("no cgroup v2 hierarchy under /sys/fs/cgroup")
+    path = root / f"vgpu-test-{uuid.uuid4().hex[:8]}"
+    try:
+        path.mkdir()
+    except OSError as e:
+        pytest.skip(f"cannot make a cgroup v2 group: {e}")
+    if not (path / "cgroup.freeze").exists():
+        path.rmdir()
+        pytest.skip("this kernel's cgroup v2 has no freezer (cgroup.freeze, Linux >= 5.2)")
+    yield root, path
+    with contextlib.suppress(OSError):
+        (path / "cgroup.freeze").write_text("0")
+    with contextlib.suppress(OSError):
+        (path / "cgroup.kill").write_text("1")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            path.rmdir()
+            break
+        except OSError:
+            time.sleep(0.05)

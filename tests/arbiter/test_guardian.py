@@ -7,14 +7,11 @@ Real processes, real SIGKILL, real cgroup v2 freezing (root only).
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,36 +87,6 @@ def guarded(tmp_path: Path, simgpu_env: dict[str, str]) -> Iterator:
     yield make
     for v in made:
         v.close()
-
-
-@pytest.fixture
-def cgroup() -> Iterator[tuple[Path, Path]]:
-    """A fresh child cgroup of the cgroup v2 root for the offender: (root, its directory)."""
-    if os.geteuid() != 0:
-        pytest.skip("freezing a cgroup needs root")
-    root = find_root()
-    if root is None:
-        pytest.skip("no cgroup v2 hierarchy under /sys/fs/cgroup")
-    path = root / f"vgpu-guard-test-{uuid.uuid4().hex[:8]}"
-    try:
-        path.mkdir()
-    except OSError as e:
-        pytest.skip(f"cannot make a cgroup v2 group: {e}")
-    if not (path / "cgroup.freeze").exists():
-        path.rmdir()
-        pytest.skip("this kernel's cgroup v2 has no freezer (cgroup.freeze, Linux >= 5.2)")
-    yield root, path
-    with contextlib.suppress(OSError):
-        (path / "cgroup.freeze").write_text("0")
-    with contextlib.suppress(OSError):
-        (path / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            path.rmdir()
-            break
-        except OSError:
-            time.sleep(0.05)
 
 
 def _event(v: Vgpud, kind: str, timeout: float = 15) -> dict:

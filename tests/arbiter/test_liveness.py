@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 from support.images import make_bundle
-from support.paths import ROOT, SIMGPU_DIR
+from support.paths import ROOT
 from support.process import clean_env
-from support.vgpud_harness import Vgpud, pb
+from support.vgpud_harness import pb, simgpu_vgpud
 
 pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
                                 reason="needs runc and root")
@@ -54,16 +54,11 @@ class Host:
 
     def __init__(self, tmp: Path, lower: str = "runc") -> None:
         self.tmp = tmp
-        self.sim = tmp / "sim"
-        self.sim.mkdir()
-        env = clean_env()
-        env["SIMGPU_STATE"] = str(self.sim / "simgpu.state")
-        self.vgpud = Vgpud(tmp, env, {
-            "nvml": {"library": str(SIMGPU_DIR / "libnvidia-ml.so.1")},
+        self.sim, self.vgpud = simgpu_vgpud(tmp, {
             "reconcile": {"interval_s": PASS_S},
             "hook": {"wait_s": 3},
             "runtime": {"lower": lower},
-        }).start()
+        })
         self.n = 0
         self.procs: list[subprocess.Popen[str]] = []
 

@@ -4,15 +4,12 @@ and a real vgpud on simgpu catching a dlmopen() bypass of libvgpu that allocates
 slice's limit (real processes, real NVML figures, real SIGKILL)."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +21,7 @@ from arbiter import memguard
 from arbiter.config import Config
 from arbiter.core import Arbiter
 from arbiter.events import EventLog
-from arbiter.freezer import Freezer, find_root
+from arbiter.freezer import Freezer
 from arbiter.guardian import Guardian
 from arbiter.memguard import MemoryFinding, MemoryUse
 from arbiter.model import Gpu, OwnerKind, Request
@@ -298,35 +295,6 @@ def test_a_process_within_its_limit_is_left_alone(vgpud):
     finally:
         t.close()
 
-
-@pytest.fixture
-def cgroup() -> Iterator[tuple[Path, Path]]:
-    """A fresh child of the cgroup v2 root for the tenant: (root, its directory)."""
-    if os.geteuid() != 0:
-        pytest.skip("freezing a cgroup needs root")
-    root = find_root()
-    if root is None:
-        pytest.skip("no cgroup v2 hierarchy under /sys/fs/cgroup")
-    path = root / f"vgpu-memguard-test-{uuid.uuid4().hex[:8]}"
-    try:
-        path.mkdir()
-    except OSError as e:
-        pytest.skip(f"cannot make a cgroup v2 group: {e}")
-    if not (path / "cgroup.freeze").exists():
-        path.rmdir()
-        pytest.skip("this kernel's cgroup v2 has no freezer (cgroup.freeze, Linux >= 5.2)")
-    yield root, path
-    with contextlib.suppress(OSError):
-        (path / "cgroup.freeze").write_text("0")
-    with contextlib.suppress(OSError):
-        (path / "cgroup.kill").write_text("1")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            path.rmdir()
-            break
-        except OSError:
-            time.sleep(0.05)
 
 
 def test_throttle_freezes_the_bypass_and_vgpud_thaws_it(vgpud, cgroup):

@@ -11,9 +11,9 @@ from pathlib import Path
 import grpc
 
 from support.images import make_bundle
-from support.paths import NATIVE_BIN, SIMGPU_DIR, TEST_BIN
+from support.paths import NATIVE_BIN, TEST_BIN
 from support.process import clean_env
-from support.vgpud_harness import Vgpud, pb
+from support.vgpud_harness import pb, simgpu_vgpud
 
 SCRIBBLE = TEST_BIN / "scribble"
 RUNTIME = NATIVE_BIN / "vgpu-runtime"
@@ -26,14 +26,7 @@ class Host:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.sim = tmp / "sim"
-        self.sim.mkdir()
-        env = clean_env()
-        env["SIMGPU_STATE"] = str(self.sim / "simgpu.state")
-        self.vgpud = Vgpud(tmp, env, {
-            "nvml": {"library": str(SIMGPU_DIR / "libnvidia-ml.so.1")},
-            "hook": {"wait_s": 10},
-        }).start()
+        self.sim, self.vgpud = simgpu_vgpud(tmp, {"hook": {"wait_s": 10}})
         # What vgpu-runtime reads: vgpud's socket and run dir, runc below it.
         self.runtime_config = tmp / "runtime.yaml"
         self.runtime_config.write_text(

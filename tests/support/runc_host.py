@@ -9,9 +9,8 @@ import subprocess
 from pathlib import Path
 
 from support.images import make_bundle
-from support.paths import ROOT, SIMGPU_DIR
-from support.process import clean_env
-from support.vgpud_harness import Vgpud, pb
+from support.paths import ROOT
+from support.vgpud_harness import pb, simgpu_vgpud
 
 MiB = 1 << 20
 HOOK = ROOT / "build" / "bin" / "vgpu-hook"
@@ -23,15 +22,10 @@ class Host:
 
     def __init__(self, tmp: Path, reconcile_s: float = 3600, devices: str = "16Gi") -> None:
         self.tmp = tmp
-        self.sim = tmp / "sim"
-        self.sim.mkdir()
-        env = clean_env()
-        env["SIMGPU_STATE"] = str(self.sim / "simgpu.state")
-        self.vgpud = Vgpud(tmp, env, {
-            "nvml": {"library": str(SIMGPU_DIR / "libnvidia-ml.so.1")},
+        self.sim, self.vgpud = simgpu_vgpud(tmp, {
             "reconcile": {"interval_s": reconcile_s},
             "hook": {"wait_s": 5},
-        }, devices=devices).start()
+        }, devices=devices)
         self.n = 0
 
     def hook(self, phase: str, timeout: int = 20) -> dict[str, object]:

@@ -135,3 +135,17 @@ def env_without(env: dict[str, str], *names: str) -> dict[str, str]:
 
 
 __all__ = ["Vgpud", "env_without", "pb"]
+
+
+def simgpu_vgpud(tmp: Path, config: dict[str, Any], devices: str = "16Gi") -> tuple[Path, Vgpud]:
+    """A started vgpud on a private simulated GPU whose state lives in tmp/sim (bind-mount
+    it at /sim in containers that should see the same GPU): (that directory, vgpud)."""
+    from support.paths import SIMGPU_DIR
+    from support.process import clean_env
+
+    sim = tmp / "sim"
+    sim.mkdir()
+    env = clean_env()
+    env["SIMGPU_STATE"] = str(sim / "simgpu.state")
+    config = {"nvml": {"library": str(SIMGPU_DIR / "libnvidia-ml.so.1")}, **config}
+    return sim, Vgpud(tmp, env, config, devices=devices).start()
