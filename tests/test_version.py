@@ -8,12 +8,12 @@ import sys
 import tomllib
 from pathlib import Path
 
-from vgpud_harness import Vgpud
+from support.paths import ROOT
+from support.vgpud_harness import Vgpud
 
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.version import version
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("arbiter", "oci_hook", "shim", "vgpu_cli", "vgpud")
 
 
