@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
 from arbiter.events import KINDS, EventLog, read_events
 
@@ -120,12 +121,12 @@ def test_threads_never_interleave_lines(tmp_path: Path) -> None:
 
 def test_kinds_are_the_documented_ones() -> None:
     """KINDS is the list in docs/vgpud.md, and every kind vgpud's code emits is in it."""
-    page = (Path(__file__).resolve().parent.parent / "docs" / "vgpud.md").read_text()
+    page = (ROOT / "docs" / "vgpud.md").read_text()
     listed = page.split("- **Events**:", 1)[1].split("\n\n", 1)[0]
     documented = {k.strip(" .\n") for k in listed.replace("\n", " ").split(",")}
     assert documented == KINDS
     emitted = set()
-    for src in (Path(__file__).resolve().parent.parent / "arbiter").glob("*.py"):
+    for src in (ROOT / "arbiter").glob("*.py"):
         emitted |= set(re.findall(r'emit\(\s*"([a-z_.]+)"', src.read_text()))
     emitted |= {f"{verb}.refused" for verb in ("allocate", "attach", "release")}
     assert emitted <= KINDS, emitted - KINDS
