@@ -6,6 +6,7 @@ tree, with vgpu's programs (containerd-shim-vgpu-v2, vgpu-runtime) as wrapper
 scripts in a private bin directory on its PATH, and is stopped (and its mounts
 undone) after the tests. `require()` skips a test module with the reason when an
 engine binary is missing (scripts/install-deps.sh installs them on Debian).
+`CriContainerd` is containerd with its CRI plugin, as a Kubernetes node runs it.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from support.paths import NATIVE_BIN, SIMGPU_DIR
 from support.process import clean_env
 from support.vgpud_harness import Vgpud
 
-__all__ = ["Containerd", "Dockerd", "require", "vgpu_bin_dir"]
+__all__ = ["Containerd", "CriContainerd", "Dockerd", "require", "vgpu_bin_dir"]
 
 
 def require(*binaries: str) -> None:
@@ -146,14 +147,19 @@ class Containerd(_Daemon):
         # A namespace of our own: the runc shim keeps state in /run/containerd/runc/<ns>.
         self.namespace = f"vgpu-test-{secrets.token_hex(3)}"
 
-    def start(self, timeout: float = 30) -> Containerd:
-        self.config.write_text("\n".join([
+    #: Plugins this machine cannot or need not run (and the CRI plugin, but in CriContainerd).
+    disabled_plugins: tuple[str, ...] = (
+        "io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs",
+        "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+        "io.containerd.snapshotter.v1.aufs")
+
+    def config_text(self) -> str:
+        """containerd's config file (version 2)."""
+        return "\n".join([
             "version = 2",
             f'root = "{self.root}"',
             f'state = "{self.state}"',
-            'disabled_plugins = ["io.containerd.grpc.v1.cri", '
-            '"io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", '
-            '"io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]',
+            f"disabled_plugins = {json.dumps(list(self.disabled_plugins))}",
             "[grpc]",
             f'  address = "{self.socket}"',
             "[ttrpc]",
@@ -163,7 +169,10 @@ class Containerd(_Daemon):
             "[metrics]",
             '  address = ""',
             "",
-        ]))
+        ])
+
+    def start(self, timeout: float = 30) -> Containerd:
+        self.config.write_text(self.config_text())
         self._spawn(["containerd", "--config", str(self.config)])
 
         def ready() -> bool:
@@ -193,6 +202,83 @@ class Containerd(_Daemon):
                     self.ctr("containers", "delete", c, check=False, timeout=10)
         super().stop(timeout)
         shutil.rmtree(f"/run/containerd/runc/{self.namespace}", ignore_errors=True)
+
+
+class CriContainerd(Containerd):
+    """containerd with its CRI plugin, configured as on a Kubernetes node that runs vgpu.
+
+    Its own root, state and socket; CRI's namespace `k8s.io` (the runc shim keeps that
+    namespace's state in /run/containerd/runc/k8s.io, shared with any other CRI
+    containerd on the host: container ids are random, and nothing here removes the
+    directory); the sandbox image `sandbox_image`, imported locally (no registry is
+    reachable); `restrict_oom_score_adj` (the kubelet's pods may not lower their OOM
+    score below containerd's own, which this VM sets); the runtime handlers `runc` and
+    `vgpu` (io.containerd.vgpu.v2 through this checkout's containerd-shim-vgpu-v2, the
+    pod's and the container's `vgpu.io/*` annotations passed through to the OCI spec:
+    what `vgpu install containerd` writes); no CNI network (the tests' pods use the
+    host's network) and no CDI.
+    """
+
+    name = "containerd"
+    disabled_plugins = tuple(p for p in Containerd.disabled_plugins
+                             if p != "io.containerd.grpc.v1.cri")
+
+    def __init__(self, tmp: Path, env: dict[str, str], sandbox_image: str) -> None:
+        super().__init__(tmp, env)
+        self.namespace = "k8s.io"
+        self.sandbox_image = sandbox_image
+        self.shim = NATIVE_BIN / "containerd-shim-vgpu-v2"
+
+    def config_text(self) -> str:
+        cri = '[plugins."io.containerd.grpc.v1.cri"]'
+        return super().config_text() + "\n".join([
+            cri,
+            f'  sandbox_image = "{self.sandbox_image}"',
+            "  restrict_oom_score_adj = true",
+            '  stream_server_address = "127.0.0.1"',
+            '  stream_server_port = "0"',
+            f"  [{cri[1:-1]}.containerd]",
+            '    default_runtime_name = "runc"',
+            '    snapshotter = "overlayfs"',
+            f"  [{cri[1:-1]}.containerd.runtimes.runc]",
+            '    runtime_type = "io.containerd.runc.v2"',
+            f"  [{cri[1:-1]}.containerd.runtimes.vgpu]",
+            '    runtime_type = "io.containerd.vgpu.v2"',
+            f'    runtime_path = "{self.shim}"',
+            '    pod_annotations = ["vgpu.io/*"]',
+            '    container_annotations = ["vgpu.io/*"]',
+            f"  [{cri[1:-1]}.cni]",
+            f'    bin_dir = "{self.tmp / "cni-bin"}"',
+            f'    conf_dir = "{self.tmp / "cni-conf"}"',
+            "",
+        ])
+
+    def start(self, timeout: float = 30) -> CriContainerd:
+        super().start(timeout)
+        return self
+
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI archive into CRI's namespace (unpacked for its snapshotter)."""
+        self.ctr("images", "import", str(archive))
+
+    def restart(self, timeout: float = 30) -> CriContainerd:
+        """Stop containerd alone (SIGTERM; its shims and their containers run on, as in a
+        `systemctl restart containerd`) and start it again on the same root and state."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=timeout)
+        return self.start(timeout)
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            from support.cri import Cri
+            cri = Cri(self.socket, timeout=30)
+            with contextlib.suppress(Exception):
+                cri.remove_all()
+            cri.close()
+        # Containerd.stop's ctr clean-up would find nothing left; skip its rmtree of
+        # the shared k8s.io runc root.
+        _Daemon.stop(self, timeout)
 
 
 class Dockerd(_Daemon):

@@ -12,6 +12,8 @@ test session (per process) and then copied to `dest`:
 - build_tarball(dest)          -> dest, a plain tar of the rootfs (`docker import`)
 - build_oci_archive(dest, ref) -> dest, an OCI image layout tar (`ctr images import`)
 
+build_pause_archive(dest, ref) writes the CRI sandbox image the same way: one file,
+/pause (tests/support/pause.c, built static), the image's entrypoint.
 make_bundle(...) makes a runc bundle around a rootfs.
 """
 from __future__ import annotations
@@ -29,8 +31,8 @@ from pathlib import Path
 
 from support.paths import BUILD, SIMGPU_DIR, TEST_BIN
 
-__all__ = ["BUSYBOX", "PATH_ENV", "build_oci_archive", "build_rootfs", "build_tarball",
-           "make_bundle"]
+__all__ = ["BUSYBOX", "PATH_ENV", "build_oci_archive", "build_pause_archive", "build_rootfs",
+           "build_tarball", "make_bundle"]
 
 BUSYBOX = Path("/bin/busybox")
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -143,25 +145,20 @@ def _blob(blobs: Path, data: bytes) -> tuple[str, int]:
     return digest, len(data)
 
 
-def build_oci_archive(dest: Path, ref: str) -> Path:
-    """Write an OCI image layout tar at `dest` naming the image `ref`; returns `dest`.
-
-    One uncompressed layer (the rootfs), a config with Env PATH and Cmd ["/bin/sh"].
-    `ctr images import dest` names it `ref` (annotation io.containerd.image.name); use a
-    full reference such as ``docker.io/library/vgpu-test:latest``.
-    """
+def _oci_archive(dest: Path, ref: str, layer: bytes, image_config: dict[str, object]) -> Path:
+    """Write an OCI image layout tar at `dest`: one uncompressed layer, the given image
+    config (Env, Cmd, Entrypoint), named `ref` for `ctr images import`."""
     with tempfile.TemporaryDirectory(prefix="vgpu-oci-") as tmp:
         layout = Path(tmp)
         blobs = layout / "blobs" / "sha256"
         blobs.mkdir(parents=True)
-        layer = _tarball().read_bytes()
         layer_digest, layer_size = _blob(blobs, layer)
         config = {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Env": [PATH_ENV], "Cmd": ["/bin/sh"]},
+            "config": image_config,
             "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-            "history": [{"created_by": "tests/images.py"}],
+            "history": [{"created_by": "tests/support/images.py"}],
         }
         config_digest, config_size = _blob(blobs, json.dumps(config).encode())
         manifest = {
@@ -189,6 +186,33 @@ def build_oci_archive(dest: Path, ref: str) -> Path:
         (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
         _tar(layout, dest)
     return dest
+
+
+def build_oci_archive(dest: Path, ref: str) -> Path:
+    """Write an OCI image layout tar at `dest` naming the image `ref`; returns `dest`.
+
+    One uncompressed layer (the rootfs), a config with Env PATH and Cmd ["/bin/sh"].
+    `ctr images import dest` names it `ref` (annotation io.containerd.image.name); use a
+    full reference such as ``docker.io/library/vgpu-test:latest``.
+    """
+    return _oci_archive(dest, ref, _tarball().read_bytes(),
+                        {"Env": [PATH_ENV], "Cmd": ["/bin/sh"]})
+
+
+def _pause_tar() -> Path:
+    def make(path: Path) -> None:
+        root = path.with_suffix(".d")
+        root.mkdir()
+        subprocess.run(["gcc", "-static", "-Os", "-s", "-o", str(root / "pause"),
+                        str(Path(__file__).with_name("pause.c"))], check=True)
+        _tar(root, path)
+    return _cached("pause.tar", make)
+
+
+def build_pause_archive(dest: Path, ref: str) -> Path:
+    """Write the CRI sandbox image (a static /pause, its entrypoint) as an OCI image
+    layout tar at `dest` naming it `ref` (the CRI plugin's `sandbox_image`); returns dest."""
+    return _oci_archive(dest, ref, _pause_tar().read_bytes(), {"Entrypoint": ["/pause"]})
 
 
 def make_bundle(bundle: Path, *, args: list[str], env: list[str] | None = None,
