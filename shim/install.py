@@ -13,11 +13,15 @@ arbiter.shipped) with the absolute paths of this installation's compiled program
 (arbiter.native.program_path: arbiter/native/bin/ in the wheel, build/bin/ in a checkout):
 
 - docker: daemon.json `runtimes.vgpu.path` = vgpu-runtime (`docker run --runtime=vgpu`).
-- containerd: the drop-in `<config dir>/conf.d/vgpu.toml` (CRI runtime `vgpu`, its
-  `runtime_path` = containerd-shim-vgpu-v2: containerd >= 1.6 runs that binary for the
-  handler whatever its PATH), the `imports` line for it in the main config, and a
-  symlink `<bin dir>/containerd-shim-vgpu-v2` so that `ctr run --runtime
-  io.containerd.vgpu.v2` (which resolves the shim by name on containerd's PATH) finds it.
+- containerd: the drop-in `<config dir>/conf.d/vgpu.toml`: the CRI section the host's
+  config gives containerd (containerd 1.x replaces a plugin's whole section from an
+  import: shim.containerd_cri) with the runtime handler `vgpu` added (`runtime_path` =
+  containerd-shim-vgpu-v2: containerd >= 1.6 runs that binary for the handler whatever
+  its PATH; `pod_annotations` and `container_annotations` = `vgpu.io/*`) and, with
+  --set-as-default, `default_runtime_name = "vgpu"`; the `imports` line for it in the
+  main config, and a symlink `<bin dir>/containerd-shim-vgpu-v2` so that `ctr run
+  --runtime io.containerd.vgpu.v2` (which resolves the shim by name on containerd's
+  PATH) finds it.
 - podman: an OCI hooks.d file (Podman, CRI-O) that runs vgpu-hook at every stage the
   shipped file lists (prestart and poststop).
 """
@@ -37,9 +41,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import tomli_w
+
 from arbiter.errors import ShippedFileNotFoundError
 from arbiter.native import program_path
 from arbiter.shipped import shipped_file
+from shim.containerd_cri import CRI_PLUGIN, RUNTIME_NAME, cri_section, import_paths, with_vgpu
 from shim.errors import InstallError
 
 __all__ = [
@@ -232,28 +239,29 @@ def dropin_path(config: Path) -> Path:
     return config.parent / "conf.d" / "vgpu.toml"
 
 
-_RUNTIME_TYPE = re.compile(r"^(?P<indent>[ \t]*)runtime_type[ \t]*=.*$", re.MULTILINE)
-
-
-def dropin_text(shim_path: str) -> str:
-    """The shipped containerd drop-in with `runtime_path` = `shim_path` under each runtime."""
+def _shipped_runtime(shim_path: str) -> dict[str, Any]:
+    """The shipped snippet's `vgpu` CRI runtime, with `runtime_path` = `shim_path`
+    (containerd >= 1.6 runs that binary for the handler whatever its PATH)."""
     path, text = _snippet("containerd")
-    template = _toml(path, text)
-    new = _RUNTIME_TYPE.sub(
-        lambda m: f"{m.group(0)}\n{m.group('indent')}runtime_path = {json.dumps(shim_path)}",
-        text)
-    runtimes = _cri_runtimes(template)
-    expected = json.loads(json.dumps(template))
-    for name in runtimes:
-        _cri_runtimes(expected)[name]["runtime_path"] = shim_path
-    if not runtimes or _toml(path, new) != expected:
-        raise InstallError(path, "cannot set runtime_path in the shipped snippet "
-                                 "(one runtime_type line per CRI runtime expected)")
-    return new
+    runtime = _cri_runtimes(_toml(path, text)).get(RUNTIME_NAME)
+    if not isinstance(runtime, dict) or "runtime_type" not in runtime:
+        raise InstallError(path, f"the shipped snippet has no CRI runtime {RUNTIME_NAME!r}")
+    return {**runtime, "runtime_path": shim_path}
+
+
+def dropin_text(config: Path, section: dict[str, Any]) -> str:
+    """The drop-in: the shipped snippet's comments, then the CRI section it must hold."""
+    _, text = _snippet("containerd")
+    comments = "".join(line for line in text.splitlines(keepends=True)
+                       if line.startswith("#"))
+    note = (f"#\n# Written by `vgpu install containerd` from {config}: containerd 1.x takes an\n"
+            "# imported plugin section whole, so this is that config's CRI section with the\n"
+            "# vgpu runtime added. Run `vgpu install containerd` again after editing it.\n")
+    return comments + note + tomli_w.dumps({"version": 2, "plugins": {CRI_PLUGIN: section}})
 
 
 def _cri_runtimes(doc: dict[str, Any]) -> dict[str, Any]:
-    runtimes: dict[str, Any] = (doc.get("plugins", {}).get("io.containerd.grpc.v1.cri", {})
+    runtimes: dict[str, Any] = (doc.get("plugins", {}).get(CRI_PLUGIN, {})
                                 .get("containerd", {}).get("runtimes", {}))
     return runtimes
 
@@ -301,24 +309,40 @@ def _link(path: Path, target: str) -> Link:
         raise InstallError(path, reason) from e
 
 
-def plan_containerd(path: Path, shim_path: str, bin_dir: Path) -> list[Step]:
-    """The drop-in, the main config's imports line (a new main config if there is none)
-    and the shim's link on containerd's PATH."""
+def _imported(config: Path, imports: list[Any], ours: Path) -> list[dict[str, Any]]:
+    """The documents of the files `imports` names (ours and missing ones left out)."""
+    docs = []
+    for path in import_paths(config, [str(i) for i in imports]):
+        if path == ours:
+            continue
+        text = _read(path)
+        if text is not None:
+            docs.append(_toml(path, text))
+    return docs
+
+
+def plan_containerd(path: Path, shim_path: str, bin_dir: Path, *, set_default: bool = False,
+                    out: Callable[[str], None] = print) -> list[Step]:
+    """The drop-in (the config's CRI section with the vgpu runtime, and with set_default
+    vgpu as the default runtime), the main config's imports line (a new main config if
+    there is none) and the shim's link on containerd's PATH."""
     dropin = dropin_path(path)
-    steps: list[Step] = [Change(dropin, _read(dropin), dropin_text(shim_path)),
-                         _link(bin_dir / SHIM, shim_path)]
     old = _read(path)
-    if old is None or not old.strip():
-        new = f"version = 2\nimports = [{json.dumps(str(dropin))}]\n"
-        return [*steps, Change(path, old, new if old is None else old + new)]
-    doc = _toml(path, old)
-    if doc.get("version", 1) != 2:
+    doc = _toml(path, old) if old is not None and old.strip() else {}
+    if doc and doc.get("version", 1) != 2:
         raise InstallError(path, f"config version {doc.get('version', 1)} is not supported "
                                  "(vgpu writes a version 2 drop-in; run `containerd config "
                                  "migrate` first)")
     imports = doc.get("imports", [])
     if not isinstance(imports, list):
         raise InstallError(path, "imports is not a list")
+    section = with_vgpu(cri_section(doc, _imported(path, imports, dropin)),
+                        _shipped_runtime(shim_path), set_default=set_default, warn=out)
+    steps: list[Step] = [Change(dropin, _read(dropin), dropin_text(path, section)),
+                         _link(bin_dir / SHIM, shim_path)]
+    if old is None or not old.strip():
+        new = f"version = 2\nimports = [{json.dumps(str(dropin))}]\n"
+        return [*steps, Change(path, old, new if old is None else old + new)]
     if str(dropin) in imports:
         return [*steps, Change(path, old, old)]
     new = _with_import(path, old, str(dropin))
@@ -392,13 +416,16 @@ def _program(name: str, explicit: str | None, flag: str) -> str:
 
 def plan(target: str, config_file: Path, *, runtime_path: str | None = None,
          hook_path: str | None = None, shim_path: str | None = None,
-         bin_dir: Path = DEFAULT_BIN_DIR) -> list[Step]:
-    """The steps that register vgpu with `target`, for the config file given."""
+         bin_dir: Path = DEFAULT_BIN_DIR, set_default: bool = False,
+         out: Callable[[str], None] = print) -> list[Step]:
+    """The steps that register vgpu with `target`, for the config file given
+    (set_default: containerd only, vgpu becomes the CRI default runtime)."""
     if target == "docker":
         return [*plan_docker(config_file, _program("vgpu-runtime", runtime_path,
                                                    "--runtime-path"))]
     if target == "containerd":
-        return plan_containerd(config_file, _program(SHIM, shim_path, "--shim-path"), bin_dir)
+        return plan_containerd(config_file, _program(SHIM, shim_path, "--shim-path"), bin_dir,
+                               set_default=set_default, out=out)
     if target == "podman":
         return [*plan_podman(config_file, _program("vgpu-hook", hook_path, "--hook-path"))]
     raise InstallError(config_file, f"unknown target {target!r}: use {', '.join(TARGETS)}")
@@ -420,6 +447,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"{SHIM} for containerd (default: this installation's compiled one)")
     p.add_argument("--bin-dir", metavar="DIR", type=Path, default=DEFAULT_BIN_DIR,
                    help=f"where containerd finds {SHIM} by name (default: {DEFAULT_BIN_DIR})")
+    p.add_argument("--set-as-default", action="store_true",
+                   help="containerd: make vgpu the CRI default runtime (containers that ask "
+                        "for no vGPU pass through it untouched); without it an earlier "
+                        "default is undone")
 
 
 def _found_by(target: str, steps: Sequence[Step]) -> str | None:
@@ -436,8 +467,12 @@ def _found_by(target: str, steps: Sequence[Step]) -> str | None:
 def run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     """Carry out `vgpu install` for parsed args."""
     config_file = args.config_file or DEFAULT_FILES[args.target]
+    if args.set_as_default and args.target != "containerd":
+        raise InstallError(Path(config_file), "--set-as-default is for containerd only (Docker: "
+                                              '"default-runtime": "vgpu" in daemon.json)')
     steps = plan(args.target, Path(config_file), runtime_path=args.runtime_path,
-                 hook_path=args.hook_path, shim_path=args.shim_path, bin_dir=args.bin_dir)
+                 hook_path=args.hook_path, shim_path=args.shim_path, bin_dir=args.bin_dir,
+                 set_default=args.set_as_default, out=out)
     changed = apply(steps, dry_run=args.dry_run, out=out)
     if not changed:
         out(f"vgpu: {args.target} is already configured ({config_file}): nothing to change")

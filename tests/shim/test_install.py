@@ -114,11 +114,16 @@ def test_containerd_dropin_import_and_shim_link(tmp_path):
     assert doc["plugins"]["io.containerd.grpc.v1.cri"]["cni"]["bin_dir"] == "/usr/lib/cni"
     runtime = cri_runtimes(tomllib.loads(dropin.read_text()))["vgpu"]
     assert runtime == {"runtime_type": "io.containerd.vgpu.v2", "runtime_path": SHIM,
-                       "pod_annotations": ["vgpu.io/*"]}
-    # The shipped snippet is the drop-in, with the shim's absolute path added.
-    shipped = tomllib.loads((SHIPPED / "containerd" / "vgpu.toml").read_text())
-    cri_runtimes(shipped)["vgpu"]["runtime_path"] = SHIM
-    assert tomllib.loads(dropin.read_text()) == shipped
+                       "pod_annotations": ["vgpu.io/*"], "container_annotations": ["vgpu.io/*"]}
+    # The shipped snippet's runtime, with the shim's absolute path added; the main
+    # config's CRI section carried whole (containerd 1.x takes an imported section whole),
+    # with containerd's own runc handler, which the main config left to the defaults.
+    shipped = cri_runtimes(tomllib.loads((SHIPPED / "containerd" / "vgpu.toml").read_text()))
+    assert runtime == {**shipped["vgpu"], "runtime_path": SHIM}
+    assert tomllib.loads(dropin.read_text()) == {"version": 2, "plugins": {
+        "io.containerd.grpc.v1.cri": {"cni": {"bin_dir": "/usr/lib/cni"}, "containerd": {
+            "runtimes": {"runc": {"runtime_type": "io.containerd.runc.v2"},
+                         "vgpu": runtime}}}}}
     # ctr resolves io.containerd.vgpu.v2 by name on containerd's PATH: the link.
     link = bin_dir / "containerd-shim-vgpu-v2"
     assert os.readlink(link) == SHIM
@@ -246,15 +251,115 @@ def test_dry_run_prints_diff_and_changes_nothing(tmp_path, target):
                 in out)
 
 
-def test_containerd_reads_the_dropin_it_imports(tmp_path):
-    """containerd itself (>= 1.6: runtime_path) merges the drop-in into its config."""
+def containerd_dump(config: Path) -> dict:
+    """The config containerd itself makes of `config` and what it imports."""
     if shutil.which("containerd") is None:
         pytest.skip("containerd is not installed (scripts/install-deps.sh installs it)")
-    f = tmp_path / "config.toml"
-    ok("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
-    p = subprocess.run(["containerd", "--config", str(f), "config", "dump"],
+    p = subprocess.run(["containerd", "--config", str(config), "config", "dump"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    runtime = cri_runtimes(tomllib.loads(p.stdout))["vgpu"]
-    assert (runtime["runtime_type"], runtime["runtime_path"], runtime["pod_annotations"]) == (
-        "io.containerd.vgpu.v2", SHIM, ["vgpu.io/*"])
+    return tomllib.loads(p.stdout)
+
+
+def test_containerd_reads_the_dropin_it_imports(tmp_path):
+    """containerd itself (>= 1.6: runtime_path) merges the drop-in into its config."""
+    f = tmp_path / "config.toml"
+    ok("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
+    dump = containerd_dump(f)
+    runtime = cri_runtimes(dump)["vgpu"]
+    assert (runtime["runtime_type"], runtime["runtime_path"], runtime["pod_annotations"],
+            runtime["container_annotations"]) == (
+        "io.containerd.vgpu.v2", SHIM, ["vgpu.io/*"], ["vgpu.io/*"])
+    # The default handler is still there: without it the CRI plugin would not load.
+    cri = dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert cri["default_runtime_name"] == "runc"
+    assert cri_runtimes(dump)["runc"]["runtime_type"] == "io.containerd.runc.v2"
+
+
+#: A Kubernetes node's main config: the sandbox image, CNI, the systemd cgroup driver.
+NODE_CONFIG = """version = 2
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.example/pause:3.9"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = true
+"""
+
+
+def test_containerd_keeps_the_nodes_cri_settings(tmp_path):
+    """A drop-in with the vgpu runtime alone would replace the node's whole CRI section
+    (containerd#5837): containerd's own view keeps every setting, and vgpu's handler the
+    node's cgroup driver."""
+    f = tmp_path / "config.toml"
+    f.write_text(NODE_CONFIG)
+    ok("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
+    cri = containerd_dump(f)["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["sandbox_image"] == "registry.example/pause:3.9"
+    assert (cri["cni"]["bin_dir"], cri["cni"]["conf_dir"]) == ("/opt/cni/bin", "/etc/cni/net.d")
+    assert cri["containerd"]["snapshotter"] == "overlayfs"
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    runtimes = cri["containerd"]["runtimes"]
+    assert runtimes["runc"]["options"]["SystemdCgroup"] is True
+    assert runtimes["vgpu"]["options"]["SystemdCgroup"] is True
+    assert runtimes["vgpu"]["runtime_path"] == SHIM
+
+
+def test_containerd_later_import_wins_and_binary_name_is_not_inherited(tmp_path):
+    """An import the main config already has replaces its CRI section in containerd: the
+    drop-in (last) carries that one. runc's BinaryName would bypass vgpu-runtime: not
+    inherited, and the line says to set runtime.lower instead."""
+    (tmp_path / "site.toml").write_text(
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        '  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+        '    BinaryName = "/usr/bin/nvidia-container-runtime"\n    SystemdCgroup = true\n')
+    f = tmp_path / "config.toml"
+    f.write_text('version = 2\nimports = ["site.toml"]\n' + NODE_CONFIG.split("\n", 1)[1])
+    out = ok("containerd", "--config-file", str(f), "--bin-dir", str(tmp_path / "bin"))
+    assert ("vgpu: the runc runtime runs /usr/bin/nvidia-container-runtime: set "
+            "`runtime.lower: /usr/bin/nvidia-container-runtime` in vgpu's config") in out
+    cri = containerd_dump(f)["plugins"]["io.containerd.grpc.v1.cri"]
+    runtimes = cri["containerd"]["runtimes"]
+    assert runtimes["runc"]["options"]["BinaryName"] == "/usr/bin/nvidia-container-runtime"
+    assert runtimes["vgpu"]["options"] == {"SystemdCgroup": True}
+
+
+def test_containerd_set_as_default(tmp_path):
+    f = tmp_path / "config.toml"
+    f.write_text(NODE_CONFIG)
+    bin_dir = ("--bin-dir", str(tmp_path / "bin"))
+    before = snapshot(tmp_path)
+    out = ok("containerd", "--config-file", str(f), "--set-as-default", "--dry-run", *bin_dir)
+    assert '+default_runtime_name = "vgpu"' in out and "dry run: nothing was changed" in out
+    assert snapshot(tmp_path) == before
+    ok("containerd", "--config-file", str(f), "--set-as-default", *bin_dir)
+    cri = containerd_dump(f)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
+    assert cri["default_runtime_name"] == "vgpu"
+    assert cri["runtimes"]["vgpu"]["runtime_path"] == SHIM
+    assert cri["runtimes"]["runc"]["options"]["SystemdCgroup"] is True  # still there
+    assert (tmp_path / "config.toml.vgpu.bak").read_text() == NODE_CONFIG
+    first = snapshot(tmp_path)
+    assert "already configured" in ok("containerd", "--config-file", str(f),
+                                       "--set-as-default", *bin_dir)
+    assert snapshot(tmp_path) == first
+    # Without the flag the default goes back to what the node's config says.
+    ok("containerd", "--config-file", str(f), *bin_dir)
+    assert containerd_dump(f)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"][
+        "default_runtime_name"] == "runc"
+
+
+@pytest.mark.parametrize("target", ["docker", "podman"])
+def test_set_as_default_is_for_containerd_only(tmp_path, target):
+    f = tmp_path / "conf.json"
+    p = vgpu_install(target, "--config-file", str(f), "--set-as-default")
+    assert p.returncode == 1
+    assert p.stderr == (f"vgpu: failed to configure {f}: --set-as-default is for containerd "
+                        'only (Docker: "default-runtime": "vgpu" in daemon.json)\n')
+    assert not f.exists()
