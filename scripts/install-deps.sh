@@ -4,7 +4,8 @@
 #   Debian packages: gcc, make, libc6-dev (apt-get, only when one is missing);
 #                    for the end-to-end tests runc, crun, containerd, docker.io, podman and
 #                    busybox-static (an engine counts as present when its command
-#                    is on PATH, however it was installed: docker-ce's dockerd will do)
+#                    is on PATH, however it was installed: docker-ce's dockerd will do);
+#                    prometheus for tests/e2e/test_prometheus.py (a real server scraping vgpud)
 #   Python packages: the project's runtime dependencies and its `test` extra, read from
 #                    pyproject.toml (the tests import the packages from the checkout)
 set -euo pipefail
@@ -23,10 +24,11 @@ if [[ -x .venv/bin/python ]] || externally_managed; then
     DEB_PACKAGES+=(python3-venv)
 fi
 
-# command -> Debian package, for the container engines the end-to-end tests drive.
+# command -> Debian package, for the container engines the end-to-end tests drive
+# (and the Prometheus server that scrapes vgpud in one of them).
 ENGINE_PACKAGES=(runc:runc crun:crun containerd:containerd ctr:containerd
                  containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io
-                 podman:podman)
+                 podman:podman prometheus:prometheus)
 
 deb_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
@@ -55,7 +57,7 @@ if ((${#missing[@]})); then
     "${SUDO[@]}" apt-get update -q
     DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
 else
-    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman busybox-static)"
+    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman prometheus busybox-static)"
 fi
 
 if ((USE_VENV)); then
