@@ -28,12 +28,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANNOTATION_PREFIX",
+    "APP_CONTAINER",
+    "CONTAINER_TYPE_KEYS",
     "COUNT_MAX",
     "ENV_KEYS",
     "ENV_REQUESTS_ANNOTATION",
     "INTERNAL_ANNOTATIONS",
     "REQUEST_KEYS",
+    "SANDBOX",
     "SLICE_ANNOTATION",
+    "container_type",
     "find_request",
     "parse_request",
     "preload_schema",
@@ -63,6 +67,13 @@ ENV_REQUESTS_ANNOTATION = "vgpu.io/env-requests"
 #: vgpu.io/* annotations that are not part of a request.
 INTERNAL_ANNOTATIONS = frozenset({SLICE_ANNOTATION, ENV_REQUESTS_ANNOTATION})
 
+#: What a CRI runtime writes on every spec of a pod, containerd's CRI plugin first, then
+#: CRI-O's: the pod's sandbox (pause) container or one of its application containers.
+#: containerd sets them after the pass-through annotations: a pod's own cannot override them.
+CONTAINER_TYPE_KEYS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType")
+SANDBOX = "sandbox"
+APP_CONTAINER = "container"
+
 #: More vGPUs than any host has GPUs; bounds the value before it reaches the proto's uint32.
 COUNT_MAX = 1024
 
@@ -78,6 +89,15 @@ _FORMS: Mapping[str, tuple[str, str]] = {
 _SCHEMA_NAME = "request.schema.json"
 
 
+def container_type(annotations: Mapping[str, object]) -> str | None:
+    """SANDBOX or APP_CONTAINER where a CRI runtime made the spec (CONTAINER_TYPE_KEYS),
+    else None. Sandbox wins over any other value: a pause container never gets a slice."""
+    kinds = {annotations.get(key) for key in CONTAINER_TYPE_KEYS}
+    if SANDBOX in kinds:
+        return SANDBOX
+    return APP_CONTAINER if APP_CONTAINER in kinds else None
+
+
 def find_request(annotations: Mapping[str, str], env: Sequence[str], *,
                  allow_env: bool) -> dict[str, str] | None:
     """The raw request: ``vgpu.io/<key>`` -> value, from annotations, else from env.
@@ -88,18 +108,26 @@ def find_request(annotations: Mapping[str, str], env: Sequence[str], *,
     `allow_env` and only when no annotation asks; its names map to the annotation
     names (VGPU_MEMORY -> vgpu.io/memory); the first item of a name wins, as getenv
     does. Other VGPU_* variables (libvgpu's own settings) are not requests.
+
+    Kubernetes pods (docs/containers.md "Kubernetes pods"): a pod's sandbox asks for
+    nothing, whatever it carries; an application container whose keys (the pod's
+    merged with its own) name no memory asks for nothing either: the pod's keys reach
+    every container and cannot be told from its own in the spec.
     None: the container asks for no vGPU.
     """
+    kind = container_type(annotations)
+    if kind == SANDBOX:
+        return None
     raw = {k: v for k, v in annotations.items()
            if k.startswith(ANNOTATION_PREFIX) and k not in INTERNAL_ANNOTATIONS}
-    if raw:
-        return raw
-    if allow_env:
+    if not raw and allow_env:
         for item in env:
             name, sep, value = item.partition("=")
             key = ENV_KEYS.get(name)
             if sep and key is not None and key not in raw:
                 raw[key] = value
+    if kind == APP_CONTAINER and MEMORY not in raw:
+        return None
     return raw or None
 
 

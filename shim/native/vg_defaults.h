@@ -21,6 +21,12 @@
 #define VG_DEFAULT_LOWER "runc"
 /* oci_hook.request.ANNOTATION_PREFIX: annotations that may ask for a vGPU */
 #define VG_ANNOTATION_PREFIX "vgpu.io/"
+/* oci_hook.request.CONTAINER_TYPE_KEYS: what containerd's CRI plugin, then CRI-O, write on
+ * every spec of a pod; a value of VG_SANDBOX_TYPE (oci_hook.request.SANDBOX) is the pod's
+ * sandbox (pause) container, which asks for nothing whatever else it carries */
+#define VG_CRI_TYPE_KEY "io.kubernetes.cri.container-type"
+#define VG_CRIO_TYPE_KEY "io.kubernetes.cri-o.ContainerType"
+#define VG_SANDBOX_TYPE "sandbox"
 /* process.env entries that may ask for a vGPU (VGPU_MEMORY, ...) */
 #define VG_ENV_PREFIX "VGPU_"
 /* containerd-shim-vgpu-v2's private bin dir, beside the programs: its runc is vgpu-runtime */

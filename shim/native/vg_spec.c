@@ -21,11 +21,15 @@ enum role {
     R_BUNDLE,       /* top-level "bundle" (OCI state) */
     R_STATUS,       /* top-level "status" (OCI state) */
     R_ID,           /* top-level "id" (OCI state) */
+    R_CRI_TYPE,     /* annotations[VG_CRI_TYPE_KEY] */
+    R_CRIO_TYPE,    /* annotations[VG_CRIO_TYPE_KEY] */
 };
 
 struct walk {
     const char *p, *end;
     struct vg_spec *out;
+    /* Per type key (R_CRI_TYPE, R_CRIO_TYPE): its last value is VG_SANDBOX_TYPE. */
+    int sandbox[2];
 };
 
 static int value(struct walk *w, int depth, enum role role);
@@ -159,6 +163,8 @@ static int string_value(struct walk *w, enum role role)
     }
     if (!string(w, small, sizeof(small), &total))
         return 0;
+    if (role == R_CRI_TYPE || role == R_CRIO_TYPE)
+        w->sandbox[role - R_CRI_TYPE] = is(small, total, VG_SANDBOX_TYPE);
     if (role == R_ENV_ITEM && starts(small, total, sizeof(small), VG_ENV_PREFIX))
         w->out->asks = 1;
     return 1;
@@ -180,12 +186,18 @@ static enum role member_role(enum role parent, const char *key, size_t klen)
     }
     if (parent == R_PROCESS && is(key, klen, "env"))
         return R_ENV;
+    if (parent == R_ANNOTATIONS && is(key, klen, VG_CRI_TYPE_KEY))
+        return R_CRI_TYPE;
+    if (parent == R_ANNOTATIONS && is(key, klen, VG_CRIO_TYPE_KEY))
+        return R_CRIO_TYPE;
     return R_OTHER;
 }
 
 static int object(struct walk *w, int depth, enum role role)
 {
     w->p++;                       /* '{' */
+    if (role == R_ANNOTATIONS)    /* a repeated "annotations" replaces the one before */
+        w->sandbox[0] = w->sandbox[1] = 0;
     if (eat(w, '}'))
         return 1;
     do {
@@ -196,7 +208,10 @@ static int object(struct walk *w, int depth, enum role role)
             return 0;
         if (role == R_ANNOTATIONS && starts(key, klen, sizeof(key), VG_ANNOTATION_PREFIX))
             w->out->asks = 1;
-        if (!value(w, depth + 1, member_role(role, key, klen)))
+        enum role member = member_role(role, key, klen);
+        if (member == R_CRI_TYPE || member == R_CRIO_TYPE)
+            w->sandbox[member - R_CRI_TYPE] = 0;   /* a value that is no string is no sandbox */
+        if (!value(w, depth + 1, member))
             return 0;
     } while (eat(w, ','));
     return eat(w, '}');
@@ -287,8 +302,11 @@ void vg_spec_scan(const char *text, size_t len, struct vg_spec *out)
     struct walk w = {.p = text, .end = text + len, .out = out};
     int ok = value(&w, 0, R_TOP);
     skip_ws(&w);
-    if (ok && w.p == w.end)
+    if (ok && w.p == w.end) {
+        if (w.sandbox[0] || w.sandbox[1])
+            out->asks = 0;        /* a pod's sandbox never gets a slice */
         return;
+    }
     /* Not JSON: vgpud could not read a request from it either, but stay on the safe side
      * where the bytes could spell one (directly or through an escape). */
     memset(out, 0, sizeof(*out));

@@ -4,7 +4,12 @@
  * `annotations` object and the strings of `process.env`, with escapes decoded (a key
  * spelt with \u escapes is still recognised). A superset of vgpud's exact test
  * (oci_hook.request.find_request): false means certainly no request, so the container
- * passes through without vgpud; true means vgpud decides. */
+ * passes through without vgpud; true means vgpud decides.
+ * A pod's sandbox (VG_CRI_TYPE_KEY or VG_CRIO_TYPE_KEY = VG_SANDBOX_TYPE) asks for
+ * nothing, whatever else it carries; like Python's json, the last top-level `annotations`
+ * object and the last of a repeated key decide. The hook judges its OCI state and the
+ * bundle's config.json each on its own: the state carries the spec's annotations
+ * (runtime-spec state.md), so this agrees with vgpud, which lays one over the other. */
 #ifndef VG_SPEC_H
 #define VG_SPEC_H
 
@@ -13,7 +18,8 @@
 #include "vg_common.h"
 
 struct vg_spec {
-    int asks;                    /* a vgpu.io/ annotation key or a VGPU_ env entry */
+    int asks;                    /* a vgpu.io/ annotation key or a VGPU_ env entry, in a
+                                    document that is not a pod's sandbox */
     int malformed;               /* not one JSON value; `asks` then says whether the raw
                                     bytes could spell a request at all */
     char bundle[VG_PATH_MAX];    /* the top-level "bundle" string (an OCI state), or "" */

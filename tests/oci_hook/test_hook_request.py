@@ -9,10 +9,19 @@ from support.paths import ROOT
 
 from arbiter.model import OwnerKind, Policy, Priority, Request
 from oci_hook.errors import RequestError
-from oci_hook.request import ENV_KEYS, REQUEST_KEYS, find_request, parse_request, schema_path
+from oci_hook.request import (
+    CONTAINER_TYPE_KEYS,
+    ENV_KEYS,
+    REQUEST_KEYS,
+    container_type,
+    find_request,
+    parse_request,
+    schema_path,
+)
 
 DEFAULTS = (10, Priority.NORMAL, Policy.FIXED)
 MEM = "vgpu.io/memory"
+CRI, CRIO = "io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"
 
 
 def parse(raw: dict[str, str]) -> Request:
@@ -119,6 +128,33 @@ FIND = [
     ("annotations-beat-env", {MEM: "1Gi"}, ["VGPU_MEMORY=2Gi", "VGPU_COUNT=2"], True,
      {MEM: "1Gi"}),
     ("env-without-equals", {}, ["VGPU_MEMORY"], True, None),
+    # Kubernetes pods: the sandbox asks for nothing, whatever the pod's keys say.
+    ("cri-sandbox", {CRI: "sandbox", MEM: "256Mi", "vgpu.io/compute": "30"}, [], True, None),
+    ("crio-sandbox", {CRIO: "sandbox", MEM: "256Mi"}, [], True, None),
+    ("sandbox-bad-request", {CRI: "sandbox", MEM: "lots", "vgpu.io/colour": "red"}, [], True,
+     None),
+    ("sandbox-env", {CRI: "sandbox"}, ["VGPU_MEMORY=1Gi"], True, None),
+    ("sandbox-wins-over-the-other-key", {CRI: "container", CRIO: "sandbox", MEM: "1Gi"}, [],
+     True, None),
+    # An application container: the pod's keys merged with its own; no memory, no vGPU.
+    ("cri-container-memory", {CRI: "container", MEM: "1Gi", "vgpu.io/priority": "high"}, [],
+     False, {MEM: "1Gi", "vgpu.io/priority": "high"}),
+    ("crio-container-memory", {CRIO: "container", MEM: "1Gi"}, [], False, {MEM: "1Gi"}),
+    ("cri-container-priority-only", {CRI: "container", "vgpu.io/priority": "high"}, [], True,
+     None),
+    ("crio-container-priority-only", {CRIO: "container", "vgpu.io/priority": "high"}, [], True,
+     None),
+    ("cri-container-bad-value-without-memory", {CRI: "container", "vgpu.io/compute": "1"}, [],
+     True, None),
+    ("cri-container-env-without-memory", {CRI: "container"}, ["VGPU_COMPUTE=30"], True, None),
+    ("cri-container-env-memory", {CRI: "container"}, ["VGPU_MEMORY=1Gi"], True, {MEM: "1Gi"}),
+    ("cri-container-bad-memory-still-asks", {CRI: "container", MEM: "lots"}, [], False,
+     {MEM: "lots"}),
+    # Outside a pod (runc, Docker, ctr) the keys are the container's own: an incomplete
+    # request is still a request (parse_request refuses it with one line).
+    ("plain-compute-only", {"vgpu.io/compute": "30"}, [], False, {"vgpu.io/compute": "30"}),
+    ("unknown-type-is-plain", {CRI: "podsandbox", "vgpu.io/priority": "high"}, [], False,
+     {"vgpu.io/priority": "high"}),
 ]
 
 
@@ -126,6 +162,31 @@ FIND = [
                          ids=[f[0] for f in FIND])
 def test_find_request(annotations, env, allow, want):
     assert find_request(annotations, env, allow_env=allow) == want
+
+
+@pytest.mark.parametrize(("annotations", "want"), [
+    pytest.param({}, None, id="none"),
+    pytest.param({CRI: "sandbox"}, "sandbox", id="cri-sandbox"),
+    pytest.param({CRIO: "sandbox"}, "sandbox", id="crio-sandbox"),
+    pytest.param({CRI: "container"}, "container", id="cri-container"),
+    pytest.param({CRIO: "container"}, "container", id="crio-container"),
+    pytest.param({CRI: "Sandbox"}, None, id="case-matters"),
+    pytest.param({"io.kubernetes.cri.sandbox-id": "sandbox"}, None, id="another-key"),
+])
+def test_container_type(annotations, want):
+    assert container_type(annotations) == want
+
+
+def test_the_container_type_keys_are_containerd_then_crio():
+    assert CONTAINER_TYPE_KEYS == (CRI, CRIO)
+
+
+def test_a_plain_container_without_memory_is_refused_with_one_line():
+    """Outside a pod the rule is unchanged: its own keys without memory are an error."""
+    raw = find_request({"vgpu.io/compute": "30"}, [], allow_env=False)
+    assert raw is not None
+    with pytest.raises(RequestError, match=r"^vgpu\.io/memory: missing: a vGPU request needs"):
+        parse(raw)
 
 
 def test_every_key_has_an_env_name_and_a_schema_property():

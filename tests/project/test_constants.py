@@ -24,7 +24,7 @@ from arbiter.config import Config
 from arbiter.native import PROGRAMS
 from arbiter.regions import region_name
 from oci_hook.mounts import CONTAINER_SCHED_DIR
-from oci_hook.request import ANNOTATION_PREFIX, ENV_KEYS
+from oci_hook.request import ANNOTATION_PREFIX, CONTAINER_TYPE_KEYS, ENV_KEYS, SANDBOX
 from shim import lifecycle
 
 DEFAULTS_H = ROOT / "shim" / "native" / "vg_defaults.h"
@@ -59,6 +59,10 @@ TWINS: dict[str, object] = {
     "VG_PROTOCOL_VERSION": lifecycle.VERSION,
     "VG_DEFAULT_LOWER": defaults.DEFAULT_LOWER_RUNTIME,
     "VG_ANNOTATION_PREFIX": ANNOTATION_PREFIX,
+    # A pod's sandbox asks for nothing: containerd's CRI plugin's key, then CRI-O's.
+    "VG_CRI_TYPE_KEY": CONTAINER_TYPE_KEYS[0],
+    "VG_CRIO_TYPE_KEY": CONTAINER_TYPE_KEYS[1],
+    "VG_SANDBOX_TYPE": SANDBOX,
     # The C pre-check's superset of the env requests Python accepts (VGPU_MEMORY, ...).
     "VG_ENV_PREFIX": _env_prefix(),
     "VG_SHIM_BIN_DIR": _shim_dir(),

@@ -79,6 +79,26 @@ def test_a_container_that_asks_for_nothing_exits_at_once_without_vgpud(host, pha
     assert vgpud.requests == [] and time.monotonic() - start < WAIT_S
 
 
+CRI, CRIO = "io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"
+#: A pod's sandbox as the CRI runtimes write it, the pod's vgpu.io/* keys passed through;
+#: runc's state carries the spec's annotations.
+SANDBOXES = {
+    "containerd": {CRI: "sandbox", "vgpu.io/memory": "256Mi", "vgpu.io/priority": "high"},
+    "cri-o": {CRIO: "sandbox", "vgpu.io/memory": "256Mi"},
+}
+
+
+@pytest.mark.parametrize("annotations", SANDBOXES.values(), ids=SANDBOXES.keys())
+@pytest.mark.parametrize("phase", ["prestart", "createRuntime", "poststop"])
+def test_a_pod_sandbox_exits_at_once_with_no_vgpud_at_all(host, phase, annotations):
+    host.spec({"ociVersion": "1.0.2", "process": {"env": ["VGPU_MEMORY=1Gi"]},
+               "annotations": annotations})
+    start = time.monotonic()
+    p = host.run(phase, host.state(annotations=annotations))   # nothing listens
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+    assert time.monotonic() - start < WAIT_S
+
+
 ASKS = {
     "spec-annotation": ({"annotations": {"vgpu.io/memory": "64Mi"}}, None),
     "spec-slice": ({"annotations": {"vgpu.io/slice": "s1"}}, None),
@@ -86,6 +106,9 @@ ASKS = {
     "spec-escaped": ({"annotations": {"\u0076gpu.io/memory": "64Mi"}}, None),
     "state-annotation": ({"process": {"env": []}}, {"vgpu.io/memory": "64Mi"}),
     "no-config-json": (None, None),
+    # A pod's application container: vgpud decides (without memory, no vGPU).
+    "cri-container": ({"annotations": {CRI: "container", "vgpu.io/priority": "high"}},
+                      {CRI: "container", "vgpu.io/priority": "high"}),
 }
 
 

@@ -55,6 +55,13 @@ def ok(_request):
 
 # --- specs that ask for nothing pass through, without vgpud ----------------------------------
 
+CRI, CRIO = "io.kubernetes.cri.container-type", "io.kubernetes.cri-o.ContainerType"
+#: A pod's sandbox (pause) container as containerd's CRI plugin writes it, with the pod's
+#: vgpu.io/* keys passed through (pod_annotations).
+SANDBOX = {"ociVersion": "1.0.2", "process": {"args": ["/pause"], "env": ["PATH=/bin"]},
+           "annotations": {"vgpu.io/memory": "256Mi", "vgpu.io/priority": "high", CRI: "sandbox",
+                           "io.kubernetes.cri.sandbox-id": "0123abcd"}}
+
 NOTHING = {
     "plain": {"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": ["PATH=/bin"]}},
     "other-annotations": {"annotations": {"io.kubernetes.cri.container-type": "container",
@@ -70,6 +77,17 @@ NOTHING = {
     "escapes-elsewhere": {"annotations": {"caf\u00e9": "\u00e9\n"}, "process": {"cwd": "/\t"}},
     "not-json-no-request": '{"process": {"env": ["A=1"]',
     "deeply-nested": '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",   # bounded, no crash
+    # A pod's sandbox asks for nothing, whatever the pod's keys (or its env) say.
+    "cri-sandbox": SANDBOX,
+    "crio-sandbox": {"annotations": {CRIO: "sandbox", "vgpu.io/memory": "1Gi"},
+                     "process": {"env": ["VGPU_MEMORY=1Gi"]}},
+    "sandbox-bad-request": {"annotations": {CRI: "sandbox", "vgpu.io/memory": "lots"}},
+    "sandbox-escaped": '{"annotations": {"vgpu.io/memory": "1", '
+                       '"io.kubernetes.cri.container-type": "\\u0073andbox"}}',
+    "sandbox-key-escaped": '{"annotations": {"vgpu.io/memory": "1", '
+                           '"io.kubernetes.cri\\u002econtainer-type": "sandbox"}}',
+    "sandbox-last-of-repeated-key": '{"annotations": {"vgpu.io/memory": "1", '
+                                    f'"{CRI}": "container", "{CRI}": "sandbox"}}}}',
 }
 
 
@@ -123,6 +141,23 @@ MAY_ASK = {
     "not-json-with-request": '{"annotations": {"vgpu.io/memory": "64Mi"',
     "not-json-with-escape": '{"a": "\\u0076", ',
     "large": {"process": {"env": [f"E{i}={'x' * 100}" for i in range(40_000)] + ["VGPU_COUNT=1"]}},
+    # An application container of a pod: vgpud decides (no memory there: no vGPU).
+    "cri-container": {"annotations": {CRI: "container", "vgpu.io/priority": "high"}},
+    "crio-container": {"annotations": {CRIO: "container", "vgpu.io/memory": "1Gi"}},
+    # Not a sandbox as Python's json reads it: the last value or object decides.
+    "sandbox-then-container": '{"annotations": {"vgpu.io/memory": "1", '
+                              f'"{CRI}": "sandbox", "{CRI}": "container"}}}}',
+    "sandbox-in-a-replaced-annotations": f'{{"annotations": {{"{CRI}": "sandbox"}}, '
+                                         '"annotations": {"vgpu.io/memory": "1"}}',
+    "sandbox-not-a-string": {"annotations": {CRI: ["sandbox"], "vgpu.io/memory": "1"}},
+    "sandbox-nested": {"annotations": {"vgpu.io/memory": "1"},
+                       "linux": {"annotations": {CRI: "sandbox"}}},
+    "sandbox-other-spelling": {"annotations": {CRI: "Sandbox", CRIO: "sandboxes",
+                                               "vgpu.io/memory": "1"}},
+    "sandbox-other-key": {"annotations": {"io.kubernetes.cri.container-typ": "sandbox",
+                                          "vgpu.io/memory": "1"}},
+    "sandbox-not-json": '{"annotations": {"vgpu.io/memory": "1", '
+                        f'"{CRI}": "sandbox"}}',
 }
 
 
@@ -138,6 +173,33 @@ def test_only_a_spec_that_may_ask_is_sent_to_vgpud(host, spec, asks):
     assert host.lower.argv() == ["create", "--bundle", str(b), "c1"]
     assert vgpud.requests == ([[("v", "2"), ("op", "runtime-create"), ("bundle", str(b)),
                                 ("id", "c1")]] if asks else [])
+
+
+@pytest.mark.parametrize("spec", [s for s in NOTHING.values() if not isinstance(s, str)
+                                  or s.startswith('{"annotations"')],
+                         ids=[k for k, s in NOTHING.items() if not isinstance(s, str)
+                              or s.startswith('{"annotations"')])
+def test_what_the_pre_check_passes_vgpud_would_pass_too(spec):
+    """The pre-check is a superset of vgpud's test: no spec it lets by asks in Python."""
+    from oci_hook.request import find_request
+
+    doc = json.loads(spec) if isinstance(spec, str) else spec
+    annotations = doc.get("annotations")
+    annotations = annotations if isinstance(annotations, dict) else {}
+    env = (doc.get("process") or {}).get("env") or []
+    assert find_request(annotations, env, allow_env=True) is None
+
+
+def test_a_sandbox_passes_through_with_no_vgpud_at_all(host):
+    """The pause container of a pod with vgpu.io/* keys: no vgpud contacted, no wait."""
+    b = host.bundle(SANDBOX)
+    start = time.monotonic()
+    p = host.run("--root", host.tmp / "root", "create", "--bundle", b, "sandbox1")
+    assert (p.returncode, p.stderr) == (0, "")
+    assert time.monotonic() - start < WAIT_S
+    assert host.lower.argv() == ["--root", str(host.tmp / "root"), "create", "--bundle", str(b),
+                                 "sandbox1"]
+    assert json.loads((b / "config.json").read_text()) == SANDBOX   # untouched
 
 
 def test_without_vgpud_it_fails_within_wait_s_with_one_line(host):
