@@ -7,7 +7,8 @@ built pause image) and one vgpud on two simulated GPUs serve the module. Each te
 pods over the CRI v1 API (tests/support/cri.py): RunPodSandbox with runtime handler
 `vgpu`, then CreateContainer / StartContainer with what the kubelet would put there.
 Inside, vgpu_probe sees its slice through libvgpu; the simulated GPUs' state is
-bind-mounted at /sim.
+bind-mounted at /sim. Where the device plugin is in the checkout (vgpu_k8s), a pod's
+resources go through its Allocate first, as the kubelet's device manager calls it.
 """
 from __future__ import annotations
 
@@ -132,6 +133,47 @@ def test_pod_annotations_give_each_app_container_a_slice_and_the_sandbox_none(wo
     assert [i["total"] for i in world.infos(first)] == [64 * MI]
     assert [i["total"] for i in world.infos(second)] == [128 * MI]
     assert world.owners() == {first: 64 * MI, second: 128 * MI}  # none for pod.id
+    world.cri.remove_pod(pod)
+    assert world.slices() == []
+
+
+@pytest.fixture(scope="module")
+def kubelet(world):
+    """vgpu-device-plugin on the module's vgpud (64Mi per vgpu.io/memory ID) and the
+    kubelet's side of its sockets."""
+    device_plugin = pytest.importorskip("support.device_plugin",
+                                        reason="the device plugin (vgpu_k8s) is not here")
+    plugin = device_plugin.DevicePlugin(world.tmp / "device-plugins", world.vgpud.socket)
+    try:
+        plugin.wait_serving()
+        side = device_plugin.KubeletSide(plugin.kubelet_dir)
+        yield side
+        side.close()
+    finally:
+        plugin.stop()
+
+
+def test_device_plugin_pod_each_container_sees_its_own_limit_and_the_sandbox_none(world,
+                                                                                   kubelet):
+    memory, compute = kubelet.healthy("vgpu.io/memory"), kubelet.healthy("vgpu.io/compute")
+    # resources.limits: a: vgpu.io/memory 2; b: vgpu.io/memory 3, vgpu.io/compute 30.
+    a_ids = kubelet.pick("vgpu.io/memory", memory, 2)
+    b_ids = kubelet.pick("vgpu.io/memory", [i for i in memory if i not in a_ids], 3)
+    b_compute = kubelet.pick("vgpu.io/compute", compute, 30)
+    a_mem, b_mem = kubelet.allocate("vgpu.io/memory", [a_ids, b_ids])
+    [b_comp] = kubelet.allocate("vgpu.io/compute", [b_compute])
+    pod = world.pod("device-plugin")  # runtimeClassName: vgpu, no annotations
+    a = world.container("a", PROBE_THEN_WAIT)
+    a.add_allocation(a_mem)
+    b = world.container("b", PROBE_THEN_WAIT)
+    b.add_allocation(b_mem)
+    b.add_allocation(b_comp)
+    ca, cb = world.run(pod, a), world.run(pod, b)
+    assert [i["total"] for i in world.infos(ca)] == [128 * MI]
+    assert [i["total"] for i in world.infos(cb)] == [192 * MI]
+    assert world.owners() == {ca: 128 * MI, cb: 192 * MI}  # none for the sandbox
+    [b_slice] = [s for s in world.slices() if s.owner == cb]
+    assert b_slice.vgpus[0].compute_percent == 30
     world.cri.remove_pod(pod)
     assert world.slices() == []
 
