@@ -1,0 +1,340 @@
+# SPDX-License-Identifier: Apache-2.0
+"""configs/kubernetes/: valid Kubernetes objects that agree with the code they deploy.
+
+Every object is checked against Kubernetes' own OpenAPI schemas (kubernetes-validate ships
+them, offline). The ServiceMonitor is a Prometheus Operator CRD those schemas lack: it is
+checked against the few fields of its schema it uses (SERVICEMONITOR below). Then the
+manifests are compared with the code: paths and names with arbiter.defaults and vgpud's
+config, the metrics port with the config they ship, the RuntimeClass handler with what
+`vgpu install containerd` writes, every flag with the program's own parser, and every
+dashboard query with the metrics and labels arbiter/metrics.py exports.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from support.paths import ROOT
+
+from arbiter import defaults
+from arbiter.config import Config, load_config
+from arbiter.metrics import Metrics, Snapshot, parse_address
+from arbiter.model import Gpu, Grant, Slice
+from shim.containerd_cri import RUNTIME_NAME
+
+K8S = ROOT / "configs" / "kubernetes"
+MANIFESTS = sorted(K8S.glob("*.yaml"))
+DASHBOARD = K8S / "grafana-dashboard.json"
+#: The Kubernetes version the manifests target (the oldest supported release, 1.30 on).
+KUBERNETES = "1.30.0"
+VERSION = "0.1.0"
+#: Not Kubernetes objects: a job for prometheus.yml.
+NOT_OBJECTS = {"prometheus-scrape.yaml"}
+
+#: The part of the Prometheus Operator's ServiceMonitor schema (monitoring.coreos.com/v1)
+#: that servicemonitor.yaml uses; unknown fields are refused like the CRD's
+#: structural schema prunes them.
+SERVICEMONITOR: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object", "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {"type": "object", "properties": {
+                    "matchLabels": {"type": "object",
+                                    "additionalProperties": {"type": "string"}}}},
+                "namespaceSelector": {"type": "object", "additionalProperties": False,
+                                      "properties": {
+                                          "any": {"type": "boolean"},
+                                          "matchNames": {"type": "array",
+                                                         "items": {"type": "string"}}}},
+                "endpoints": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": False, "properties": {
+                        "port": {"type": "string"},
+                        "path": {"type": "string"},
+                        "interval": {"type": "string", "pattern": r"^(\d+(ms|s|m|h))+$"},
+                        "relabelings": {"type": "array", "items": {
+                            "type": "object", "additionalProperties": False, "properties": {
+                                "sourceLabels": {"type": "array",
+                                                 "items": {"type": "string"}},
+                                "targetLabel": {"type": "string"},
+                                "regex": {"type": "string"},
+                                "action": {"type": "string"}}}}}}},
+            },
+        },
+    },
+}
+
+
+def objects() -> list[tuple[str, dict[str, Any]]]:
+    return [(m.name, doc) for m in MANIFESTS if m.name not in NOT_OBJECTS
+            for doc in yaml.safe_load_all(m.read_text()) if doc]
+
+
+def find(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [d for _, d in objects()
+             if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, f"want one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def containers(ds: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = ds["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def host_paths(ds: dict[str, Any]) -> dict[str, str]:
+    """Volume name -> host path."""
+    return {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"]
+            if "hostPath" in v}
+
+
+def mounted(container: dict[str, Any], ds: dict[str, Any]) -> dict[str, str]:
+    """Mount path in the container -> host path, for its hostPath volumes."""
+    hosts = host_paths(ds)
+    return {m["mountPath"]: hosts[m["name"]] for m in container.get("volumeMounts", [])
+            if m["name"] in hosts}
+
+
+def flag(argv: list[str], name: str) -> str:
+    assert name in argv, f"{argv[0]} is not given {name}"
+    return argv[argv.index(name) + 1]
+
+
+def shipped_config(tmp_path: Path) -> Config:
+    """The vgpu config the ConfigMap ships, as vgpud loads it (schema included)."""
+    text = find("ConfigMap", "vgpu-config")["data"]["config.yaml"]
+    f = tmp_path / "config.yaml"
+    f.write_text(text)
+    return load_config(f)
+
+
+# ---- schemas ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "doc"), objects(),
+                         ids=[f"{n}:{d['kind']}" for n, d in objects()])
+def test_every_object_is_valid_for_kubernetes(name, doc):
+    if doc["kind"] == "ServiceMonitor":
+        jsonschema.validate(doc, SERVICEMONITOR)
+        return
+    kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_the_schema_checks_refuse_mistakes():
+    """Both checks above reject a typo (a check that passes anything checks nothing)."""
+    rc = dict(find("RuntimeClass"))
+    rc["handlr"] = rc.pop("handler")
+    with pytest.raises(kubernetes_validate.ValidationError, match="handler"):
+        kubernetes_validate.validate(rc, KUBERNETES, strict=True)
+    sm = json.loads(json.dumps(find("ServiceMonitor")))
+    sm["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError, match="intervall"):
+        jsonschema.validate(sm, SERVICEMONITOR)
+
+
+def test_the_scrape_job_is_valid_for_prometheus(tmp_path):
+    """promtool checks the job; Debian's Prometheus is built without Kubernetes discovery,
+    so the check sees the job with a static target in its place (relabelling included)."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (scripts/install-deps.sh installs prometheus)")
+    doc = yaml.safe_load((K8S / "prometheus-scrape.yaml").read_text())
+    (job,) = doc["scrape_configs"]
+    assert job["kubernetes_sd_configs"] == [{"role": "pod",
+                                             "namespaces": {"names": ["vgpu-system"]}}]
+    job.pop("kubernetes_sd_configs")
+    job["static_configs"] = [{"targets": ["127.0.0.1:9400"]}]
+    f = tmp_path / "prometheus.yml"
+    f.write_text(yaml.safe_dump(doc))
+    p = subprocess.run(["promtool", "check", "config", str(f)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ---- the manifests agree with the code ---------------------------------------------------
+
+def test_runtimeclass_handler_is_the_one_vgpu_install_writes():
+    rc = find("RuntimeClass")
+    assert rc["metadata"]["name"] == "vgpu" and rc["handler"] == RUNTIME_NAME
+
+
+def test_everything_lives_in_one_namespace():
+    (ns,) = [d["metadata"]["name"] for _, d in objects() if d["kind"] == "Namespace"]
+    namespaced = [d for _, d in objects() if d["kind"] not in ("Namespace", "RuntimeClass")]
+    assert {d["metadata"]["namespace"] for d in namespaced} == {ns}
+
+
+def test_vgpud_runs_with_the_default_paths_and_the_shipped_config(tmp_path):
+    ds = find("DaemonSet", "vgpu-node")
+    vgpud = containers(ds)["vgpud"]
+    argv = vgpud["command"]
+    assert argv[0] == f"/opt/vgpu/{VERSION}/bin/vgpud"
+    config = Config()
+    assert flag(argv, "--config") == str(defaults.DEFAULT_CONFIG_PATH)
+    assert flag(argv, "--socket") == str(defaults.DEFAULT_SOCKET)
+    assert flag(argv, "--run-dir") == str(defaults.DEFAULT_RUN_DIR)
+    assert flag(argv, "--state-dir") == str(config.state_dir)
+    # Mounted at the same path as on the node: the programs containerd runs on the host
+    # find the socket and the config where vgpud does.
+    mounts = mounted(vgpud, ds)
+    for path in (defaults.DEFAULT_RUN_DIR, config.state_dir,
+                 defaults.DEFAULT_CONFIG_PATH.parent, Path("/opt/vgpu")):
+        assert mounts.get(str(path)) == str(path), f"{path} is not the node's {path}"
+    roots = {str(r) for r in config.runtime_state_roots}
+    assert any(mounts.get(r) == r for r in roots), "no runtime state root is mounted"
+    # Every flag is one vgpud's own parser takes.
+    from arbiter.daemon import parse_args
+    parse_args(argv[1:])
+    # The shipped config is valid for vgpud, and the metrics port is the one exposed.
+    shipped = shipped_config(tmp_path)
+    _, port = parse_address(shipped.metrics_address)
+    assert {p["name"]: p["containerPort"] for p in vgpud["ports"]} == {"metrics": port}
+    service = find("Service", "vgpu-metrics")
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [
+        (port, "metrics")]
+    assert service["spec"]["selector"] == ds["spec"]["template"]["metadata"]["labels"]
+    monitor = find("ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        service["metadata"]["labels"].items()
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+
+
+def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler():
+    ds = find("DaemonSet", "vgpu-node")
+    init = containers(ds)["install"]
+    script = init["args"][0]
+    # Copied once under its version, never over a directory running containers use.
+    assert f'if [ ! -e /host/opt/vgpu/{VERSION} ]' in script
+    assert mounted(init, ds)["/host/opt/vgpu"] == "/opt/vgpu"
+    # The containerd config is edited at the node's own path (the drop-in's import line
+    # names it), with flags `vgpu install` has.
+    assert mounted(init, ds)["/etc/containerd"] == "/etc/containerd"
+    line = next(ln for ln in script.replace("\\\n", " ").splitlines()
+                if "install containerd" in ln)
+    argv = line.split("|")[0].split()
+    assert argv[0] == '"$v/bin/vgpu"'
+    from vgpu_cli.args import build_parser
+    args = build_parser().parse_args(argv[1:])
+    assert (args.target, str(args.config_file)) == ("containerd", "/etc/containerd/config.toml")
+    assert mounted(init, ds)[str(args.bin_dir)] == "/usr/local/bin"
+    assert mounted(init, ds)[str(defaults.DEFAULT_CONFIG_PATH.parent)] == "/etc/vgpu"
+    assert f"/config/config.yaml {defaults.DEFAULT_CONFIG_PATH}" in script
+
+
+def test_the_device_plugin_runs_with_its_documented_flags():
+    """DESIGN.md's flags, with the plugin's own defaults and vgpud's socket."""
+    ds = find("DaemonSet", "vgpu-node")
+    plugin = containers(ds)["device-plugin"]
+    argv = plugin["command"]
+    assert argv[0] == f"/opt/vgpu/{VERSION}/bin/vgpu-device-plugin"
+    kubelet_dir = flag(argv, "--kubelet-dir")
+    assert kubelet_dir == "/var/lib/kubelet/device-plugins"
+    assert flag(argv, "--socket") == str(defaults.DEFAULT_SOCKET)
+    assert flag(argv, "--memory-unit") == "256Mi"
+    mounts = mounted(plugin, ds)
+    assert mounts[kubelet_dir] == kubelet_dir
+    assert mounts[str(defaults.DEFAULT_RUN_DIR)] == str(defaults.DEFAULT_RUN_DIR)
+    main = ROOT / "vgpu_k8s" / "deviceplugin" / "main.py"
+    if not main.is_file():
+        pytest.skip("vgpu_k8s/deviceplugin/main.py is not there yet")
+    p = subprocess.run([sys.executable, "-m", "vgpu_k8s.deviceplugin.main", *argv[1:],
+                        "--help"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert p.returncode == 0, p.stderr
+    for name in ("--kubelet-dir", "--memory-unit", "--socket"):
+        assert name in p.stdout
+
+
+def test_the_pods_get_no_api_token():
+    """No RBAC: neither agent talks to the API server."""
+    ds = find("DaemonSet", "vgpu-node")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert find("ServiceAccount", spec["serviceAccountName"])[
+        "automountServiceAccountToken"] is False
+    kinds = {d["kind"] for _, d in objects()}
+    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+
+
+# ---- the dashboard -----------------------------------------------------------------------
+
+def exported() -> dict[str, set[str]]:
+    """Every series name arbiter/metrics.py exports, with its label names (one GPU, one
+    slice, every measurement present, every counter touched once)."""
+    m = Metrics()
+    gpu = Gpu(index=0, uuid="GPU-0", name="sim", memory=1 << 30, minor=0)
+    sl = Slice(id="s1", owner="c1", grants=(Grant(0, "GPU-0", 1 << 20, 30),))
+    m.set_source(lambda: Snapshot(
+        gpus=[gpu], slices=[sl], gpu_used={0: 1}, gpu_util={0: 1},
+        slice_used={"s1": [1]}, slice_compute_used={"s1": [1]}, slice_gpu_ns={"s1": [1]},
+        gpu_handoffs={0: 1}, gpu_revocations={0: 1}))
+    m.allocation(0.001, "ok")
+    m.release("release")
+    m.eviction()
+    m.drift()
+    m.guard_finding("flag")
+    m.bad_usage_file()
+    names: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(generate_latest(m.registry).decode()):
+        for s in family.samples:
+            names.setdefault(s.name, set()).update(s.labels)
+    return names
+
+
+#: Labels Prometheus adds to every scraped series.
+TARGET_LABELS = {"instance", "job"}
+
+
+def dashboard_queries() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"] for v in doc["templating"]["list"] if v["type"] == "query"]
+    return exprs
+
+
+def test_the_dashboard_shows_what_the_issue_names():
+    exprs = " ".join(dashboard_queries())
+    for metric in ("vgpu_gpu_memory_allocated_bytes", "vgpu_gpu_memory_used_bytes",
+                   "vgpu_gpu_compute_allocated_percent", "vgpu_gpu_compute_used_percent",
+                   "vgpu_gpu_slices", "vgpu_slice_memory_used_bytes",
+                   "rate(vgpu_slice_gpu_seconds_total", "vgpu_drift_total"):
+        assert metric in exprs
+
+
+@pytest.mark.parametrize("expr", dashboard_queries())
+def test_each_dashboard_query_names_only_exported_metrics_and_labels(expr):
+    series = exported()
+    code = re.sub(r'"[^"]*"', '""', expr)                  # label values are not names
+    code = re.sub(r"\[[^\]]*\]", "", code)                  # range selectors
+    metrics = set(re.findall(r"\bvgpu_\w+", code))
+    assert metrics, f"no vgpu metric in {expr}"
+    unknown = metrics - series.keys()
+    assert not unknown, f"{expr}: arbiter/metrics.py exports no {sorted(unknown)}"
+    labels = set(re.findall(r"(\w+)\s*=~?", code))
+    for group in re.findall(r"\b(?:by|on|ignoring|without)\s*\(([^)]*)\)", code):
+        labels |= {w.strip() for w in group.split(",") if w.strip()}
+    labels |= set(re.findall(r"label_values\([^,]+,\s*(\w+)\)", code))
+    known = set().union(*(series[m] for m in metrics)) | TARGET_LABELS
+    assert labels <= known, f"{expr}: labels {sorted(labels - known)} are not exported"
+    # The legends name labels the series have too.
+    doc = json.loads(DASHBOARD.read_text())
+    legends = [t.get("legendFormat", "") for p in doc["panels"] for t in p.get("targets", [])
+               if t["expr"] == expr]
+    for legend in legends:
+        used = set(re.findall(r"\{\{(\w+)\}\}", legend))
+        assert used <= known, f"{expr}: legend {legend!r} names {sorted(used - known)}"
