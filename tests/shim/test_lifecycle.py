@@ -307,6 +307,64 @@ def test_prestart_without_a_request_is_ok_and_asks_nothing(vgpud, tmp_path):
     assert slices(vgpud) == [] and vgpud.events("allocate") == []
 
 
+CRI = "io.kubernetes.cri.container-type"
+CRIO = "io.kubernetes.cri-o.ContainerType"
+
+
+def run_lifecycle(d: Vgpud, b: Path, cid: str) -> list[str]:
+    """runtime-create, prestart, poststop of one container, as the compiled programs ask:
+    each status, and the slices held after each of the first two."""
+    seen = [ask(d, "runtime-create", bundle=str(b), id=cid)["status"]]
+    seen.append(str(len(slices(d))))
+    state = {"id": cid, "pid": os.getpid(), "bundle": str(b), "status": "created"}
+    seen.append(ask(d, "prestart", phase="createRuntime", state=json.dumps(state))["status"])
+    seen.append(str(len(slices(d))))
+    state.update(status="stopped", pid=0)
+    seen.append(ask(d, "poststop", state=json.dumps(state))["status"])
+    return seen
+
+
+@pytest.mark.parametrize("annotations", [
+    pytest.param({CRI: "sandbox", "vgpu.io/memory": "64Mi", "vgpu.io/priority": "high"},
+                 id="containerd-sandbox"),
+    pytest.param({CRIO: "sandbox", "vgpu.io/memory": "64Mi"}, id="crio-sandbox"),
+    pytest.param({CRI: "sandbox", "vgpu.io/memory": "lots"}, id="sandbox-bad-request"),
+    pytest.param({CRI: "container", "vgpu.io/priority": "high"}, id="pod-priority-only"),
+    pytest.param({CRIO: "container", "vgpu.io/compute": "1"}, id="pod-bad-compute-only"),
+])
+def test_a_pod_sandbox_or_memoryless_container_runs_without_a_slice(vgpud, tmp_path,
+                                                                    annotations):
+    """The pod's vgpu.io/* keys reach its sandbox and every container (pod_annotations):
+    neither the sandbox nor a container whose keys name no memory gets a slice or fails."""
+    b = bundle_with(tmp_path, annotations, env=("VGPU_MEMORY=64Mi",))
+    before = (b / "config.json").read_bytes()
+    assert run_lifecycle(vgpud, b, "c1") == ["ok", "0", "ok", "0", "ok"]
+    assert (b / "config.json").read_bytes() == before
+    assert vgpud.events("allocate") == []
+
+
+def test_a_pod_container_gets_the_pod_keys_with_its_own(vgpud, tmp_path):
+    """containerd lays the container's keys over the pod's: both make its request."""
+    b = bundle_with(tmp_path, {CRI: "container", "vgpu.io/priority": "high",
+                               "vgpu.io/memory": "64Mi", "vgpu.io/compute": "30"})
+    assert ask(vgpud, "runtime-create", bundle=str(b), id="app")["status"] == "ok"
+    [s] = slices(vgpud)
+    assert s.owner == "app" and s.vgpus[0].memory_bytes == 64 << 20
+    assert s.priority == pb.HIGH and s.vgpus[0].compute_percent == 30
+    state = {"id": "app", "pid": 0, "bundle": str(b), "status": "stopped"}
+    assert ask(vgpud, "poststop", state=json.dumps(state))["status"] == "ok"
+    assert slices(vgpud) == []
+
+
+def test_a_plain_container_without_memory_is_still_refused(vgpud, tmp_path):
+    """Outside a pod the keys are the container's own: an incomplete request is one line."""
+    b = bundle_with(tmp_path, {"vgpu.io/compute": "30"})
+    reply = ask(vgpud, "runtime-create", bundle=str(b), id="c1")
+    assert reply["status"] == "error"
+    assert reply["message"].startswith("vgpu: vgpu.io/memory: missing"), reply
+    assert slices(vgpud) == []
+
+
 def test_release_gives_back_the_slice_of_a_failed_exec(vgpud, tmp_path):
     b = bundle_with(tmp_path, {"vgpu.io/memory": "64Mi"})
     assert ask(vgpud, "runtime-create", bundle=str(b), id="c1")["status"] == "ok"
