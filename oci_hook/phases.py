@@ -9,7 +9,8 @@ namespaces while the container's init waits, before pivot_root):
   mount plan that gives it; vgpu-hook applies the plan.
 - ``poststop``: release the slice.
 
-A container without request keys gets None / nothing done. Every failure is a
+A container without a request (find_request: none of its keys, a pod's sandbox, a
+pod's container whose keys name no memory) gets None / nothing done. Every failure is a
 VgpuError whose message is the one line the engine shows; a prestart that fails
 after the slice was granted releases it first.
 """

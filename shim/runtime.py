@@ -5,7 +5,8 @@ For a bundle whose spec requests a vGPU (vgpu.io/* annotations, or VGPU_* env wh
 config allows), validate the request, get the slice from the domain (idempotent by
 container id; the hook's prestart later attaches the same slice), and add the vgpu hooks,
 the slice's device nodes and cgroup rules, the CUDA/NVIDIA visible-devices env and the
-slice annotation to config.json. A container that asks for nothing is not touched.
+slice annotation to config.json. A container that asks for nothing is not touched; nor
+is a pod's sandbox, nor a pod's container whose keys name no memory (find_request).
 
 The compiled vgpu-runtime (shim/native/) does the rest: argv, finding the lower runtime,
 the exec, and the error line in runc's --log.
