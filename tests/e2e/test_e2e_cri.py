@@ -139,29 +139,43 @@ def test_pod_annotations_give_each_app_container_a_slice_and_the_sandbox_none(wo
 
 @pytest.fixture(scope="module")
 def kubelet(world):
-    """vgpu-device-plugin on the module's vgpud (64Mi per vgpu.io/memory ID) and the
-    kubelet's side of its sockets."""
-    device_plugin = pytest.importorskip("support.device_plugin",
-                                        reason="the device plugin (vgpu_k8s) is not here")
-    plugin = device_plugin.DevicePlugin(world.tmp / "device-plugins", world.vgpud.socket)
+    """A fake kubelet (tests/support/fake_kubelet.py: Registration served, ListAndWatch
+    followed) and vgpu-device-plugin on the module's vgpud, 64Mi per vgpu.io/memory ID."""
+    fake_kubelet = pytest.importorskip("support.fake_kubelet",
+                                       reason="the device plugin (vgpu_k8s) is not here")
+    device_plugin = pytest.importorskip("support.device_plugin")
+    k = fake_kubelet.FakeKubelet(world.tmp / "device-plugins").start()
+    plugin = device_plugin.DevicePlugin(k.dir, world.vgpud.socket,
+                                        world.tmp / "device-plugin.log", "--memory-unit", "64Mi")
+    plugin.start()
     try:
-        plugin.wait_serving()
-        side = device_plugin.KubeletSide(plugin.kubelet_dir)
-        yield side
-        side.close()
+        yield k
     finally:
         plugin.stop()
+        k.stop()
+
+
+def healthy_ids(kubelet, resource: str) -> list[str]:
+    plugin = kubelet.wait_registered(resource)
+    devices = kubelet.wait_devices(plugin, lambda d: bool(d) and set(d.values()) == {"Healthy"},
+                                   f"healthy {resource} devices")
+    return list(devices)
 
 
 def test_device_plugin_pod_each_container_sees_its_own_limit_and_the_sandbox_none(world,
                                                                                    kubelet):
-    memory, compute = kubelet.healthy("vgpu.io/memory"), kubelet.healthy("vgpu.io/compute")
-    # resources.limits: a: vgpu.io/memory 2; b: vgpu.io/memory 3, vgpu.io/compute 30.
-    a_ids = kubelet.pick("vgpu.io/memory", memory, 2)
-    b_ids = kubelet.pick("vgpu.io/memory", [i for i in memory if i not in a_ids], 3)
-    b_compute = kubelet.pick("vgpu.io/compute", compute, 30)
-    a_mem, b_mem = kubelet.allocate("vgpu.io/memory", [a_ids, b_ids])
-    [b_comp] = kubelet.allocate("vgpu.io/compute", [b_compute])
+    memory, compute = kubelet.wait_registered("vgpu.io/memory"), \
+        kubelet.wait_registered("vgpu.io/compute")
+    free_memory, free_compute = healthy_ids(kubelet, "vgpu.io/memory"), \
+        healthy_ids(kubelet, "vgpu.io/compute")
+    # resources.limits: a: vgpu.io/memory 2; b: vgpu.io/memory 3, vgpu.io/compute 30. The
+    # device manager takes memory IDs as the plugin prefers (it offers a preference) and
+    # compute IDs in list order (it offers none).
+    assert memory.request.options.get_preferred_allocation_available
+    a_ids = memory.preferred(free_memory, 2)
+    b_ids = memory.preferred([i for i in free_memory if i not in a_ids], 3)
+    a_mem, b_mem = memory.allocate(a_ids, b_ids).container_responses
+    [b_comp] = compute.allocate(free_compute[:30]).container_responses
     pod = world.pod("device-plugin")  # runtimeClassName: vgpu, no annotations
     a = world.container("a", PROBE_THEN_WAIT)
     a.add_allocation(a_mem)
