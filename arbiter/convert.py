@@ -42,6 +42,7 @@ class DeviceView:
     slices: int
     memory_used: int = 0
     utilization: int = 0
+    unhealthy: str = ""      # why NVML cannot use the GPU now; empty: healthy
 
 
 def priority_from_name(name: str) -> Priority:
@@ -168,5 +169,5 @@ def device_to_proto(d: DeviceView) -> pb.Device:
         memory_allocated_bytes=d.memory_allocated, memory_used_bytes=d.memory_used,
         compute_allocated_percent=d.compute_allocated, minor=max(g.minor, 0),
         device_nodes=list(g.device_nodes), slices=d.slices,
-        utilization_percent=d.utilization,
+        utilization_percent=d.utilization, unhealthy=d.unhealthy,
     )

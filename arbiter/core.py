@@ -116,6 +116,7 @@ class Arbiter:
         settings: Settings | None = None,
         metrics: Any = None,
         sample: Callable[[list[Gpu]], Mapping[int, Any]] | None = None,
+        check: Callable[[list[Gpu]], Mapping[int, str]] | None = None,
         proc: Path = Path("/proc"),
         kill: Callable[[int, int], None] = os.kill,
     ) -> None:
@@ -126,6 +127,7 @@ class Arbiter:
         self.settings = settings or Settings()
         self.metrics = metrics
         self._sample = sample
+        self._check = check
         self._proc = Path(proc)
         self._kill = kill
         self._lock = threading.RLock()
@@ -211,9 +213,20 @@ class Arbiter:
             log.warning("failed to sample GPUs: %s", e)
             return {}
 
+    def unhealthy(self) -> Mapping[int, str]:
+        """GPU index -> why NVML cannot use it now, for the GPUs it cannot (empty: all fine)."""
+        if self._check is None:
+            return {}
+        try:
+            return self._check(self.gpus)
+        except Exception as e:  # a failing check must not fail a query
+            log.warning("failed to check GPUs: %s", e)
+            return {}
+
     def devices(self) -> list[DeviceView]:
-        """Each GPU with its allocated and measured memory and compute."""
+        """Each GPU with its allocated and measured memory and compute, and its health."""
         samples = self.sample()
+        unhealthy = self.unhealthy()
         with self._lock:
             slices = list(self._slices.values())
         out = []
@@ -227,6 +240,7 @@ class Arbiter:
                 slices=len(grants),
                 memory_used=int(getattr(smp, "used", 0) or 0),
                 utilization=int(getattr(smp, "utilization", 0) or 0),
+                unhealthy=unhealthy.get(g.index, ""),
             ))
         return out
 

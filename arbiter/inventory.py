@@ -24,7 +24,7 @@ from arbiter.config import Config
 from arbiter.errors import InventoryError
 from arbiter.model import Gpu
 
-__all__ = ["DeviceSample", "discover", "process_utilisation", "sample", "shutdown"]
+__all__ = ["DeviceSample", "discover", "process_utilisation", "sample", "shutdown", "unhealthy"]
 
 T = TypeVar("T")
 
@@ -163,6 +163,28 @@ def sample(gpus: Iterable[Gpu]) -> dict[int, DeviceSample]:
             processes=processes,
             process_util=util,
         )
+    return out
+
+
+def unhealthy(gpus: Iterable[Gpu]) -> dict[int, str]:
+    """GPU index -> why NVML cannot use it now, for each GPU it cannot use.
+
+    A GPU that fell off the bus answers NVML_ERROR_GPU_IS_LOST to any query, its
+    handle included; one whose index now names another board (a reset, a re-plug)
+    is no longer the GPU vgpud placed slices on. Needs NVML initialised by discover().
+    """
+    _init(None)
+    out: dict[int, str] = {}
+    for gpu in gpus:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            pynvml.nvmlDeviceGetMemoryInfo(handle)
+        except pynvml.NVMLError as e:
+            out[gpu.index] = str(e)
+            continue
+        if uuid.lower() != gpu.uuid.lower():
+            out[gpu.index] = f"index {gpu.index} is now GPU {uuid}, not {gpu.uuid}"
     return out
 
 

@@ -16,7 +16,22 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDe
         return NVML_ERROR_UNINITIALIZED;
     if (!device || index >= st->ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (atomic_load(&st->dev[index].lost))
+        return NVML_ERROR_GPU_IS_LOST; /* like the driver: not even a handle */
     *device = vg_nvml_handle(index);
+    return NVML_SUCCESS;
+}
+
+/* simgpu's own control, not an NVML call: mark device index lost (1) or back (0)
+ * for every process on the state file. Needs no nvmlInit. */
+SIMGPU_API nvmlReturn_t simgpuDeviceSetLost(unsigned int index, int lost)
+{
+    struct simgpu_state *st = simgpu_state();
+    if (!st)
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (index >= st->ndev)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    atomic_store(&st->dev[index].lost, lost ? 1u : 0u);
     return NVML_SUCCESS;
 }
 

@@ -41,6 +41,8 @@ nvmlReturn_t vg_nvml_device(nvmlDevice_t h, struct simgpu_device **dev, unsigned
     unsigned i = (unsigned)((p - base) / sizeof(g_handles[0]));
     if (i >= st->ndev)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (atomic_load(&st->dev[i].lost))
+        return NVML_ERROR_GPU_IS_LOST;
     if (dev)
         *dev = &st->dev[i];
     if (index)

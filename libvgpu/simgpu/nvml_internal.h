@@ -28,7 +28,8 @@ int vg_nvml_ready(void);
 struct simgpu_state *vg_nvml_state(void);
 /* The handle of device i (i < ndev). */
 nvmlDevice_t vg_nvml_handle(unsigned i);
-/* Check init and a handle: NVML_SUCCESS and *dev set, else the error to return. */
+/* Check init and a handle: NVML_SUCCESS and *dev set, else the error to return
+ * (NVML_ERROR_GPU_IS_LOST for a device marked lost). */
 nvmlReturn_t vg_nvml_device(nvmlDevice_t h, struct simgpu_device **dev, unsigned *index);
 /* Copy a NUL-terminated string into a caller buffer of length len:
  * NVML_ERROR_INVALID_ARGUMENT for NULL, NVML_ERROR_INSUFFICIENT_SIZE when short. */

@@ -40,7 +40,9 @@ struct simgpu_device {
     _Atomic uint64_t ring_head;    /* next interval to write (mod SIMGPU_RING) */
     struct simgpu_interval ring[SIMGPU_RING];
     _Atomic uint32_t slot_high_water;
-    uint32_t pad;
+    /* 1: the device fell off the bus: NVML calls on it return NVML_ERROR_GPU_IS_LOST.
+     * Tests flip it at run time (simgpuDeviceSetLost, build/tests/simgpu_ctl). */
+    _Atomic uint32_t lost;
     struct vg_slot slots[SIMGPU_SLOTS];
 };
 

@@ -1,0 +1,220 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vgpu-device-plugin end to end: a real plugin process, a real vgpud on simgpu, and a fake
+kubelet (a real gRPC Registration server on a unix socket that dials the plugin's sockets
+and watches its device lists, as the kubelet's device manager does)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from support.fake_kubelet import FakeKubelet
+from support.paths import ROOT, SIMGPU_DIR, TEST_BIN
+from support.process import clean_env
+from support.vgpud_harness import pb, simgpu_vgpud
+
+MEMORY, COMPUTE = "vgpu.io/memory", "vgpu.io/compute"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+class DevicePlugin:
+    """One vgpu-device-plugin process (python -m, this checkout); start()/stop() repeat."""
+
+    def __init__(self, kubelet_dir: Path, vgpud_socket: Path, log: Path, *extra: str) -> None:
+        self.log_path = log
+        self.command = [sys.executable, "-m", "vgpu_k8s.deviceplugin.main",
+                        "--kubelet-dir", str(kubelet_dir), "--socket", str(vgpud_socket),
+                        "--poll-interval", "0.2", *extra]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = clean_env()
+        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command, env=env, cwd=ROOT, stdout=log,
+                                         stderr=log)
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class Node:
+    """vgpud on two simulated GPUs (4Gi, 2Gi), a fake kubelet and the plugin."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.sim, self.vgpud = simgpu_vgpud(tmp, {}, devices="4Gi,2Gi")
+        self.kubelet = FakeKubelet(tmp / "device-plugins").start()
+        self.plugin = DevicePlugin(self.kubelet.dir, self.vgpud.socket, tmp / "plugin.log",
+                                   "--vgpud-grace", "1")
+        self.gpus = list(self.vgpud.stub.Devices(pb.DevicesRequest(), timeout=5).devices)
+
+    def simgpu(self, *args: str) -> None:
+        env = clean_env()
+        env["SIMGPU_STATE"] = str(self.sim / "simgpu.state")
+        env["LD_LIBRARY_PATH"] = str(SIMGPU_DIR)
+        subprocess.run([str(TEST_BIN / "simgpu_ctl"), *args], env=env, check=True, timeout=10)
+
+    def ids(self, resource: str, gpu: int) -> list[str]:
+        infix = "mem" if resource == MEMORY else "compute"
+        plugin = self.kubelet.plugins[resource]
+        prefix = f"{self.gpus[gpu].uuid}-{infix}-"
+        return sorted((i for i in plugin.devices if i.startswith(prefix)),
+                      key=lambda i: int(i.rsplit("-", 1)[1]))
+
+    def close(self) -> None:
+        self.plugin.close()
+        self.kubelet.stop()
+        self.vgpud.close()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path)
+    try:
+        n.plugin.start()
+        yield n
+    finally:
+        n.close()
+
+
+def registered(node: Node, count: int = 1) -> tuple:
+    mem = node.kubelet.wait_registered(MEMORY, count)
+    comp = node.kubelet.wait_registered(COMPUTE, count)
+    for p, n in ((mem, 16 + 8), (comp, 200)):
+        FakeKubelet.wait_devices(p, lambda d, n=n: len(d) == n, f"{n} devices")
+    return mem, comp
+
+
+def test_registers_both_resources_and_lists_ids_that_name_their_gpu(node: Node):
+    mem, comp = registered(node)
+    assert (mem.request.version, mem.request.endpoint) == ("v1beta1", "vgpu-memory.sock")
+    assert (comp.request.version, comp.request.endpoint) == ("v1beta1", "vgpu-compute.sock")
+    assert mem.request.options.get_preferred_allocation_available
+    assert not comp.request.options.get_preferred_allocation_available
+    assert not mem.request.options.pre_start_required
+    assert mem.stub.GetDevicePluginOptions(pb_empty(), timeout=5) == mem.request.options
+    # 256Mi per memory ID: 4Gi -> 16, 2Gi -> 8; 100 compute IDs per GPU.
+    assert node.ids(MEMORY, 0) == [f"{node.gpus[0].uuid}-mem-{n}" for n in range(16)]
+    assert node.ids(MEMORY, 1) == [f"{node.gpus[1].uuid}-mem-{n}" for n in range(8)]
+    assert len(node.ids(COMPUTE, 0)) == len(node.ids(COMPUTE, 1)) == 100
+    assert set(mem.devices.values()) == set(comp.devices.values()) == {HEALTHY}
+    assert all(len(i) <= 63 for i in [*mem.devices, *comp.devices])
+
+
+def pb_empty():
+    from support.fake_kubelet import api
+    return api.Empty()
+
+
+def test_a_lost_gpu_turns_its_devices_unhealthy_and_back(node: Node):
+    mem, comp = registered(node)
+    node.simgpu("lose", "1")
+    lost = set(node.ids(MEMORY, 1))
+
+    def gpu1_down(d: dict[str, str]) -> bool:
+        return all((h == UNHEALTHY) == (i in lost) for i, h in d.items())
+    FakeKubelet.wait_devices(mem, gpu1_down, "GPU 1's memory IDs Unhealthy, GPU 0's Healthy")
+    FakeKubelet.wait_devices(
+        comp, lambda d: {d[i] for i in node.ids(COMPUTE, 1)} == {UNHEALTHY}
+        and {d[i] for i in node.ids(COMPUTE, 0)} == {HEALTHY}, "GPU 1's compute IDs Unhealthy")
+    # vgpud says why, in NVML's words.
+    devices = node.vgpud.stub.Devices(pb.DevicesRequest(), timeout=5).devices
+    assert [d.unhealthy for d in devices] == ["", "GPU is lost"]
+    node.simgpu("restore", "1")
+    FakeKubelet.wait_devices(mem, lambda d: set(d.values()) == {HEALTHY}, "all Healthy again")
+
+
+def test_allocate_turns_ids_into_annotations_per_container(node: Node):
+    mem, comp = registered(node)
+    g0, g1 = node.ids(MEMORY, 0), node.ids(MEMORY, 1)
+    reply = mem.allocate(g0[:2], g1[3:6])
+    assert [dict(c.annotations) for c in reply.container_responses] == [
+        {MEMORY: "512Mi", "vgpu.io/devices": node.gpus[0].uuid},
+        {MEMORY: "768Mi", "vgpu.io/devices": node.gpus[1].uuid}]
+    assert all(not c.envs and not c.mounts and not c.devices for c in reply.container_responses)
+    reply = comp.allocate(node.ids(COMPUTE, 1)[:30], [])
+    assert [dict(c.annotations) for c in reply.container_responses] == [
+        {COMPUTE: "30"}, {}]
+
+
+@pytest.mark.parametrize(("resource", "pick", "says"), [
+    (MEMORY, lambda n: n.ids(MEMORY, 0)[:1] + n.ids(MEMORY, 1)[:1], "the IDs span 2 GPUs"),
+    (MEMORY, lambda n: ["GPU-x-compute-1"], "is not a vgpu.io/memory device ID"),
+    (COMPUTE, lambda n: n.ids(COMPUTE, 0)[:1], "the compute share must be a percent from 2"),
+], ids=["memory-across-gpus", "foreign-id", "compute-below-2"])
+def test_allocate_refuses_with_one_line(node: Node, resource, pick, says):
+    registered(node)
+    with pytest.raises(grpc.RpcError) as e:
+        node.kubelet.plugins[resource].allocate(pick(node))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert says in e.value.details() and "\n" not in e.value.details()
+    assert e.value.details().startswith(f"failed to allocate {resource} ")
+
+
+def test_preferred_allocation_packs_memory_onto_one_gpu(node: Node):
+    mem, _ = registered(node)
+    g0, g1 = node.ids(MEMORY, 0), node.ids(MEMORY, 1)
+    # Best fit: 6 units fit on both; GPU 1 has fewer free (8 < 16), so GPU 1.
+    assert mem.preferred(g0 + g1, 6) == g1[:6]
+    # 10 units only fit on GPU 0.
+    assert mem.preferred(g1 + g0, 10) == g0[:10]
+    # must_include pins the GPU.
+    assert mem.preferred(g0 + g1, 3, must_include=[g0[5]]) == [g0[5], *g0[:2]]
+
+
+def test_reregisters_after_a_kubelet_restart(node: Node):
+    registered(node)
+    node.kubelet.restart()
+    mem, _ = registered(node, count=2)
+    assert mem.allocate(node.ids(MEMORY, 0)[:1]).container_responses[0].annotations[MEMORY] \
+        == "256Mi"
+
+
+def test_sigterm_removes_the_sockets_and_a_new_plugin_registers(node: Node):
+    registered(node)
+    sockets = [node.kubelet.dir / "vgpu-memory.sock", node.kubelet.dir / "vgpu-compute.sock"]
+    assert all(s.exists() for s in sockets)
+    assert node.plugin.stop(signal.SIGTERM) == 0, node.plugin.log()
+    assert not any(s.exists() for s in sockets)
+    assert node.kubelet.socket.exists()
+    node.plugin.start()
+    registered(node, count=2)
+
+
+def test_vgpud_restart_turns_devices_unhealthy_after_the_grace_then_back(node: Node):
+    mem, _ = registered(node)
+    before = dict(mem.devices)
+    node.vgpud.stop()
+    FakeKubelet.wait_devices(mem, lambda d: set(d.values()) == {UNHEALTHY},
+                             "every device Unhealthy once vgpud is gone for 1 s")
+    node.vgpud.start()
+    after = FakeKubelet.wait_devices(mem, lambda d: set(d.values()) == {HEALTHY},
+                                     "Healthy again once vgpud answers")
+    assert after == before   # same GPUs, same IDs
+    assert "every device Unhealthy" in node.plugin.log()
+
+
+def test_bad_memory_unit_is_one_line(tmp_path: Path):
+    p = DevicePlugin(tmp_path, tmp_path / "vgpud.sock", tmp_path / "log", "--memory-unit", "lots")
+    p.start()
+    assert p.proc is not None and p.proc.wait(timeout=20) == 2
+    lines = p.log().strip().splitlines()
+    assert lines == ["vgpu-device-plugin: --memory-unit=lots: invalid memory quantity 'lots': "
+                     "expected an integer with an optional suffix Ki, Mi, Gi, Ti, K, M, G or T "
+                     "(no suffix = MiB)"]

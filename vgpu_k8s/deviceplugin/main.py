@@ -1,0 +1,86 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vgpu-device-plugin`: the entry point (flags, logging, signals)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
+from arbiter.errors import QuantityError
+from arbiter.quantity import parse_memory
+from vgpu_k8s.deviceplugin.agent import Agent, Settings
+from vgpu_k8s.errors import UsageError
+
+__all__ = ["DEFAULT_KUBELET_DIR", "DEFAULT_MEMORY_UNIT", "main", "parse_args"]
+
+DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
+DEFAULT_MEMORY_UNIT = "256Mi"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vgpu-device-plugin",
+        description="Advertise vgpu.io/memory and vgpu.io/compute to the kubelet.")
+    p.add_argument("--kubelet-dir", type=Path, default=DEFAULT_KUBELET_DIR,
+                   help="the kubelet's device-plugins dir (kubelet.sock; our sockets go "
+                        "there too) (default %(default)s)")
+    p.add_argument("--memory-unit", default=DEFAULT_MEMORY_UNIT,
+                   help="memory per vgpu.io/memory device (default %(default)s)")
+    p.add_argument("--socket", default=None,
+                   help=f"vgpud's socket (default ${ENV_SOCKET}, else {DEFAULT_SOCKET})")
+    p.add_argument("--poll-interval", type=float, default=5.0, metavar="S",
+                   help="seconds between two health checks through vgpud (default 5)")
+    p.add_argument("--vgpud-grace", type=float, default=30.0, metavar="S",
+                   help="seconds vgpud may be unreachable before every device turns "
+                        "Unhealthy (default 30)")
+    return p
+
+
+def parse_args(argv: Sequence[str], env: dict[str, str]) -> Settings:
+    """Settings from the command line; UsageError names a flag whose value is unusable."""
+    args = _parser().parse_args(argv)
+    try:
+        unit = parse_memory(args.memory_unit)
+    except QuantityError as e:
+        raise UsageError("--memory-unit", args.memory_unit, str(e)) from e
+    if unit < 1 << 20:
+        raise UsageError("--memory-unit", args.memory_unit, "must be at least 1Mi")
+    for flag, value in (("--poll-interval", args.poll_interval),
+                        ("--vgpud-grace", args.vgpud_grace)):
+        if not value > 0:
+            raise UsageError(flag, str(value), "must be a positive number of seconds")
+    return Settings(kubelet_dir=args.kubelet_dir, memory_unit=unit,
+                    vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
+                    poll_s=args.poll_interval, grace_s=args.vgpud_grace)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run until SIGTERM/SIGINT; 0 on a clean stop, 2 for bad flags."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="vgpu-device-plugin: %(message)s")
+    try:
+        settings = parse_args(sys.argv[1:] if argv is None else argv, dict(os.environ))
+    except UsageError as e:
+        print(f"vgpu-device-plugin: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    Agent(settings).run(stop)
+    logging.getLogger("vgpu-device-plugin").info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
