@@ -60,7 +60,7 @@ def allocate_times(tmp: Path, sock: Path, n: int) -> dict[str, list[float]] | st
     except ImportError as e:
         return f"not measured (the device plugin is not in this checkout: {e})"
     kubelet = FakeKubelet(tmp / "device-plugins").start()
-    plugin = DevicePlugin(kubelet.dir, sock, tmp / "device-plugin.log").start()
+    plugin = DevicePlugin(kubelet.dir, sock, tmp / "device-plugin.log")
     try:
         asks = {"vgpu.io/memory": 4, "vgpu.io/compute": 30}
         plugins, ids = {}, {}

@@ -146,8 +146,7 @@ def kubelet(world):
     device_plugin = pytest.importorskip("support.device_plugin")
     k = fake_kubelet.FakeKubelet(world.tmp / "device-plugins").start()
     plugin = device_plugin.DevicePlugin(k.dir, world.vgpud.socket,
-                                        world.tmp / "device-plugin.log", "--memory-unit", "64Mi")
-    plugin.start()
+                                        world.tmp / "device-plugin.log", memory_unit="64Mi")
     try:
         yield k
     finally:

@@ -17,13 +17,15 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
-from support.paths import NATIVE_BIN, SIMGPU_DIR
+from support.paths import NATIVE_BIN, ROOT, SIMGPU_DIR
 from support.process import clean_env
 from support.vgpud_harness import Vgpud
 
@@ -89,6 +91,15 @@ def _umount_under(path: Path) -> None:
         points = [line.split()[4] for line in f]
     for point in sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def _answers(call: Any) -> bool:
+    """Whether a gRPC call succeeds now."""
+    try:
+        call()
+        return True
+    except grpc.RpcError:
+        return False
 
 
 class _Daemon:
@@ -171,8 +182,11 @@ class Containerd(_Daemon):
             "",
         ])
 
-    def start(self, timeout: float = 30) -> Containerd:
+    def write_config(self) -> None:
         self.config.write_text(self.config_text())
+
+    def start(self, timeout: float = 30) -> Containerd:
+        self.write_config()
         self._spawn(["containerd", "--config", str(self.config)])
 
         def ready() -> bool:
@@ -212,11 +226,11 @@ class CriContainerd(Containerd):
     containerd on the host: container ids are random, and nothing here removes the
     directory); the sandbox image `sandbox_image`, imported locally (no registry is
     reachable); `restrict_oom_score_adj` (the kubelet's pods may not lower their OOM
-    score below containerd's own, which this VM sets); the runtime handlers `runc` and
-    `vgpu` (io.containerd.vgpu.v2 through this checkout's containerd-shim-vgpu-v2, the
-    pod's and the container's `vgpu.io/*` annotations passed through to the OCI spec:
-    what `vgpu install containerd` writes); no CNI network (the tests' pods use the
-    host's network) and no CDI.
+    score below containerd's own, which this VM sets); the runtime handler `runc`; no CNI
+    network (the tests' pods use the host's network) and no CDI. Then, as a user would,
+    `vgpu install containerd --config-file` on that config adds the handler `vgpu`
+    (io.containerd.vgpu.v2 through this checkout's containerd-shim-vgpu-v2, the pod's and
+    the container's `vgpu.io/*` annotations passed through) in a drop-in it imports.
     """
 
     name = "containerd"
@@ -227,34 +241,52 @@ class CriContainerd(Containerd):
         super().__init__(tmp, env)
         self.namespace = "k8s.io"
         self.sandbox_image = sandbox_image
-        self.shim = NATIVE_BIN / "containerd-shim-vgpu-v2"
 
     def config_text(self) -> str:
-        cri = '[plugins."io.containerd.grpc.v1.cri"]'
+        cri = "plugins.\"io.containerd.grpc.v1.cri\""
         return super().config_text() + "\n".join([
-            cri,
+            f"[{cri}]",
             f'  sandbox_image = "{self.sandbox_image}"',
             "  restrict_oom_score_adj = true",
             '  stream_server_address = "127.0.0.1"',
             '  stream_server_port = "0"',
-            f"  [{cri[1:-1]}.containerd]",
+            f"  [{cri}.containerd]",
             '    default_runtime_name = "runc"',
             '    snapshotter = "overlayfs"',
-            f"  [{cri[1:-1]}.containerd.runtimes.runc]",
+            f"  [{cri}.containerd.runtimes.runc]",
             '    runtime_type = "io.containerd.runc.v2"',
-            f"  [{cri[1:-1]}.containerd.runtimes.vgpu]",
-            '    runtime_type = "io.containerd.vgpu.v2"',
-            f'    runtime_path = "{self.shim}"',
-            '    pod_annotations = ["vgpu.io/*"]',
-            '    container_annotations = ["vgpu.io/*"]',
-            f"  [{cri[1:-1]}.cni]",
+            f"  [{cri}.cni]",
             f'    bin_dir = "{self.tmp / "cni-bin"}"',
             f'    conf_dir = "{self.tmp / "cni-conf"}"',
             "",
         ])
 
+    def write_config(self) -> None:
+        """The node's config, then `vgpu install containerd` on it (once: a restart keeps
+        what is there)."""
+        if self.config.exists():
+            return
+        super().write_config()
+        env = clean_env()
+        env["PYTHONPATH"] = str(ROOT)
+        p = subprocess.run([sys.executable, "-m", "vgpu_cli", "install", "containerd",
+                            "--config-file", str(self.config),
+                            "--bin-dir", str(self.tmp / "install-bin")],
+                           env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        if p.returncode != 0:
+            raise AssertionError(f"vgpu install containerd exited {p.returncode}:\n"
+                                 f"{p.stdout}{p.stderr}")
+
     def start(self, timeout: float = 30) -> CriContainerd:
+        """Start containerd and wait until CRI answers too (it initialises after the
+        rest of containerd does: "server is not initialized yet")."""
         super().start(timeout)
+        from support.cri import Cri  # compiles the CRI API: only where CRI is used
+        cri = Cri(self.socket, timeout=5)
+        try:
+            self._wait_ready(lambda: _answers(cri.version), timeout)
+        finally:
+            cri.close()
         return self
 
     def import_image(self, archive: Path) -> None:
