@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from arbiter import defaults
 from arbiter.config import Config, load_config
 from arbiter.metrics import Metrics, Snapshot, parse_address
 from arbiter.model import Gpu, Grant, Slice
+from arbiter.version import version
 from shim.containerd_cri import RUNTIME_NAME
 
 K8S = ROOT / "configs" / "kubernetes"
@@ -38,7 +40,9 @@ MANIFESTS = sorted(K8S.glob("*.yaml"))
 DASHBOARD = K8S / "grafana-dashboard.json"
 #: The Kubernetes version the manifests target (the oldest supported release, 1.30 on).
 KUBERNETES = "1.30.0"
-VERSION = "0.1.0"
+VERSION = version()
+#: The console scripts the pods run from /opt/vgpu/<version>/bin/.
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 #: Not Kubernetes objects: a job for prometheus.yml.
 NOT_OBJECTS = {"prometheus-scrape.yaml"}
 
@@ -184,7 +188,7 @@ def test_vgpud_runs_with_the_default_paths_and_the_shipped_config(tmp_path):
     ds = find("DaemonSet", "vgpu-node")
     vgpud = containers(ds)["vgpud"]
     argv = vgpud["command"]
-    assert argv[0] == f"/opt/vgpu/{VERSION}/bin/vgpud"
+    assert argv[0] == f"/opt/vgpu/{VERSION}/bin/vgpud" and "vgpud" in SCRIPTS
     config = Config()
     assert flag(argv, "--config") == str(defaults.DEFAULT_CONFIG_PATH)
     assert flag(argv, "--socket") == str(defaults.DEFAULT_SOCKET)
@@ -220,7 +224,9 @@ def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler
     init = containers(ds)["install"]
     script = init["args"][0]
     # Copied once under its version, never over a directory running containers use.
-    assert f'if [ ! -e /host/opt/vgpu/{VERSION} ]' in script
+    assert f"if [ ! -e /host/opt/vgpu/{VERSION} ]" in script
+    assert ds["metadata"]["labels"]["app.kubernetes.io/version"] == VERSION
+    assert {c["image"] for c in containers(ds).values()} == {f"vgpu:{VERSION}"}
     assert mounted(init, ds)["/host/opt/vgpu"] == "/opt/vgpu"
     # The containerd config is edited at the node's own path (the drop-in's import line
     # names it), with flags `vgpu install` has.
@@ -228,7 +234,8 @@ def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler
     line = next(ln for ln in script.replace("\\\n", " ").splitlines()
                 if "install containerd" in ln)
     argv = line.split("|")[0].split()
-    assert argv[0] == '"$v/bin/vgpu"'
+    assert argv[0] == '"$v/bin/vgpu"' and "vgpu" in SCRIPTS
+    assert f"v=/opt/vgpu/{VERSION}\n" in script
     from vgpu_cli.args import build_parser
     args = build_parser().parse_args(argv[1:])
     assert (args.target, str(args.config_file)) == ("containerd", "/etc/containerd/config.toml")
@@ -243,6 +250,7 @@ def test_the_device_plugin_runs_with_its_documented_flags():
     plugin = containers(ds)["device-plugin"]
     argv = plugin["command"]
     assert argv[0] == f"/opt/vgpu/{VERSION}/bin/vgpu-device-plugin"
+    assert "vgpu-device-plugin" in SCRIPTS
     kubelet_dir = flag(argv, "--kubelet-dir")
     assert kubelet_dir == "/var/lib/kubelet/device-plugins"
     assert flag(argv, "--socket") == str(defaults.DEFAULT_SOCKET)
