@@ -11,7 +11,7 @@ runs: for a vGPU its slice is allocated and mounted). The vGPU pods use the hand
 (`vgpu.io/memory=64Mi`, `vgpu.io/compute=2`); the baseline pods use `runc` and ask for
 nothing. Runs alternate; each pod is removed (untimed) before the next. Reported: the
 median and p99 of each, the added median against the target, and the machine's load
-average before the run (the VM is shared).
+average before and after the pods (the VM is shared).
 
 Allocate p99: when the device plugin (vgpu_k8s.deviceplugin) is in the checkout, it runs
 on the same vgpud and its Allocate is timed over `--allocs` calls per resource on its own
@@ -158,6 +158,7 @@ def main() -> None:
                     runs[vgpu].append(one(vgpu))
             cri.close()
             channel.close()
+            load_after = os.getloadavg()
             allocs = allocate_times(tmp, sock, args.allocs)
         finally:
             if containerd is not None:
@@ -168,7 +169,7 @@ def main() -> None:
     added = statistics.median(vgpu) - statistics.median(plain)
     print(f"pod start (RunPodSandbox + CreateContainer + StartContainer, one container), "
           f"{args.pods} pods each, alternating, {os.cpu_count()} CPUs, "
-          f"load average before {load[0]:.2f}")
+          f"load average {load[0]:.2f} before, {load_after[0]:.2f} after")
     print(f"{'handler':<44} {'median ms':>10} {'p99 ms':>8}")
     print(f"{'runc':<44} {statistics.median(plain):>10.1f} {pct(plain, 0.99):>8.1f}")
     print(f"{'vgpu + vgpu.io/memory=64Mi, vgpu.io/compute=2':<44} "
