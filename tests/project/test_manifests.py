@@ -219,7 +219,7 @@ def test_vgpud_runs_with_the_default_paths_and_the_shipped_config(tmp_path):
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
 
 
-def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler():
+def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler(tmp_path):
     ds = find("DaemonSet", "vgpu-node")
     init = containers(ds)["install"]
     script = init["args"][0]
@@ -242,6 +242,16 @@ def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler
     assert mounted(init, ds)[str(args.bin_dir)] == "/usr/local/bin"
     assert mounted(init, ds)[str(defaults.DEFAULT_CONFIG_PATH.parent)] == "/etc/vgpu"
     assert f"/config/config.yaml {defaults.DEFAULT_CONFIG_PATH}" in script
+    # containerd is restarted only when the install changed something: the phrase the
+    # script looks for is what a second `vgpu install containerd` says.
+    (unchanged,) = re.findall(r'grep -q "([^"]+)" /tmp/install.out', script)
+    argv = [sys.executable, "-m", "vgpu_cli", "install", "containerd", "--config-file",
+            str(tmp_path / "config.toml"), "--bin-dir", str(tmp_path / "bin"),
+            "--shim-path", "/opt/vgpu/x/containerd-shim-vgpu-v2"]
+    outs = [subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
+            for _ in range(2)]
+    assert [p.returncode for p in outs] == [0, 0]
+    assert unchanged not in outs[0].stdout and unchanged in outs[1].stdout
 
 
 def test_the_device_plugin_runs_with_its_documented_flags():
