@@ -116,7 +116,8 @@ def world(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def clean(world):
-    """Each test's pods go, and a slice one of them leaked fails that test only."""
+    """Each test's pods go, and so do slices it leaked: a leak fails that test's own
+    `slices() == []`, never the next test."""
     yield
     assert world.cri is not None
     world.cri.remove_all()
