@@ -26,7 +26,7 @@ from support.paths import ROOT, SIMGPU_DIR
 from support.prereq import require
 from support.vgpud_harness import Vgpud, simgpu_vgpud
 
-DASHBOARD = ROOT / "configs" / "kubernetes" / "grafana-dashboard.json"
+DASHBOARD = ROOT / "configs" / "kubernetes" / "monitoring" / "grafana-dashboard.json"
 SCRAPE_S = 0.5
 #: The dashboard's $__rate_interval here: several scrapes, well inside the loads' run.
 RATE_WINDOW = "5s"

@@ -36,8 +36,11 @@ from arbiter.version import version
 from shim.containerd_cri import RUNTIME_NAME
 
 K8S = ROOT / "configs" / "kubernetes"
-MANIFESTS = sorted(K8S.glob("*.yaml"))
-DASHBOARD = K8S / "grafana-dashboard.json"
+#: `kubectl apply -f configs/kubernetes/` applies the top level: Kubernetes objects only;
+#: monitoring/ holds what needs the Prometheus Operator, Prometheus or Grafana.
+MONITORING = K8S / "monitoring"
+MANIFESTS = sorted([*K8S.glob("*"), *MONITORING.glob("*.yaml")])
+DASHBOARD = MONITORING / "grafana-dashboard.json"
 #: The Kubernetes version the manifests target (the oldest supported release, 1.30 on).
 KUBERNETES = "1.30.0"
 VERSION = version()
@@ -88,8 +91,8 @@ SERVICEMONITOR: dict[str, Any] = {
 
 
 def objects() -> list[tuple[str, dict[str, Any]]]:
-    return [(m.name, doc) for m in MANIFESTS if m.name not in NOT_OBJECTS
-            for doc in yaml.safe_load_all(m.read_text()) if doc]
+    return [(m.name, doc) for m in MANIFESTS if m.is_file() and m.suffix == ".yaml"
+            and m.name not in NOT_OBJECTS for doc in yaml.safe_load_all(m.read_text()) if doc]
 
 
 def find(kind: str, name: str | None = None) -> dict[str, Any]:
@@ -158,7 +161,7 @@ def test_the_scrape_job_is_valid_for_prometheus(tmp_path):
     so the check sees the job with a static target in its place (relabelling included)."""
     if shutil.which("promtool") is None:
         pytest.skip("promtool is not installed (scripts/install-deps.sh installs prometheus)")
-    doc = yaml.safe_load((K8S / "prometheus-scrape.yaml").read_text())
+    doc = yaml.safe_load((MONITORING / "prometheus-scrape.yaml").read_text())
     (job,) = doc["scrape_configs"]
     assert job["kubernetes_sd_configs"] == [{"role": "pod",
                                              "namespaces": {"names": ["vgpu-system"]}}]
@@ -176,6 +179,14 @@ def test_the_scrape_job_is_valid_for_prometheus(tmp_path):
 def test_runtimeclass_handler_is_the_one_vgpu_install_writes():
     rc = find("RuntimeClass")
     assert rc["metadata"]["name"] == "vgpu" and rc["handler"] == RUNTIME_NAME
+
+
+def test_kubectl_apply_of_the_directory_applies_objects_only_namespace_first():
+    """`kubectl apply -f configs/kubernetes/` takes the top level's files in name order."""
+    top = sorted(p for p in K8S.iterdir() if p.is_file())
+    assert all(p.suffix == ".yaml" for p in top), [p.name for p in top]
+    kinds = [d["kind"] for p in top for d in yaml.safe_load_all(p.read_text()) if d]
+    assert kinds[0] == "Namespace" and "ServiceMonitor" not in kinds
 
 
 def test_everything_lives_in_one_namespace():
