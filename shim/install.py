@@ -482,5 +482,8 @@ def run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
         found = _found_by(args.target, steps)
         if found:
             out(found)
+        if args.set_as_default:
+            out("vgpu: vgpu is containerd's CRI default runtime: pods that name no handler run "
+                "through it, and those that ask for no vGPU pass to runc untouched")
         out(f"vgpu: {RESTART[args.target]}")
     return 0

@@ -339,7 +339,8 @@ def test_containerd_set_as_default(tmp_path):
     out = ok("containerd", "--config-file", str(f), "--set-as-default", "--dry-run", *bin_dir)
     assert '+default_runtime_name = "vgpu"' in out and "dry run: nothing was changed" in out
     assert snapshot(tmp_path) == before
-    ok("containerd", "--config-file", str(f), "--set-as-default", *bin_dir)
+    out = ok("containerd", "--config-file", str(f), "--set-as-default", *bin_dir)
+    assert "vgpu is containerd's CRI default runtime" in out
     cri = containerd_dump(f)["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
     assert cri["default_runtime_name"] == "vgpu"
     assert cri["runtimes"]["vgpu"]["runtime_path"] == SHIM
