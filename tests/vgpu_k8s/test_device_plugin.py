@@ -218,3 +218,21 @@ def test_bad_memory_unit_is_one_line(tmp_path: Path):
     assert lines == ["vgpu-device-plugin: --memory-unit=lots: invalid memory quantity 'lots': "
                      "expected an integer with an optional suffix Ki, Mi, Gi, Ti, K, M, G or T "
                      "(no suffix = MiB)"]
+
+
+def test_waits_for_the_kubelet_and_for_vgpud_before_registering(tmp_path: Path):
+    n = Node(tmp_path)
+    try:
+        n.kubelet.stop()
+        n.vgpud.stop()
+        n.plugin.start()
+        # No list from vgpud yet: nothing served (the kubelet would see zero devices).
+        with pytest.raises(AssertionError):
+            n.kubelet.wait_registered(MEMORY, timeout=1)
+        assert not (n.kubelet.dir / "vgpu-memory.sock").exists()
+        n.vgpud.start()
+        n.kubelet.start()          # the kubelet comes up last
+        registered(n)
+        assert n.plugin.proc is not None and n.plugin.proc.poll() is None
+    finally:
+        n.close()
