@@ -122,10 +122,17 @@ class Host:
         self.vgpud.close()
 
 
-def runtime_state_pid(runtime: str, root: Path, cid: str) -> int:
-    out = subprocess.run([runtime, "--root", str(root), "state", cid], capture_output=True,
-                         text=True, check=True).stdout
-    return int(json.loads(out)["pid"])
+def runtime_state_pid(runtime: str, root: Path, cid: str, timeout: float = 10) -> int:
+    """The init pid the runtime's state names. A runtime may write its state only after
+    the prestart hooks that already bound the slice (crun does): wait for it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        p = subprocess.run([runtime, "--root", str(root), "state", cid], capture_output=True,
+                           text=True)
+        if p.returncode == 0:
+            return int(json.loads(p.stdout)["pid"])
+        assert time.monotonic() < deadline, f"{runtime} state {cid}: {p.stderr.strip()}"
+        time.sleep(0.05)
 
 
 def keeps_slice_while_running(host: Host, cid: str, slice_id: str, restarts: int = 2) -> None:
@@ -221,7 +228,10 @@ def test_same_container_id_twice(host, tmp_path, second):
     assert [x.id for x in host.slices()] == [s.id]
     host.stop(cid, first)
     assert host.slices() == []
-    assert [e["slice"] for e in host.vgpud.events("release")] == [s.id]
+    # Released by the first container's poststop, or (a loaded machine) by the reconciler
+    # that saw its init gone first: either way that slice, once.
+    released = host.vgpud.events("release") + host.vgpud.events("reconcile.release")
+    assert [e["slice"] for e in released] == [s.id]
 
 
 def test_a_process_left_in_the_cgroup_keeps_the_slice(host, tmp_path):
