@@ -506,8 +506,23 @@ static void reap(struct sdev *d)
         /* any other answer: its context is gone, and the event with it */
     }
     __atomic_store_n(&d->npend, kept, __ATOMIC_SEQ_CST);
-    if (!kept && d->ev_mark > d->done) /* launches after the last event (< EVENT_EVERY_NS): done */
+    if (kept)
+        return;
+    if (d->ev_mark > d->done)
         __atomic_store_n(&d->done, d->ev_mark, __ATOMIC_SEQ_CST);
+    /* Launches after the last event have no event of their own to complete (an event
+     * closes ~EVENT_EVERY_NS of them, and many more when the kernel-length estimate was
+     * short): they are done once their estimated length has passed since the last
+     * completion. Left queued, a queue that looks full with nothing pending would block
+     * every further launch for good. */
+    uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+    if (n > d->done && !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
+        uint64_t end = d->last_done + (n - d->done) * (d->per_ns ? d->per_ns : 1);
+        if (now >= end) {
+            d->last_done = end;
+            __atomic_store_n(&d->done, n, __ATOMIC_SEQ_CST);
+        }
+    }
 }
 
 static void report_drained(struct sdev *d, uint64_t now)
