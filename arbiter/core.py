@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from arbiter import placement
 from arbiter.attribution import SlicePids
@@ -43,6 +43,7 @@ from arbiter.regions import Regions
 
 __all__ = ["Allocation", "Arbiter", "Health", "HeldError", "Settings"]
 
+T = TypeVar("T")
 log = logging.getLogger("vgpud")
 
 _U64_MAX = (1 << 64) - 1
@@ -205,22 +206,22 @@ class Arbiter:
 
     def sample(self) -> Mapping[int, Any]:
         """NVML's measurements per GPU index; empty when NVML cannot be read."""
-        if self._sample is None:
-            return {}
-        try:
-            return self._sample(self.gpus)
-        except Exception as e:  # a measuring failure must not fail a query
-            log.warning("failed to sample GPUs: %s", e)
-            return {}
+        return self._ask_nvml(self._sample, "sample")
 
     def unhealthy(self) -> Mapping[int, str]:
         """GPU index -> why NVML cannot use it now, for the GPUs it cannot (empty: all fine)."""
-        if self._check is None:
+        return self._ask_nvml(self._check, "check")
+
+    def _ask_nvml(self, query: Callable[[list[Gpu]], Mapping[int, T]] | None,
+                  verb: str) -> Mapping[int, T]:
+        """query(gpus), or {} when there is none or it fails: NVML failing must not fail
+        a query of vgpud's."""
+        if query is None:
             return {}
         try:
-            return self._check(self.gpus)
-        except Exception as e:  # a failing check must not fail a query
-            log.warning("failed to check GPUs: %s", e)
+            return query(self.gpus)
+        except Exception as e:
+            log.warning("failed to %s GPUs: %s", verb, e)
             return {}
 
     def devices(self) -> list[DeviceView]:
