@@ -58,10 +58,14 @@ clean:
 	rm -rf $(B)
 
 # The gRPC stubs are committed; regenerate after editing the .proto
-# (tests/arbiter/test_proto.py, tests/vgpu_k8s/test_deviceplugin_proto.py fail while they are stale).
+# (tests/arbiter/test_proto.py, tests/vgpu_k8s/test_deviceplugin_proto.py, test_dra_proto.py fail
+# while they are stale).
 proto:
 	./scripts/py -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. arbiter/proto/vgpu.proto
 	./scripts/py -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. vgpu_k8s/proto/deviceplugin_v1beta1.proto
+	./scripts/py -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. vgpu_k8s/proto/dra_v1.proto
+	./scripts/py -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. vgpu_k8s/proto/dra_v1beta1.proto
+	./scripts/py -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. vgpu_k8s/proto/pluginregistration_v1.proto
 
 deps:
 	./scripts/install-deps.sh
