@@ -69,7 +69,7 @@ RELOADABLE = frozenset({
 
 _SCHEMA_NAME = "vgpud.schema.json"
 _PATH_FIELDS = frozenset({"socket", "state_dir", "run_dir", "event_log", "nvml_library",
-                          "cgroup_root"})
+                          "cgroup_root", "lib_dir"})
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ class Config:
     state_dir: Path = Path("/var/lib/vgpu")
     run_dir: Path = DEFAULT_RUN_DIR
     event_log: Path = Path("/var/lib/vgpu/events.jsonl")
+    #: Versioned installs of libvgpu.so and the programs (arbiter.installs).
+    lib_dir: Path = Path("/var/lib/vgpu/lib")
     placement_policy: str = "binpack"
     allow_preemption: bool = False
     default_compute: int = 10
@@ -369,7 +371,8 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         value = get(section, key)
         if value is not _MISSING:
             values[name] = value
-    for name in ("state_dir", "run_dir", "socket", "event_log", "nvml_library", "cgroup_root"):
+    for name in ("state_dir", "run_dir", "socket", "event_log", "nvml_library", "cgroup_root",
+                 "lib_dir"):
         if values.get(name) is not None:
             values[name] = Path(values[name])
         else:
@@ -415,6 +418,7 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
     state_dir = Path(values.get("state_dir", Config.state_dir))
     values.setdefault("socket", run_dir / SOCKET_NAME)
     values.setdefault("event_log", state_dir / "events.jsonl")
+    values.setdefault("lib_dir", state_dir / "lib")
     return Config(**values, source=Path(path) if path is not None else None)
 
 
@@ -426,6 +430,7 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("paths", "state_dir"): "state_dir",
     ("paths", "run_dir"): "run_dir",
     ("paths", "event_log"): "event_log",
+    ("paths", "lib_dir"): "lib_dir",
     ("placement", "policy"): "placement_policy",
     ("placement", "allow_preemption"): "allow_preemption",
     ("defaults", "compute"): "default_compute",

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where the native parts are: libvgpu.so and the compiled programs, shipped inside the
-package or built in a source checkout."""
+package or built in a source checkout; `own_files` lists them for a versioned install
+(arbiter.installs), which is what vgpud mounts into containers and engines run."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from arbiter.errors import LibraryNotFoundError
 
-__all__ = ["LIBRARY_NAME", "PROGRAMS", "libvgpu_path", "program_path"]
+__all__ = ["LIBRARY_NAME", "PROGRAMS", "libvgpu_path", "own_files", "program_path"]
 
 LIBRARY_NAME = "libvgpu.so"
 #: The compiled programs (shim/native/, libvgpu/): `make` builds them into build/bin/.
@@ -47,3 +48,15 @@ def program_path(name: str, package_dir: Path = _PACKAGE_DIR,
                 continue
         return candidate
     return None
+
+
+def own_files(package_dir: Path = _PACKAGE_DIR,
+              checkout_root: Path = _CHECKOUT_ROOT) -> dict[str, Path]:
+    """This installation's native files by their path inside a versioned install:
+    libvgpu.so and bin/<program> for each program that is built (arbiter.installs)."""
+    files = {LIBRARY_NAME: libvgpu_path(package_dir, checkout_root)}
+    for name in PROGRAMS:
+        found = program_path(name, package_dir, checkout_root)
+        if found is not None:
+            files[f"bin/{name}"] = found
+    return files

@@ -165,12 +165,14 @@ HAPPY = [
     pytest.param("nvml: {library: /opt/simgpu/libnvidia-ml.so.1}",
                  {"nvml_library": Path("/opt/simgpu/libnvidia-ml.so.1")}, id="nvml-library"),
     pytest.param("paths: {socket: /tmp/s.sock, state_dir: /tmp/st, run_dir: /tmp/run, "
-                 "event_log: /tmp/ev.jsonl}",
+                 "event_log: /tmp/ev.jsonl, lib_dir: /tmp/lib}",
                  {"socket": Path("/tmp/s.sock"), "state_dir": Path("/tmp/st"),
-                  "run_dir": Path("/tmp/run"), "event_log": Path("/tmp/ev.jsonl")},
+                  "run_dir": Path("/tmp/run"), "event_log": Path("/tmp/ev.jsonl"),
+                  "lib_dir": Path("/tmp/lib")},
                  id="paths-all"),
     pytest.param("paths: {state_dir: /srv/vgpu, run_dir: /tmp/r}",
                  {"state_dir": Path("/srv/vgpu"), "event_log": Path("/srv/vgpu/events.jsonl"),
+                  "lib_dir": Path("/srv/vgpu/lib"),
                   "run_dir": Path("/tmp/r"), "socket": Path("/tmp/r/vgpud.sock")},
                  id="derived-paths-follow"),
     pytest.param("placement:\n  allow_preemption: yes\n", {"allow_preemption": True},
@@ -422,7 +424,7 @@ def test_replace_reloadable(tmp_path: Path) -> None:
     assert merged.state_dir == tmp_path                 # not reloadable: kept
     assert merged.metrics_address == "127.0.0.1:9400"
     assert merged.context_reserve == 0
-    assert set(old.unreloadable_changes(new)) == {"state_dir", "event_log", "metrics_address",
+    assert set(old.unreloadable_changes(new)) == {"state_dir", "event_log", "lib_dir", "metrics_address",
                                                   "context_reserve"}
     assert set(old.changed(new)) == RELOADABLE | set(old.unreloadable_changes(new))
 

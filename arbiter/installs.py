@@ -1,0 +1,267 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Versioned installs of the native parts: `<lib dir>/<version>-<content hash>/`.
+
+Each version's libvgpu.so and compiled programs live in a directory of their own that is
+made once (copied into a temporary directory, then renamed into place) and never written
+again: a container maps the libvgpu.so of the directory vgpud handed it, so neither a
+`pip install` over the package nor a rebuild changes what running containers mapped (an
+in-place overwrite of a mapped library crashes its users). The content hash makes a
+rebuilt same-version install a different directory.
+
+A directory no container uses any more is removed (`collect`), never the one vgpud serves.
+A container's use is known from its slice (Slice.libvgpu_version, recorded at prestart) or,
+for a container an older vgpud started (it recorded nothing), from the mountinfo of its init:
+the bind source of /usr/lib/vgpu/libvgpu.so. What cannot be read counts as in use.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from arbiter.errors import VgpuError
+
+__all__ = [
+    "MANIFEST",
+    "Holder",
+    "Install",
+    "InstallError",
+    "collect",
+    "content_hash",
+    "install",
+    "installed",
+    "mounted_installs",
+    "unused",
+]
+
+log = logging.getLogger("vgpud")
+
+#: Written last into the temporary directory: an install has one, a leftover has none.
+MANIFEST = "vgpu-install.json"
+_HASH_CHARS = 12
+_TMP_PREFIX = ".tmp-"
+_RM_PREFIX = ".rm-"
+#: A temporary directory older than this is a leftover of an interrupted install.
+_STALE_TMP_S = 600.0
+
+
+class InstallError(VgpuError):
+    """A versioned install could not be made or read."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"failed to install {path}: {reason}")
+
+
+@dataclass(frozen=True)
+class Install:
+    """One versioned install directory."""
+
+    path: Path
+    version: str
+    hash: str
+
+    @property
+    def name(self) -> str:
+        """`<version>-<hash>`: what a slice records and `vgpu ls` shows."""
+        return self.path.name
+
+    @property
+    def libvgpu(self) -> Path:
+        """The install's libvgpu.so."""
+        return self.path / "libvgpu.so"
+
+    def program(self, name: str) -> Path:
+        """The install's compiled program `name` (e.g. vgpu-hook, shim/runc)."""
+        return self.path / "bin" / name
+
+
+def content_hash(files: Mapping[str, Path]) -> str:
+    """The first hex digits of a sha256 over every (path inside, bytes), in path order."""
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0")
+        with open(files[rel], "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(hashlib.sha256(chunk).digest())
+        h.update(b"\0")
+    return h.hexdigest()[:_HASH_CHARS]
+
+
+def _valid_version(version: str) -> bool:
+    return bool(version) and "/" not in version and not version.startswith(".") \
+        and "\0" not in version
+
+
+def install(root: Path, version: str, files: Mapping[str, Path]) -> Install:
+    """The install of `files` as `version` under `root`: the existing one, else made now.
+
+    Made in a temporary directory beside it and renamed into place, so a directory named
+    `<version>-<hash>` is always complete; an existing one is never written."""
+    if not _valid_version(version):
+        raise InstallError(root, f"version {version!r} cannot name a directory")
+    if "libvgpu.so" not in files:
+        raise InstallError(root, "no libvgpu.so to install (build it with make)")
+    try:
+        digest = content_hash(files)
+    except OSError as e:
+        raise InstallError(root, f"cannot read {e.filename}: {e.strerror}") from e
+    target = root / f"{version}-{digest}"
+    if (target / MANIFEST).is_file():
+        return Install(target, version, digest)
+    try:
+        root.mkdir(mode=0o755, parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{target.name}.", dir=root))
+    except OSError as e:
+        raise InstallError(root, e.strerror or str(e)) from e
+    try:
+        os.chmod(tmp, 0o755)
+        for rel, src in sorted(files.items()):
+            dst = tmp / rel
+            dst.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+            os.chmod(dst, 0o755)
+        manifest = {"version": version, "hash": digest, "files": sorted(files)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        _fsync_tree(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            # Another vgpud (or vgpu upgrade) made it meanwhile: theirs is complete.
+            if not (target / MANIFEST).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InstallError(target, e.strerror or str(e)) from e
+    log.info("installed %s", target)
+    return Install(target, version, digest)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, names in os.walk(root):
+        for n in names:
+            fd = os.open(os.path.join(dirpath, n), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def installed(root: Path) -> list[Install]:
+    """Every complete install under `root`, by name."""
+    out = []
+    try:
+        entries = sorted(root.iterdir())
+    except FileNotFoundError:
+        return []
+    for d in entries:
+        if d.name.startswith(".") or not d.is_dir() or d.is_symlink():
+            continue
+        try:
+            manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
+            version, digest = str(manifest["version"]), str(manifest["hash"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not one of ours: never touched
+        if d.name == f"{version}-{digest}":
+            out.append(Install(d, version, digest))
+    return out
+
+
+def _unescape(field: str) -> str:
+    """mountinfo's octal escapes (\\040 for a space, ...)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit() and len(field[i + 1:i + 4]) == 3:
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mounted_installs(mountinfo: str, names: Iterable[str], target: str) -> set[str]:
+    """The install names whose files are bind-mounted at `target` in a mountinfo text.
+
+    A bind mount's root (field 4) is the source's path inside its filesystem, so the
+    install's directory name is one of its components wherever the lib dir is mounted."""
+    wanted = set(names)
+    found: set[str] = set()
+    for line in mountinfo.splitlines():
+        fields = line.split(" ")
+        if len(fields) < 5 or _unescape(fields[4]) != target:
+            continue
+        root = _unescape(fields[3]).removesuffix("//deleted")
+        found.update(part for part in root.split("/") if part in wanted)
+    return found
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A live slice as collection sees it: the install it recorded, its container's init."""
+
+    recorded: str
+    pid: int
+
+
+def unused(installs: Iterable[Install], serving: str, holders: Iterable[Holder], *,
+           target: str, proc: Path = Path("/proc")) -> list[Install]:
+    """The installs no container maps any more and vgpud does not serve.
+
+    A holder with a recorded install keeps it; one without (started by an older vgpud)
+    keeps what its init's mountinfo shows; an init whose mountinfo cannot be read for any
+    reason but its being gone keeps them all."""
+    candidates = [i for i in installs if i.name != serving]
+    names = {i.name for i in candidates}
+    keep: set[str] = set()
+    for h in holders:
+        if h.recorded:
+            keep.add(h.recorded)
+            continue
+        if h.pid <= 0:
+            continue   # not started: it gets the install vgpud serves at prestart
+        try:
+            text = (proc / str(h.pid) / "mountinfo").read_text(encoding="utf-8",
+                                                                errors="replace")
+        except (FileNotFoundError, ProcessLookupError):
+            continue   # gone: nothing of it maps anything
+        except OSError:
+            return []  # unknown: every install may be in use
+        keep |= mounted_installs(text, names, target)
+    return [i for i in candidates if i.name not in keep]
+
+
+def collect(root: Path, serving: str, holders: Iterable[Holder], *, target: str,
+            proc: Path = Path("/proc")) -> list[Install]:
+    """Remove the installs `unused` names (renamed aside first, so a half-removed directory
+    never looks like an install) and leftovers of interrupted installs; the removed ones."""
+    removed = []
+    for inst in unused(installed(root), serving, holders, target=target, proc=proc):
+        aside = root / f"{_RM_PREFIX}{inst.name}"
+        try:
+            os.rename(inst.path, aside)
+        except OSError as e:
+            log.warning("installs: cannot remove %s: %s", inst.path, e.strerror or e)
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+        log.info("removed %s: no container uses it", inst.path)
+        removed.append(inst)
+    now = time.time()
+    with contextlib.suppress(FileNotFoundError):
+        for d in root.iterdir():
+            if not d.is_dir() or d.is_symlink():
+                continue
+            stale = d.name.startswith(_TMP_PREFIX) and now - d.lstat().st_mtime > _STALE_TMP_S
+            if d.name.startswith(_RM_PREFIX) or stale:
+                shutil.rmtree(d, ignore_errors=True)
+    return removed
