@@ -27,7 +27,10 @@ __all__ = [
     "Mount",
     "Plan",
     "plan_mounts",
+    "preload_plan",
     "sched_files",
+    "slice_env",
+    "slice_mounts",
 ]
 
 #: Where libvgpu.so appears in the container, and the line ld.so.preload gets.
@@ -93,9 +96,17 @@ def sched_files(s: SliceView, v: VGpuView) -> tuple[str, str]:
     return str(gpu), str(req)
 
 
-def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path) -> Plan:
-    """The mounts that give a container slice `s`: libvgpu, /dev/vgpu<i>, the GPUs' device
-    nodes, then /etc/ld.so.preload (last: it names the library mounted first)."""
+def slice_env(s: SliceView) -> tuple[tuple[str, str], ...]:
+    """The env that names the slice's GPUs, in vGPU order (the runtime path's spec
+    modifier and the CDI spec both set it)."""
+    visible = ",".join(v.gpu_uuid for v in s.vgpus)
+    return (("CUDA_VISIBLE_DEVICES", visible), ("NVIDIA_VISIBLE_DEVICES", visible))
+
+
+def slice_mounts(s: SliceView, *, libvgpu: Path) -> tuple[Mount, ...]:
+    """The files that give a container slice `s`: libvgpu, /dev/vgpu<i> and its usage,
+    the GPUs' scheduling files, the GPUs' device nodes. One list for both deliveries:
+    vgpu-hook mounts it (plan_mounts) and a CDI spec carries it (oci_hook.cdi)."""
     mounts = [Mount(str(libvgpu), CONTAINER_LIBVGPU, executable=True)]
     for v in s.vgpus:
         # The limits and the slice's identity: read-only. Its usage is the slice's own:
@@ -115,5 +126,18 @@ def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path
             if node not in seen:
                 seen.add(node)
                 mounts.append(Mount(node, node, read_only=False, device=True))
-    mounts.append(Mount(str(preload_host), CONTAINER_PRELOAD))
-    return Plan(rootfs=str(rootfs), mounts=tuple(mounts), preload_host=str(preload_host))
+    return tuple(mounts)
+
+
+def preload_plan(*, rootfs: Path, preload_host: Path, mounts: tuple[Mount, ...] = ()) -> Plan:
+    """`mounts`, then the generated /etc/ld.so.preload (last: it names the library that
+    the mounts, or the engine through CDI, put in place)."""
+    return Plan(rootfs=str(rootfs), mounts=(*mounts, Mount(str(preload_host), CONTAINER_PRELOAD)),
+                preload_host=str(preload_host))
+
+
+def plan_mounts(s: SliceView, *, rootfs: Path, libvgpu: Path, preload_host: Path) -> Plan:
+    """The mounts that give a container slice `s`: libvgpu, /dev/vgpu<i>, the GPUs' device
+    nodes, then /etc/ld.so.preload (last: it names the library mounted first)."""
+    return preload_plan(rootfs=rootfs, preload_host=preload_host,
+                        mounts=slice_mounts(s, libvgpu=libvgpu))

@@ -214,6 +214,7 @@ class SliceInfo:
     id: str
     gpu_uuids: tuple[str, ...]            # in vGPU order: /dev/vgpu<i> is gpu_uuids[i]
     device_nodes: tuple[str, ...] = ()    # host nodes of the slice's GPUs, deduplicated
+    env: tuple[tuple[str, str], ...] = ()  # oci_hook.mounts.slice_env: names its GPUs
 
 
 @dataclass(frozen=True)
@@ -235,14 +236,13 @@ def for_slice(s: SliceInfo, hook: HookSettings, *, env_request: bool,
                     tuple(f"{k}={v}" for k, v in hook.env.items()), hook.timeout)
 
     nodes = tuple(n for n in (stat_node(p) for p in _unique(s.device_nodes)) if n is not None)
-    visible = ",".join(s.gpu_uuids)
     annotations = [("vgpu.io/slice", s.id), *extra_annotations]
     if env_request:
         annotations.append(("vgpu.io/env-requests", "allowed"))
     return Modifiers((
         HooksModifier((("prestart", hook_for("prestart")), ("poststop", hook_for("poststop")))),
         DeviceNodesModifier(nodes) if nodes else None,
-        EnvModifier((("CUDA_VISIBLE_DEVICES", visible), ("NVIDIA_VISIBLE_DEVICES", visible))),
+        EnvModifier(s.env),
         AnnotationsModifier(tuple(annotations)),
     ))
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from arbiter.defaults import ENV_CONFIG, ENV_SOCKET
 from arbiter.errors import VgpuError
+from oci_hook.mounts import slice_env
 from oci_hook.phases import release
 from oci_hook.request import ANNOTATION_PREFIX, INTERNAL_ANNOTATIONS, find_request, parse_request
 from oci_hook.slices import view_of
@@ -83,7 +84,8 @@ def give_vgpu(store: SpecStore, spec: Spec, container_id: str, bundle: Path, con
     try:
         view = view_of(slices, granted)
         info = SliceInfo(id=view.id, gpu_uuids=tuple(v.gpu_uuid for v in view.vgpus),
-                         device_nodes=tuple(n for v in view.vgpus for n in v.device_nodes))
+                         device_nodes=tuple(n for v in view.vgpus for n in v.device_nodes),
+                         env=slice_env(view))
         for_slice(info, settings, env_request=from_env).modify(spec)
         store.flush(spec)
     except BaseException:

@@ -1,0 +1,262 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CDI spec of a claim's slice: what a CDI-capable engine applies to give a container it.
+
+A DRA claim's slice (owner kind `claim`) reaches its containers through the Container
+Device Interface: the DRA plugin writes one spec per claim into a CDI directory and
+answers the kubelet the device ID `vgpu.io/claim=<name>`; containerd >= 1.7, CRI-O and
+Podman apply the spec's container edits themselves, no runtime class needed (containerd
+1.6 has no CDI: the `vgpu` runtime handler applies the same edits from the spec file,
+shim.runtime).
+
+The edits are the runtime path's own, from the same functions (oci_hook.mounts): the env
+that names the slice's GPUs, the GPUs' device nodes, and as bind mounts libvgpu, the
+region files (read-only), the usage files and the slice's scheduling request (the
+slice's own, read-write), the GPUs' scheduling files (read-only). What the engine cannot
+do from a spec is made by a `createRuntime` hook, `vgpu-hook claim <slice id>`: the
+/etc/ld.so.preload that names libvgpu, merged with the image's own (it depends on the
+image), which vgpud plans and vgpu-hook writes with its safe mount code.
+
+cdiVersion 0.3.0, the lowest that carries all of it (CDI SPEC.md, "Released versions"):
+0.3.0 has env, deviceNodes (path, type, major, minor, permissions), mounts (hostPath,
+containerPath, options) and hooks; 0.4.0 added a mount `type`, 0.5.0 `hostPath` on device
+nodes, 0.6.0 annotations: none is used, so Podman 4.x (reads up to 0.5.0) and every newer
+engine read it. Engines refuse a spec with a field its version does not have.
+
+Pure but for write_spec / remove_spec / find_edits (files) and the stat of device nodes
+(a parameter).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from oci_hook.errors import HookError
+from oci_hook.mounts import Mount, slice_env, slice_mounts
+from oci_hook.slices import SliceView, VGpuView
+
+if TYPE_CHECKING:
+    from arbiter.proto import vgpu_pb2
+
+__all__ = [
+    "CDI_VERSION",
+    "HOOK_COMMAND",
+    "HOOK_PHASE",
+    "KIND",
+    "SPEC_DIRS",
+    "CdiError",
+    "DeviceNode",
+    "claim_spec",
+    "device_id",
+    "find_edits",
+    "remove_spec",
+    "spec_path",
+    "stat_device",
+    "view_of_message",
+    "write_spec",
+]
+
+#: The CDI kind (vendor/class) of every claim's device.
+KIND = "vgpu.io/claim"
+#: The lowest CDI version with every field the spec uses (the module's docstring says why).
+CDI_VERSION = "0.3.0"
+#: vgpu-hook's subcommand for a claim's container: `vgpu-hook claim <slice id>`.
+HOOK_COMMAND = "claim"
+#: Where engines look for CDI specs by default (containerd, CRI-O, Podman).
+SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+#: The OCI hook phase: in the runtime's namespaces before pivot_root, like prestart
+#: (which CDI does not offer), and what vgpu-hook's mount code needs.
+HOOK_PHASE = "createRuntime"
+
+# CDI SPEC.md: a device name is letters and digits with `_ - . :` inside.
+_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+_NAME_MAX = 128  # ours: a file name and an annotation value must stay short
+
+
+class CdiError(HookError, ValueError):
+    """A claim's CDI spec cannot be made, written or found: ``failed to <verb> ...: why``."""
+
+    def __init__(self, verb: str, what: str, reason: str) -> None:
+        self.verb = verb
+        self.what = what
+        self.reason = reason
+        super().__init__(" ".join(f"failed to {verb} {what}: {reason}".split()))
+
+
+def _check_name(name: str) -> str:
+    if not isinstance(name, str) or len(name) > _NAME_MAX or not _NAME_RE.fullmatch(name):
+        raise CdiError("name", f"the CDI device {name!r}",
+                       f"a name is 1..{_NAME_MAX} letters and digits, with _ - . : inside")
+    return name
+
+
+def device_id(name: str) -> str:
+    """The fully qualified CDI device ID of claim device `name`: `vgpu.io/claim=<name>`."""
+    return f"{KIND}={_check_name(name)}"
+
+
+def spec_path(cdi_dir: Path, name: str) -> Path:
+    """Where the spec of device `name` lives: `<dir>/vgpu.io-claim_<name>.json` (CDI's
+    naming guidance: `<vendor>-<class>_<unique>.json`, one device per file)."""
+    return Path(cdi_dir) / f"{KIND.replace('/', '-')}_{_check_name(name)}.json"
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A host device node as CDI's deviceNodes needs it."""
+
+    path: str
+    type: str        # "c" or "b"
+    major: int
+    minor: int
+
+
+def stat_device(path: str) -> DeviceNode | None:
+    """Stat a host device node; None when it is not a character or block device (a test's
+    stand-in file: then it is bind-mounted like the other files)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if stat.S_ISCHR(st.st_mode):
+        return DeviceNode(path, "c", os.major(st.st_rdev), os.minor(st.st_rdev))
+    if stat.S_ISBLK(st.st_mode):
+        return DeviceNode(path, "b", os.major(st.st_rdev), os.minor(st.st_rdev))
+    return None
+
+
+def _mount_options(m: Mount) -> list[str]:
+    """The OCI options that make a bind mount what vgpu-hook's remount makes it."""
+    opts = ["ro" if m.read_only else "rw", "nosuid"]
+    if not m.device:
+        opts.append("nodev")
+    if not m.executable and not m.device:
+        opts.append("noexec")
+    return [*opts, "bind"]
+
+
+def claim_spec(view: SliceView, *, name: str, libvgpu: Path, hook: Path,
+               hook_env: Mapping[str, str] | None = None, hook_timeout: int = 30,
+               stat_node: Callable[[str], DeviceNode | None] = stat_device) -> dict[str, Any]:
+    """The CDI spec (a JSON document) with one device `name` that gives a container the
+    claim slice `view`.
+
+    `libvgpu` and `hook` are host paths of the library to mount and of vgpu-hook;
+    `hook_env` reaches the right vgpud (VGPU_SOCKET, VGPU_CONFIG) whatever environment
+    the engine runs hooks with. MountError when a file of the slice is missing."""
+    _check_name(name)
+    if not view.id:
+        raise CdiError("make", f"the CDI spec of {name}", "the slice has no id")
+    mounts: list[dict[str, Any]] = []
+    nodes: list[dict[str, Any]] = []
+    for m in slice_mounts(view, libvgpu=libvgpu):
+        node = stat_node(m.source) if m.device else None
+        if node is not None and m.source == m.target:
+            nodes.append({"path": node.path, "type": node.type, "major": node.major,
+                          "minor": node.minor, "permissions": "rw"})
+        else:
+            mounts.append({"hostPath": m.source, "containerPath": m.target,
+                           "options": _mount_options(m)})
+    hook_doc: dict[str, Any] = {"hookName": HOOK_PHASE, "path": str(hook),
+                                "args": [hook.name, HOOK_COMMAND, view.id]}
+    if hook_env:
+        hook_doc["env"] = [f"{k}={v}" for k, v in hook_env.items()]
+    if hook_timeout > 0:
+        hook_doc["timeout"] = hook_timeout
+    edits: dict[str, Any] = {"env": [f"{k}={v}" for k, v in slice_env(view)]}
+    if nodes:
+        edits["deviceNodes"] = nodes
+    edits["mounts"] = mounts
+    edits["hooks"] = [hook_doc]
+    return {"cdiVersion": CDI_VERSION, "kind": KIND,
+            "devices": [{"name": name, "containerEdits": edits}]}
+
+
+def write_spec(cdi_dir: Path, name: str, spec: Mapping[str, Any]) -> Path:
+    """Write `spec` as the file of device `name` in `cdi_dir` (made if missing), atomically:
+    an engine that reads the directory sees the old file or the new one, never a part
+    (a temporary file in the same directory, fsync, rename; mode 0644)."""
+    path = spec_path(cdi_dir, name)
+    data = (json.dumps(spec, indent=2) + "\n").encode()
+    tmp = ""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A name that does not end in .json: engines that watch the directory skip it.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise CdiError("write", str(path), e.strerror or str(e)) from e
+    return path
+
+
+def remove_spec(cdi_dir: Path, name: str) -> bool:
+    """Remove the spec of device `name`; False when there was none (idempotent)."""
+    path = spec_path(cdi_dir, name)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise CdiError("remove", str(path), e.strerror or str(e)) from e
+    return True
+
+
+def find_edits(dirs: Sequence[Path], ident: str) -> dict[str, Any]:
+    """The containerEdits of CDI device `ident` (`vgpu.io/claim=<name>`), from its spec file
+    in the first of `dirs` that has one (later dirs win in CDI; ours writes one file per
+    device, so the first found is the one). CdiError when none has it."""
+    kind, sep, name = ident.partition("=")
+    if kind != KIND or not sep:
+        raise CdiError("resolve", f"the CDI device {ident!r}", f"not a {KIND} device")
+    found: dict[str, Any] | None = None
+    for d in reversed(list(dirs)):   # CDI: a later directory's spec wins
+        path = spec_path(d, name)
+        try:
+            doc = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as e:
+            raise CdiError("read", str(path), str(e)) from e
+        found = _device_edits(doc, name, path)
+        break
+    if found is None:
+        where = ", ".join(str(d) for d in dirs) or "no CDI directory"
+        raise CdiError("resolve", f"the CDI device {ident}",
+                       f"no spec in {where} (is the claim prepared on this node?)")
+    return found
+
+
+def _device_edits(doc: Any, name: str, path: Path) -> dict[str, Any]:
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        raise CdiError("read", str(path), f"not a CDI spec of kind {KIND}")
+    for dev in doc.get("devices") or []:
+        if isinstance(dev, dict) and dev.get("name") == name:
+            edits = dev.get("containerEdits") or {}
+            if not isinstance(edits, dict):
+                raise CdiError("read", str(path), "containerEdits is not an object")
+            return edits
+    raise CdiError("read", str(path), f"no device {name!r}")
+
+
+def view_of_message(msg: vgpu_pb2.Slice) -> SliceView:
+    """A slice as vgpud's gRPC answers it (Allocate, Get), as the spec builder needs it:
+    the DRA plugin asks vgpud over gRPC, not through the domain."""
+    return SliceView(id=msg.id, owner=msg.owner, region_dir=msg.region_dir, vgpus=tuple(
+        VGpuView(index=v.index, gpu_uuid=v.gpu_uuid, region_path=v.region_path,
+                 device_nodes=tuple(v.device_nodes))
+        for v in sorted(msg.vgpus, key=lambda v: v.index)))
