@@ -2,7 +2,7 @@
 """vgpud: the host-wide arbiter daemon (gRPC on a unix socket).
 
     vgpud [--config FILE] [--socket PATH] [--state-dir DIR] [--run-dir DIR]
-          [--log-level LEVEL]
+          [--log-level LEVEL] [--wait-lock SECONDS]
 
 Flags override the config file (--config, else $VGPU_CONFIG, else
 /etc/vgpu/config.yaml; only that default path may be missing, meaning the
@@ -13,6 +13,12 @@ touches nothing). A metrics address that cannot be bound is one warning line:
 vgpud serves containers meanwhile and retries. SIGHUP reloads the reloadable
 config keys; SIGTERM/SIGINT drain the gRPC server and stop. One log line per
 event goes to stderr.
+
+Restarts (docs/vgpud.md "Restarts"): sockets passed by a service manager (LISTEN_FDS,
+arbiter.activation) are served as they are and never unlinked or bound again, so
+connections made while vgpud restarts wait in their backlog. `--wait-lock SECONDS`
+makes a vgpud started beside a running one (a DaemonSet update) get ready and then wait
+for the state dir instead of refusing to start.
 """
 from __future__ import annotations
 
@@ -37,7 +43,8 @@ from typing import Protocol
 import grpc
 from prometheus_client import CollectorRegistry
 
-from arbiter import inventory
+from arbiter import activation, inventory
+from arbiter.activation import Listeners
 from arbiter.attribution import SlicePids
 from arbiter.broker import BrokerSupervisor
 from arbiter.config import Config, config_path, load_config
@@ -47,10 +54,12 @@ from arbiter.events import EventLog
 from arbiter.freezer import Freezer, find_root
 from arbiter.guardian import ComputeGuard
 from arbiter.metrics import Metrics, Snapshot
+from arbiter.model import Gpu
 from arbiter.native import program_path
 from arbiter.proto import vgpu_pb2_grpc
 from arbiter.reconcile import Reconciler
 from arbiter.regions import Regions
+from arbiter.relay import Relay
 from arbiter.sched import (
     SCHED_DIR_MODE,
     SCHED_DIR_NAME,
@@ -62,7 +71,7 @@ from arbiter.sched import (
 )
 from arbiter.service import ArbiterService
 from arbiter.state import Store
-from arbiter.statelock import StateLock
+from arbiter.statelock import StateDirInUseError, StateLock
 
 __all__ = ["Attachment", "AttachmentFactory", "Daemon", "DaemonError", "main"]
 
@@ -76,6 +85,8 @@ _DRAIN_S = 5.0
 #: The run dir: others may pass through (a runtime in a user namespace opening a
 #: bind-mount source by its path) but not list it.
 _RUN_DIR_MODE = 0o711
+#: Under socket activation gRPC listens here (in the run dir, 0600) behind the relay.
+_PRIVATE_GRPC_NAME = "vgpud.grpc.sock"
 
 
 class DaemonError(VgpuError):
@@ -104,6 +115,11 @@ class Attachment(Protocol):
         """Stop serving and remove what start made."""
         ...
 
+    def serve_on(self, sock: socket.socket) -> None:
+        """Serve on this inherited listening socket (bound to one of `paths`) at start,
+        instead of binding one; close() then leaves the path alone."""
+        ...
+
 
 #: Makes an attachment from the domain and vgpud's loaded config.
 AttachmentFactory = Callable[[Arbiter, Config], Attachment]
@@ -127,7 +143,8 @@ class Daemon:
 
     def __init__(self, config: Config, config_file: Path | None,
                  overrides: dict[str, object], *, proc: Path = Path("/proc"),
-                 attachments: Sequence[AttachmentFactory] = ()) -> None:
+                 attachments: Sequence[AttachmentFactory] = (),
+                 listeners: Listeners | None = None, wait_lock_s: float = 0) -> None:
         self.config = config
         self.config_file = config_file
         self.overrides = overrides
@@ -148,6 +165,13 @@ class Daemon:
         self.broker: BrokerSupervisor | None = None
         self._factories = tuple(attachments)
         self.attachments: list[Attachment] = []  # made at start; those that serve
+        #: Sockets a service manager passed (none: vgpud binds its own).
+        self.listeners = listeners if listeners is not None else Listeners([])
+        #: How long a start waits for another vgpud to let go of the state dir.
+        self.wait_lock_s = wait_lock_s
+        self._grpc_listener: socket.socket | None = None  # inherited: the relay's
+        self._relay: Relay | None = None
+        self._grpc_bound: Path | None = None  # the socket file this vgpud bound
 
     # -- start -----------------------------------------------------------------
 
@@ -174,17 +198,30 @@ class Daemon:
                                   f"(it holds {lock})") from e
             raise
         self._lock_fd = fd
+        if self._grpc_listener is not None:
+            return  # the service manager's socket: never unlinked or bound here
         if sock.exists() or sock.is_symlink():
             if _socket_in_use(sock):
                 raise DaemonError(f"another vgpud serves {sock}")
             log.info("removing stale socket %s", sock)
             sock.unlink()
 
-    def _lock_state_dir(self) -> None:
-        """Hold the state dir's lock for the daemon's life: one vgpud per state dir."""
+    def _lock_state_dir(self, ready: Callable[[], None] = lambda: None) -> None:
+        """Hold the state dir's lock for the daemon's life: one vgpud per state dir.
+
+        With wait_lock_s, a held lock is waited for: `ready` first does what needs no
+        lock (NVML, the inventory), so the takeover is quick once the holder exits."""
         c = self.config
         try:
-            self._state_lock = StateLock.acquire(c.state_dir, c.socket)
+            try:
+                self._state_lock = StateLock.acquire(c.state_dir, c.socket)
+            except StateDirInUseError as e:
+                if self.wait_lock_s <= 0:
+                    raise
+                log.info("%s: waiting up to %gs for it to exit", e, self.wait_lock_s)
+                ready()
+                self._state_lock = StateLock.acquire(c.state_dir, c.socket,
+                                                     wait_s=self.wait_lock_s)
         except OSError as e:
             raise DaemonError(f"cannot lock the state dir {c.state_dir}: "
                               f"{e.strerror or e}") from e
@@ -215,9 +252,17 @@ class Daemon:
     def start(self) -> None:
         """Bring every part up; raise VgpuError with a one-line reason on failure."""
         c = self.config
-        self._lock_state_dir()  # first: a second vgpud must touch nothing
+        found: list[Gpu] = []
+
+        def discover() -> None:
+            if not found:
+                found.extend(inventory.discover(c))
+
+        self._lock_state_dir(discover)  # first: a second vgpud must touch nothing
+        self._grpc_listener = self.listeners.take("socket", c.socket)
         self._claim_socket()
-        gpus = inventory.discover(c)
+        discover()
+        gpus = list(found)
         self._prepare_run_dir()
         regions = Regions(c.run_dir, context_reserve=c.context_reserve, proc=self.proc)
         regions.prepare()
@@ -263,22 +308,40 @@ class Daemon:
             paths.update(a.paths)
         service = ArbiterService(self.arbiter, paths)
         vgpu_pb2_grpc.add_ArbiterServicer_to_server(service, self.server)
+        # Under socket activation gRPC listens privately and the relay feeds it.
+        bind = c.socket if self._grpc_listener is None else c.run_dir / _PRIVATE_GRPC_NAME
+        if self._grpc_listener is not None:
+            with contextlib.suppress(FileNotFoundError):
+                bind.unlink()  # ours (we hold the state dir): a previous vgpud's leftover
         old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
         try:
-            port = self.server.add_insecure_port(f"unix:{c.socket}")
+            port = self.server.add_insecure_port(f"unix:{bind}")
         finally:
             os.umask(old)
         if not port:
-            raise DaemonError(f"cannot listen on unix:{c.socket}")
+            raise DaemonError(f"cannot listen on unix:{bind}")
+        self._grpc_bound = bind
         self.server.start()
-        os.chmod(c.socket, 0o600)
+        os.chmod(bind, 0o600)
+        if self._grpc_listener is not None:
+            self._relay = Relay(self._grpc_listener, bind)
+            self._grpc_listener = None  # the relay's now (it closes it)
+            self._relay.start()
         for a in made:
+            for name, path in a.paths.items():
+                sock = self.listeners.take(name, path)
+                if sock is not None:
+                    a.serve_on(sock)
             self._attach(a)
+        for extra in self.listeners.leftovers():
+            log.warning("inherited socket %s: nothing of vgpud serves it; closed", extra)
+        self.listeners.close_leftovers()
         if c.metrics_address:
             # A taken or unresolvable address is one warning and retries: the
             # containers vgpud serves do not depend on being scraped.
             self.metrics.start(c.metrics_address, key="metrics.address")
-        log.info("vgpud serving on unix:%s with %d GPU(s), %d slice(s)", c.socket, len(gpus),
+        log.info("vgpud serving on unix:%s%s with %d GPU(s), %d slice(s)", c.socket,
+                 " (inherited)" if self._relay is not None else "", len(gpus),
                  len(self.arbiter.slices()))
 
     def _watch_regions(self, regions: Regions) -> None:
@@ -428,6 +491,8 @@ class Daemon:
             for a in reversed(self.attachments):
                 with contextlib.suppress(Exception):
                     a.close()
+            if self._relay is not None:
+                self._relay.close()
             if self.server is not None:
                 self.server.stop(_DRAIN_S).wait()
             if self.reconciler is not None:
@@ -449,13 +514,14 @@ class Daemon:
             self._release()
 
     def _release(self) -> None:
-        """Remove this vgpud's sockets (only once it served them) and let its locks go."""
-        sockets = []
-        if self.server is not None:
-            sockets.append(self.config.socket)
-        for path in sockets:
+        """Remove the socket this vgpud bound (never an inherited one) and let its locks go."""
+        if self._grpc_bound is not None:
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                self._grpc_bound.unlink()
+        if self._grpc_listener is not None:  # a start that failed before the relay took it
+            self._grpc_listener.close()
+            self._grpc_listener = None
+        self.listeners.close_leftovers()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -485,6 +551,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--run-dir", help="runtime directory (overrides paths.run_dir)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"], help="stderr log level")
+    p.add_argument("--wait-lock", type=float, default=0, metavar="SECONDS",
+                   help="when another vgpud holds the state dir, get ready and wait this long "
+                   "for it to exit instead of refusing to start (a DaemonSet update)")
     return p.parse_args(argv)
 
 
@@ -494,6 +563,16 @@ def main(argv: list[str] | None = None,
     args = parse_args(argv)
     logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                         format="vgpud: %(levelname)s %(message)s")
+    try:
+        # First, whatever else fails: the variables must not reach vgpud's children.
+        listeners = activation.from_environ()
+    except VgpuError as e:
+        print(f"vgpud: {e}", file=sys.stderr)
+        return 1
+    if args.wait_lock < 0:
+        print(f"vgpud: --wait-lock: {args.wait_lock:g} is not a number of seconds >= 0",
+              file=sys.stderr)
+        return 2
     path = config_path(args.config)
     overrides: dict[str, object] = {"socket": args.socket, "state_dir": args.state_dir,
                                     "run_dir": args.run_dir}
@@ -505,7 +584,8 @@ def main(argv: list[str] | None = None,
     # Whatever umask vgpud inherits, nothing it makes is writable by other users
     # (files whose mode matters get it explicitly as well).
     os.umask(0o022)
-    daemon = Daemon(config, path, overrides, attachments=attachments)
+    daemon = Daemon(config, path, overrides, attachments=attachments, listeners=listeners,
+                    wait_lock_s=args.wait_lock)
     daemon.install_signals()
     try:
         daemon.start()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import time
 from pathlib import Path
 
 from arbiter.errors import VgpuError
@@ -22,6 +23,8 @@ __all__ = ["LOCK_NAME", "StateDirInUseError", "StateLock"]
 LOCK_NAME = "vgpud.lock"
 #: The most of a lock file a refused start reads (its holder writes two short lines).
 _READ_MAX = 4096
+#: How often a waiting start tries the lock again (flock has no timeout of its own).
+_RETRY_S = 0.02
 
 
 class StateDirInUseError(VgpuError):
@@ -46,8 +49,10 @@ class StateLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, state_dir: Path, socket: Path | str) -> StateLock:
-        """Take the lock of state_dir (made 0700 when missing) or raise StateDirInUseError.
+    def acquire(cls, state_dir: Path, socket: Path | str, *, wait_s: float = 0) -> StateLock:
+        """Take the lock of state_dir (made 0700 when missing) or raise StateDirInUseError
+        (once `wait_s` seconds passed with another holder: a takeover waits for the old
+        vgpud to exit).
 
         Raises OSError when the directory or the lock file cannot be made or opened.
         """
@@ -57,8 +62,17 @@ class StateLock:
         # O_NOFOLLOW: the state dir is root's, but a link here is never ours to follow.
         fd = os.open(state_dir / LOCK_NAME,
                      os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        deadline = time.monotonic() + wait_s
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as e:
+                    if (e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)
+                            or time.monotonic() >= deadline):
+                        raise
+                    time.sleep(_RETRY_S)
         except OSError as e:
             try:
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):

@@ -29,6 +29,7 @@ import socket
 import socketserver
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,8 @@ CLIENTS: Mapping[str, str] = {"runtime-create": "vgpu-runtime", "prestart": "vgp
 MAX_FRAME = 1 << 20
 #: A client that connects must send its request at once (it has it ready).
 _READ_TIMEOUT_S = 5.0
+#: How long close() waits for answers in flight.
+_DRAIN_S = 5.0
 _HEADER = struct.Struct(">I")
 
 
@@ -201,6 +204,9 @@ class _Handler(socketserver.BaseRequestHandler):
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     owner: LifecycleServer
+    #: Container starts arriving together (or while vgpud restarts) wait in the kernel,
+    #: not refused: socketserver's default of 5 would refuse the sixth.
+    request_queue_size = 512
     #: Requests answered at once; more wait in the listen backlog. Each takes a few ms
     #: of vgpud's one Python core, so more threads would only add switching (and a
     #: flood of connections must not become a flood of threads).
@@ -208,21 +214,21 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(self.max_concurrent)
+        self.slots = threading.BoundedSemaphore(self.max_concurrent)
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self._slots.acquire()
+        self.slots.acquire()
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self.slots.release()
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self.slots.release()
 
 
 class LifecycleServer:
@@ -235,6 +241,8 @@ class LifecycleServer:
         self.paths = {"lifecycle_socket": str(self.path)}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        #: A listening socket a service manager passed (vgpud restarts keep it).
+        self._inherited: socket.socket | None = None
 
     def dispatch(self, request: Fields) -> Reply:
         """Answer one request; never raises."""
@@ -253,15 +261,24 @@ class LifecycleServer:
             log.exception("lifecycle: %s failed", request.get("op"))
             return Reply.error(f"internal error: {type(e).__name__}: {e}")
 
+    def serve_on(self, sock: socket.socket) -> None:
+        """Serve on this inherited listening socket at start (the path is left alone)."""
+        self._inherited = sock
+
     def start(self) -> None:
-        """Listen (the socket is born 0600) and serve in a thread."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()  # vgpud holds the socket's lock: a file here is stale
-        old = os.umask(0o177)
-        try:
-            server = _Server(str(self.path), _Handler, bind_and_activate=True)
-        finally:
-            os.umask(old)
+        """Listen (the socket is born 0600), or take the inherited one, and serve in a thread."""
+        if self._inherited is not None:
+            server = _Server(str(self.path), _Handler, bind_and_activate=False)
+            server.socket.close()
+            server.socket = self._inherited
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()  # vgpud holds the socket's lock: a file here is stale
+            old = os.umask(0o177)
+            try:
+                server = _Server(str(self.path), _Handler, bind_and_activate=True)
+            finally:
+                os.umask(old)
         server.owner = self
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
@@ -269,14 +286,22 @@ class LifecycleServer:
         self._thread.start()
 
     def close(self) -> None:
-        """Stop accepting, remove the socket (answers in flight finish on their threads)."""
+        """Stop accepting, let the answers in flight finish (a restart must not cut a
+        container start off mid-answer), remove the socket unless it was inherited
+        (connections not yet accepted then wait in its backlog for the next vgpud)."""
         if self._server is None:
             return
-        self._server.shutdown()
-        self._server.server_close()
-        self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
+        server, self._server = self._server, None
+        server.shutdown()
+        server.server_close()
+        deadline = time.monotonic() + _DRAIN_S
+        taken = 0
+        while taken < server.max_concurrent and server.slots.acquire(
+                timeout=max(0.0, deadline - time.monotonic())):
+            taken += 1
+        if self._inherited is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
 
 
 def request(path: str | Path, items: Sequence[tuple[str, str]], timeout: float = 10.0) -> Fields:

@@ -36,6 +36,9 @@ class Vgpud:
         self.env["PYTHONPATH"] = str(ROOT)
         self.env["PYTHONUNBUFFERED"] = "1"
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Put before the command and kept open in the child (support/socket_activation.py).
+        self.wrapper: list[str] = []
+        self.pass_fds: tuple[int, ...] = ()
         self.log_path = tmp / "vgpud.log"
         self.metrics_port = 0
         self._channel: grpc.Channel | None = None
@@ -75,8 +78,8 @@ class Vgpud:
     def start(self, timeout: float = 30) -> Vgpud:
         """Start vgpud and wait until Health answers."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child owns it
-        self.proc = subprocess.Popen(self.command(), env=self.env, cwd=ROOT,
-                                     stdout=log, stderr=log)
+        self.proc = subprocess.Popen([*self.wrapper, *self.command()], env=self.env, cwd=ROOT,
+                                     stdout=log, stderr=log, pass_fds=self.pass_fds)
         log.close()
         self._channel = grpc.insecure_channel(f"unix:{self.socket}")
         self.stub = vgpu_pb2_grpc.ArbiterStub(self._channel)
