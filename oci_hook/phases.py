@@ -8,6 +8,10 @@ namespaces while the container's init waits, before pivot_root):
   container's slice (the one vgpu-runtime made at create, else a new one) and the
   mount plan that gives it; vgpu-hook applies the plan.
 - ``poststop``: release the slice.
+- ``claim`` (a CDI hook at ``createRuntime``, oci_hook.cdi): a container that a DRA claim's
+  CDI spec gives the claim's slice; the engine made the spec's mounts, the plan holds
+  only what depends on the image (/etc/ld.so.preload). The container uses the slice and
+  never holds it: nothing is released when it fails or stops.
 
 A container without a request (find_request: none of its keys, a pod's sandbox, a
 pod's container whose keys name no memory) gets None / nothing done. Every failure is a
@@ -25,7 +29,7 @@ from typing import TYPE_CHECKING
 from arbiter.errors import NotFoundError, StateError, VgpuError
 from oci_hook.errors import SliceError
 from oci_hook.errors import StateError as HookStateError
-from oci_hook.mounts import PRELOAD_HOST_NAME, Plan, plan_mounts
+from oci_hook.mounts import PRELOAD_HOST_NAME, Plan, plan_mounts, preload_plan
 from oci_hook.request import (
     ENV_KEYS,
     ENV_REQUESTS_ANNOTATION,
@@ -41,11 +45,14 @@ if TYPE_CHECKING:
     from arbiter.model import Request, Slice
     from oci_hook.slices import Slices
 
-__all__ = ["CREATE_RUNTIME", "POSTSTOP", "PRESTART", "poststop", "prestart", "release"]
+__all__ = ["CLAIM_KIND", "CREATE_RUNTIME", "POSTSTOP", "PRESTART", "claim_prestart", "poststop",
+           "prestart", "release"]
 
 PRESTART = "prestart"
 CREATE_RUNTIME = "createRuntime"
 POSTSTOP = "poststop"
+#: The owner kind of a DRA claim's slice (arbiter.model.OwnerKind.CLAIM).
+CLAIM_KIND = "claim"
 
 
 def _request(state: HookState, spec: Spec | None,
@@ -64,10 +71,11 @@ def _request(state: HookState, spec: Spec | None,
 
 
 def prestart(state: HookState, config: Config, slices: Slices, *,
-             libvgpu: Callable[[], Path]) -> Plan | None:
+             libvgpu: Callable[[], Path], libvgpu_version: str = "") -> Plan | None:
     """The mount plan that gives the container its slice; None when it asks for none.
 
-    `libvgpu` finds the library to mount (asked only for a container that gets a slice)."""
+    `libvgpu` finds the library to mount (asked only for a container that gets a slice);
+    `libvgpu_version` names its versioned install, recorded with the slice."""
     spec = load_spec(state.bundle)
     raw, annotations = _request(state, spec, config)
     if raw is None:
@@ -81,8 +89,11 @@ def prestart(state: HookState, config: Config, slices: Slices, *,
     req = None if annotations.get(SLICE_ANNOTATION) else _parse(raw, state, slices)
     try:
         s = _slice(slices, state, raw, annotations, req)
-        return plan_mounts(view_of(slices, s), rootfs=spec.rootfs, libvgpu=libvgpu(),
+        plan = plan_mounts(view_of(slices, s), rootfs=spec.rootfs, libvgpu=libvgpu(),
                            preload_host=state.bundle / PRELOAD_HOST_NAME)
+        if libvgpu_version:
+            slices.note_libvgpu(s.id, libvgpu_version)
+        return plan
     except BaseException:
         # The Allocate or Attach may have granted it: give it back (best effort; the
         # reconciler frees what this misses once the container is gone).
@@ -153,3 +164,33 @@ def poststop(state: HookState, config: Config, slices: Slices) -> bool:
     # runc's stopped state has no pid: the bundle names the container.
     return release(slices, state.id, state.pid, str(state.bundle))
 
+
+
+def claim_prestart(state: HookState, slice_id: str, slices: Slices) -> Plan:
+    """The plan for a container that a claim's CDI spec gives slice `slice_id`: the slice
+    must exist and be a claim's; the container is recorded as its user (attribution);
+    the plan writes and mounts the /etc/ld.so.preload that names libvgpu."""
+    if state.pid <= 0:
+        raise HookStateError("the OCI state on stdin",
+                             f"no container pid (run vgpu-hook claim as a {CREATE_RUNTIME} "
+                             f"hook)")
+    if not slice_id:
+        raise SliceError("use the claim's vGPU slice", "the CDI hook names no slice")
+    try:
+        s = slices.get(slice_id)
+    except NotFoundError as e:
+        raise SliceError("use the claim's vGPU slice",
+                         f"slice {slice_id} does not exist (is the claim prepared?)") from e
+    except VgpuError as e:
+        raise SliceError("use the claim's vGPU slice", str(e)) from e
+    if s.owner_kind != CLAIM_KIND:
+        raise SliceError("use the claim's vGPU slice",
+                         f"slice {slice_id} belongs to {s.owner_kind} {s.owner}, not to a claim")
+    spec = load_spec(state.bundle)
+    add_user = getattr(slices, "add_user", None)   # the domain records users of claims
+    if add_user is not None:
+        try:
+            add_user(slice_id, state.pid, str(state.bundle))
+        except VgpuError as e:
+            raise SliceError("use the claim's vGPU slice", str(e)) from e
+    return preload_plan(rootfs=spec.rootfs, preload_host=state.bundle / PRELOAD_HOST_NAME)

@@ -38,6 +38,10 @@ class Slices(Protocol):
         """The owner's slice: made now, or the one it holds (idempotent by owner)."""
         ...
 
+    def get(self, slice_id: str = "", owner: str = "") -> Slice:
+        """The slice with that id (or owner); NotFoundError otherwise."""
+        ...
+
     def attach(self, slice_id: str, owner: str, pid: int, bundle: str = "") -> Slice:
         """Bind the slice made at create to the container's init (records its identity)."""
         ...
@@ -46,6 +50,10 @@ class Slices(Protocol):
                 event: str = "release", pid: int = 0, bundle: str = "",
                 asker: bool = False) -> Slice | None:
         """Release; with `asker` only when that container holds it or its holder is gone."""
+        ...
+
+    def note_libvgpu(self, slice_id: str, libvgpu_version: str) -> None:
+        """Record the versioned install whose libvgpu.so the slice's container maps."""
         ...
 
     def region_dir(self, s: Slice) -> str:

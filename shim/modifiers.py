@@ -20,6 +20,7 @@ from shim.spec import Spec
 __all__ = [
     "HOOK_MARKERS",
     "AnnotationsModifier",
+    "CdiEditsModifier",
     "DeviceNode",
     "DeviceNodesModifier",
     "EnvModifier",
@@ -245,6 +246,39 @@ def for_slice(s: SliceInfo, hook: HookSettings, *, env_request: bool,
         EnvModifier(s.env),
         AnnotationsModifier(tuple(annotations)),
     ))
+
+
+@dataclass(frozen=True)
+class CdiEditsModifier:
+    """Apply CDI devices' containerEdits (oci_hook.cdi) the way a CDI engine does, for an
+    engine without CDI (containerd 1.6): env (replacing a same-named entry), device nodes
+    with their cgroup rules, bind mounts after the spec's own (so /dev, /run are there
+    first), hooks appended to their phase."""
+
+    edits: tuple[Mapping[str, Any], ...]
+
+    def modify(self, spec: Spec) -> None:
+        """Apply each device's edits in order."""
+        for e in self.edits:
+            EnvModifier(tuple((k, v) for k, _, v in (item.partition("=")
+                                                     for item in e.get("env") or []))).modify(spec)
+            nodes = []
+            for n in e.get("deviceNodes") or []:
+                node = (DeviceNode(n["path"], n["type"], int(n["major"]), int(n["minor"]),
+                                   int(n.get("fileMode", 0o666)), int(n.get("uid", 0)),
+                                   int(n.get("gid", 0)))
+                        if "type" in n and "major" in n else device_node(n["path"]))
+                if node is not None:
+                    nodes.append(node)
+            DeviceNodesModifier(tuple(nodes)).modify(spec)
+            mounts = spec.setdefault("mounts", [])
+            for m in e.get("mounts") or []:
+                mounts.append({"destination": m["containerPath"], "type": "bind",
+                               "source": m["hostPath"], "options": list(m.get("options") or [])})
+            hooks = spec.setdefault("hooks", {})
+            for h in e.get("hooks") or []:
+                entry = {k: h[k] for k in ("path", "args", "env", "timeout") if k in h}
+                hooks.setdefault(h["hookName"], []).append(entry)
 
 
 def _unique(items: Iterable[str]) -> list[str]:

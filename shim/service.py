@@ -7,6 +7,8 @@ loaded config against the domain's small interface (oci_hook.slices.Slices):
     runtime-create  bundle, id      -> ok (spec modified, or no request), or error
     prestart        phase, state    -> mount (the Plan), ok (no request), or error
     poststop        state           -> ok, or error
+    claim-prestart  slice, state    -> mount (the ld.so.preload of a container that a
+                                       claim's CDI spec gives the slice), or error
     release         id [bundle] [state] -> ok (a failed exec or mount gives it back;
                                            the container names itself, so another
                                            container's slice with the same id stays)
@@ -33,6 +35,7 @@ from shim.spec import FileSpec
 
 if TYPE_CHECKING:
     from arbiter.config import Config
+    from arbiter.installs import Install
     from oci_hook.slices import Slices
 
 __all__ = ["LifecycleOps", "serve"]
@@ -45,11 +48,13 @@ class LifecycleOps:
 
     def __init__(self, slices: Slices, config: Config, *,
                  hook: Callable[[], Path | None] = lambda: program_path("vgpu-hook"),
-                 libvgpu: Callable[[], Path] = libvgpu_path) -> None:
+                 libvgpu: Callable[[], Path] = libvgpu_path,
+                 libvgpu_version: str = "") -> None:
         self.slices = slices
         self.config = config
         self._hook = hook
         self._libvgpu = libvgpu
+        self._libvgpu_version = libvgpu_version
         preload_schema()  # compile the request schema now, not in the first container's start
 
     def ops(self) -> dict[str, Op]:
@@ -57,6 +62,7 @@ class LifecycleOps:
         return {"runtime-create": _one_line(self.runtime_create),
                 "prestart": _one_line(self.prestart),
                 "poststop": _one_line(self.poststop),
+                "claim-prestart": _one_line(self.claim_prestart),
                 "release": _one_line(self.release)}
 
     def runtime_create(self, req: Fields) -> Reply:
@@ -79,7 +85,8 @@ class LifecycleOps:
         state = parse_state(req.get("state"))
         if state.status == "stopped":  # hooks.d runs one command line for every stage
             return self.poststop(req)
-        plan = phases.prestart(state, self.config, self.slices, libvgpu=self._libvgpu)
+        plan = phases.prestart(state, self.config, self.slices, libvgpu=self._libvgpu,
+                               libvgpu_version=self._libvgpu_version)
         if plan is None:
             return Reply.of("ok")
 
@@ -87,6 +94,13 @@ class LifecycleOps:
             phases.release(self.slices, state.id, state.pid, str(state.bundle))
         return Reply.of("mount", ("id", state.id), ("pid", str(state.pid)), *plan.to_fields(),
                         undo=undo)
+
+    def claim_prestart(self, req: Fields) -> Reply:
+        """vgpu-hook claim (a CDI hook): check the claim's slice, record the container as
+        its user, answer the ld.so.preload plan. Nothing to undo: the claim holds it."""
+        state = parse_state(req.get("state"))
+        plan = phases.claim_prestart(state, req.get("slice"), self.slices)
+        return Reply.of("mount", ("id", state.id), ("pid", str(state.pid)), *plan.to_fields())
 
     def poststop(self, req: Fields) -> Reply:
         """vgpu-hook poststop: release the container's slice."""
@@ -118,7 +132,14 @@ def _one_line(op: Op) -> Op:
     return run
 
 
-def serve(slices: Slices, config: Config) -> LifecycleServer:
-    """The lifecycle socket of the vgpud serving gRPC on config.socket (not started)."""
-    return LifecycleServer(lifecycle_socket(config.socket),
-                           LifecycleOps(slices, config).ops())
+def serve(slices: Slices, config: Config, install: Install | None = None) -> LifecycleServer:
+    """The lifecycle socket of the vgpud serving gRPC on config.socket (not started).
+
+    With `install` (vgpud's versioned install, arbiter.installs) containers get its
+    libvgpu.so and vgpu-hook, never the package's files a later install may replace."""
+    if install is None:
+        ops = LifecycleOps(slices, config)
+    else:
+        ops = LifecycleOps(slices, config, hook=lambda: install.program("vgpu-hook"),
+                           libvgpu=lambda: install.libvgpu, libvgpu_version=install.name)
+    return LifecycleServer(lifecycle_socket(config.socket), ops.ops())

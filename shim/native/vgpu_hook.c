@@ -2,6 +2,7 @@
 /* vgpu-hook: the OCI hook of containers that ask for a vGPU.
  *
  *     vgpu-hook prestart|createRuntime|poststop   (the OCI state on stdin)
+ *     vgpu-hook claim SLICE_ID                    (the same; a CDI spec's createRuntime hook)
  *
  * prestart / createRuntime: vgpud decides (the request, the slice, the mount plan);
  * this program enters the container's mount namespace and applies the plan
@@ -9,7 +10,11 @@
  * poststop (or a state whose status is "stopped": hooks.d runs one command for every
  * stage): vgpud releases the slice; if vgpud is away, its reconciler will.
  * A container that asks for nothing (vg_spec.h: config.json and the state's
- * annotations) exits 0 at once, without vgpud. */
+ * annotations) exits 0 at once, without vgpud.
+ * claim: the engine applied a DRA claim's CDI spec (oci_hook/cdi.py: the slice's files);
+ * vgpud checks the slice is a claim's, records the container as its user and answers
+ * what the spec could not do (the ld.so.preload, which depends on the image); a failure
+ * is one line, with nothing left mounted and nothing released (the claim holds the slice). */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -24,7 +29,8 @@
 #include "vg_spec.h"
 
 #define CLIENT "vgpu-hook"
-#define USAGE "usage: vgpu-hook prestart|createRuntime|poststop  (the OCI state on stdin)"
+#define USAGE "usage: vgpu-hook prestart|createRuntime|poststop|claim SLICE_ID  (the OCI " \
+              "state on stdin)"
 #define STATE_MAX (1u << 20)
 #define RELEASE_TIMEOUT_MS 2000   /* vgpud just answered; this only bounds a hang */
 
@@ -94,13 +100,37 @@ static int answered(const struct vg_msg *reply, const char *sock, int post, cons
     return 1;
 }
 
+/* vgpud answered claim-prestart: mount the plan; 0 when the container may go on. */
+static int claim_answered(const struct vg_msg *reply, const char *sock)
+{
+    char why[VG_WHY_MAX], line[VG_ERR_MAX];
+    const char *status = vg_msg_get(reply, "status"), *pid = vg_msg_get(reply, "pid");
+    if (status && strcmp(status, "mount") == 0 && pid && atoi(pid) > 0) {
+        if (mount_plan(reply, atoi(pid), why, sizeof(why)) == 0)
+            return 0;
+        snprintf(line, sizeof(line), "failed to set up the vGPU mounts: %s", why);
+        vg_say(line);
+        return 1;
+    }
+    vg_reply_line(reply, sock, "claim-prestart", "use the claim's vGPU slice", line,
+                  sizeof(line));
+    vg_say(line);
+    return 1;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "%s\n", USAGE);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "prestart") != 0 && strcmp(argv[1], "createRuntime") != 0 &&
-                      strcmp(argv[1], "poststop") != 0)) {
-        fprintf(stderr, "%s\n", USAGE);
-        return 2;
-    }
+    int claim = argc == 3 && strcmp(argv[1], "claim") == 0 && argv[2][0] != '\0';
+    if (!claim && (argc != 2 || (strcmp(argv[1], "prestart") != 0 &&
+                                 strcmp(argv[1], "createRuntime") != 0 &&
+                                 strcmp(argv[1], "poststop") != 0)))
+        return usage();
     const char *phase = argv[1];
     size_t state_len;
     char *state = vg_read_fd(STDIN_FILENO, STATE_MAX, &state_len);
@@ -115,7 +145,7 @@ int main(int argc, char **argv)
     }
     struct vg_spec facts;
     vg_spec_scan(state, state_len, &facts);
-    if (!may_ask(&facts))
+    if (!claim && !may_ask(&facts))
         return 0;
     struct vg_config cfg = {0};
     char sock[VG_PATH_MAX], err[VG_ERR_MAX];
@@ -128,16 +158,22 @@ int main(int argc, char **argv)
     }
     vg_config_free(&cfg);
     /* hooks.d runs one command line for every stage: a stopped container is poststop. */
-    int post = strcmp(phase, "poststop") == 0 || strcmp(facts.status, "stopped") == 0;
+    int post = !claim && (strcmp(phase, "poststop") == 0 || strcmp(facts.status, "stopped") == 0);
     struct vg_msg req = {0}, reply = {0};
     char why[VG_WHY_MAX], line[VG_ERR_MAX];
     int r = VG_CALL_FAILED, rc = 1;
     snprintf(why, sizeof(why), "out of memory");
-    if (!vg_msg_start(&req, post ? "poststop" : "prestart") &&
-        (post || !vg_msg_add(&req, "phase", phase)) && !vg_msg_addn(&req, "state", state, state_len))
+    if (claim) {
+        if (!vg_msg_start(&req, "claim-prestart") && !vg_msg_add(&req, "slice", argv[2]) &&
+            !vg_msg_addn(&req, "state", state, state_len))
+            r = vg_call(sock, CLIENT, &req, &reply, wait_ms, why, sizeof(why));
+    } else if (!vg_msg_start(&req, post ? "poststop" : "prestart") &&
+               (post || !vg_msg_add(&req, "phase", phase)) &&
+               !vg_msg_addn(&req, "state", state, state_len)) {
         r = vg_call(sock, CLIENT, &req, &reply, wait_ms, why, sizeof(why));
+    }
     if (r == 0) {
-        rc = answered(&reply, sock, post, state, state_len);
+        rc = claim ? claim_answered(&reply, sock) : answered(&reply, sock, post, state, state_len);
     } else if (r == VG_CALL_VERSION) {
         vg_say(why);
     } else if (post) {
@@ -147,7 +183,8 @@ int main(int argc, char **argv)
         vg_say(line);
         rc = 0;
     } else {
-        snprintf(line, sizeof(line), "failed to allocate a vGPU: %s", why);
+        snprintf(line, sizeof(line), "failed to %s: %s",
+                 claim ? "use the claim's vGPU slice" : "allocate a vGPU", why);
         vg_say(line);
     }
     vg_msg_free(&req);

@@ -61,13 +61,15 @@ def ok(_request):
     return [("v", "2"), ("status", "ok")]
 
 
-@pytest.mark.parametrize("args", [[], ["start"], ["prestart", "x"], ["poststart"]],
-                         ids=["none", "unknown", "two", "poststart"])
+@pytest.mark.parametrize("args", [[], ["start"], ["prestart", "x"], ["poststart"], ["claim"],
+                                  ["claim", ""], ["claim", "s1", "x"]],
+                         ids=["none", "unknown", "two", "poststart", "claim-no-slice",
+                              "claim-empty-slice", "claim-three"])
 def test_usage(host, args):
     p = run_program([HOOK, *args], {}, input="")
     assert p.returncode == 2
-    assert p.stderr == ("usage: vgpu-hook prestart|createRuntime|poststop  (the OCI state on "
-                        "stdin)\n")
+    assert p.stderr == ("usage: vgpu-hook prestart|createRuntime|poststop|claim SLICE_ID  "
+                        "(the OCI state on stdin)\n")
 
 
 @pytest.mark.parametrize("phase", ["prestart", "createRuntime", "poststop"])

@@ -1,0 +1,99 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A DRA claim's slice through its CDI spec, on real runc: the spec's container edits
+applied to a bundle as a CDI engine applies them (shim.modifiers.CdiEditsModifier, the
+same code containerd 1.6's runtime handler uses), its createRuntime hook the compiled
+`vgpu-hook claim <slice id>` asking a real vgpud on simgpu.
+
+The container sees exactly the claim's limit, its /etc/ld.so.preload names libvgpu and
+keeps the image's own line, and the slice stays with the claim after the container
+exits; a hook naming a slice that is not a claim's fails the start with one line and
+leaves nothing mounted.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from support.paths import LIBVGPU
+from support.prereq import require
+from support.runc_host import HOOK, PRELOAD_OWN, Host, MiB, probe_lines
+from support.vgpud_harness import pb
+
+from oci_hook import cdi
+from shim.modifiers import CdiEditsModifier
+from shim.spec import FileSpec
+
+require(os.geteuid() == 0, "runc containers need root")
+
+
+@pytest.fixture
+def host(tmp_path):
+    h = Host(tmp_path)
+    yield h
+    h.close()
+
+
+def claim_slice(host: Host, owner: str, memory: int, kind: str = "claim") -> pb.Slice:
+    return host.vgpud.stub.Allocate(pb.AllocateRequest(
+        owner=owner, owner_kind=kind, memory_bytes=memory, compute_percent=30), timeout=10).slice
+
+
+def with_cdi_device(host: Host, bundle: Path, s: pb.Slice, name: str,
+                    hook_names: str = "") -> None:
+    """What a CDI engine does for `--device vgpu.io/claim=<name>`: the spec's edits (the
+    hook naming `hook_names` instead of the slice, where given)."""
+    spec = cdi.claim_spec(cdi.view_of_message(s), name=name, libvgpu=LIBVGPU, hook=HOOK,
+                          hook_env={"VGPU_SOCKET": str(host.vgpud.socket),
+                                    "VGPU_CONFIG": str(host.vgpud.config_file)})
+    if hook_names:
+        spec["devices"][0]["containerEdits"]["hooks"][0]["args"][-1] = hook_names
+    cdi.write_spec(host.tmp / "cdi", name, spec)
+    edits = cdi.find_edits([host.tmp / "cdi"], cdi.device_id(name))
+    store = FileSpec.of_bundle(bundle)
+    oci = store.load()
+    CdiEditsModifier((edits,)).modify(oci)
+    store.flush(oci)
+
+
+def mounts_under(path: Path) -> list[str]:
+    prefix = str(path.resolve())
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+
+
+def test_a_claim_container_sees_the_claim_s_limit_and_the_claim_keeps_the_slice(host):
+    s = claim_slice(host, "claim-uid-1", 256 * MiB)
+    b, cid = host.bundle("cat /etc/ld.so.preload; ls /dev/vgpu0; vgpu_probe info",
+                         hooks=False, image_preload=True)
+    with_cdi_device(host, b, s, "claim-uid-1")
+    p = host.run(b, cid)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[:3] == ["/usr/lib/vgpu/libvgpu.so", PRELOAD_OWN, "/dev/vgpu0"]
+    info = next(x for x in probe_lines(p.stdout) if x["op"] == "info")
+    assert info["total"] == 256 * MiB
+    # The claim holds the slice: the container's exit releases nothing.
+    assert [x.id for x in host.slices()] == [s.id]
+    assert mounts_under(b) == []
+
+
+@pytest.mark.parametrize(("owner_kind", "slice_id", "reason"), [
+    ("container", None, "belongs to container other-ctr, not to a claim"),
+    ("claim", "no-such-slice", "slice no-such-slice does not exist (is the claim prepared?)"),
+], ids=["a-container-s-slice", "no-such-slice"])
+def test_a_hook_naming_no_claim_slice_fails_with_one_line(host, owner_kind, slice_id, reason):
+    s = claim_slice(host, "other-ctr" if owner_kind == "container" else "claim-uid-2",
+                    128 * MiB, owner_kind)
+    b, cid = host.bundle("vgpu_probe info", hooks=False)
+    with_cdi_device(host, b, s, "c2", hook_names=slice_id or "")
+    p = host.run(b, cid)
+    assert p.returncode != 0
+    # runc quotes the hook's stderr: exactly one line of ours.
+    (ours,) = re.findall(r"stderr: (vgpu: .*?)\\n", p.stderr)
+    assert ours.startswith("vgpu: failed to use the claim's vGPU slice: slice ")
+    assert ours.endswith(reason), p.stderr
+    assert mounts_under(b) == []
+    # Nothing was released: the slice that exists stays with its owner.
+    assert len(host.slices()) == 1
