@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arbiter.errors import RequestError
-from arbiter.model import Gpu, Grant, OwnerKind, Policy, Priority, Request, Slice
+from arbiter.model import Gpu, Grant, OwnerKind, Policy, Priority, Request, Slice, VGpuAsk
 from arbiter.proto import vgpu_pb2 as pb
 
 __all__ = [
@@ -98,16 +98,29 @@ def request_from_proto(msg: pb.AllocateRequest, *, default_compute: int,
                        default_priority: Priority, default_policy: Policy) -> Request:
     """Model request of an AllocateRequest, the config's defaults filling unset fields.
 
-    Range checks (owner, memory, compute, count) are the arbiter's (core.validate).
+    Range checks (owner, memory, compute, count) are the arbiter's (core.validate). With
+    `vgpus` set, memory_bytes, compute_percent, count and devices must be unset (each vGPU
+    names its own); a RequestError names the first that is not.
     """
+    vgpus = tuple(VGpuAsk(v.memory_bytes, v.compute_percent or default_compute, v.device)
+                  for v in msg.vgpus)
+    if vgpus:
+        for key, value in (("memory_bytes", msg.memory_bytes),
+                           ("compute_percent", msg.compute_percent), ("count", msg.count),
+                           ("devices", list(msg.devices))):
+            if value:
+                raise RequestError("allocate slice", key, value,
+                                   "must be unset when vgpus is set (each vGPU names its own "
+                                   "memory, compute and device)")
     return Request(
         owner=msg.owner,
         memory=msg.memory_bytes,
-        compute=msg.compute_percent or default_compute,
-        count=msg.count or 1,
+        compute=0 if vgpus else msg.compute_percent or default_compute,
+        count=len(vgpus) or msg.count or 1,
         priority=priority_from_proto(msg.priority, default_priority),
         policy=policy_from_proto(msg.policy, default_policy),
         devices=tuple(msg.devices),
+        vgpus=vgpus,
         owner_kind=msg.owner_kind or OwnerKind.CONTAINER,
         owner_pid=msg.owner_pid,
         labels=tuple(sorted(msg.labels.items())),
@@ -117,6 +130,14 @@ def request_from_proto(msg: pb.AllocateRequest, *, default_compute: int,
 
 def request_to_proto(r: Request) -> pb.AllocateRequest:
     """AllocateRequest of a model request (clients)."""
+    if r.vgpus:
+        return pb.AllocateRequest(
+            owner=r.owner, priority=priority_to_proto(r.priority),
+            policy=policy_to_proto(r.policy), owner_kind=r.owner_kind, owner_pid=r.owner_pid,
+            labels=dict(r.labels), bundle=r.bundle,
+            vgpus=[pb.VGpuRequest(memory_bytes=a.memory, compute_percent=a.compute,
+                                  device=a.device) for a in r.vgpus],
+        )
     return pb.AllocateRequest(
         owner=r.owner, memory_bytes=r.memory, compute_percent=r.compute, count=r.count,
         priority=priority_to_proto(r.priority), policy=policy_to_proto(r.policy),
@@ -143,6 +164,7 @@ def slice_to_proto(s: Slice, *, region_dir: str = "", used: Sequence[int] = (),
         priority=priority_to_proto(s.priority), policy=policy_to_proto(s.policy),
         vgpus=vgpus, region_dir=region_dir, created_unix_ms=s.created_ms, labels=dict(s.labels),
         owner_start=s.owner_start, owner_cgroup=s.owner_cgroup, owner_bundle=s.owner_bundle,
+        libvgpu_version=s.libvgpu_version,
     )
 
 
@@ -157,7 +179,7 @@ def slice_from_proto(msg: pb.Slice) -> Slice:
         owner_kind=msg.owner_kind, owner_pid=msg.owner_pid, created_ms=msg.created_unix_ms,
         labels=tuple(sorted(msg.labels.items())),
         owner_start=msg.owner_start, owner_cgroup=msg.owner_cgroup,
-        owner_bundle=msg.owner_bundle,
+        owner_bundle=msg.owner_bundle, libvgpu_version=msg.libvgpu_version,
     )
 
 

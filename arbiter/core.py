@@ -186,6 +186,17 @@ class Arbiter:
                 raise NotFoundError("get slice", _what(slice_id, owner))
             return s
 
+    def note_libvgpu(self, slice_id: str, libvgpu_version: str) -> None:
+        """Record which installed libvgpu (arbiter.installs) the slice's container mapped:
+        `vgpu ls` shows it, and that install is kept while the slice lives."""
+        with self._lock:
+            s = self._slices.get(slice_id)
+            if s is None or s.libvgpu_version == libvgpu_version:
+                return
+            self._slices[slice_id] = dataclasses.replace(s, libvgpu_version=libvgpu_version)
+            pending = self.store.set_libvgpu_async(slice_id, libvgpu_version)
+        pending.result()
+
     def owner_start_time(self, slice_id: str) -> int:
         """/proc start time of the owner pid when it was recorded, 0 if unknown."""
         with self._lock:
@@ -264,19 +275,42 @@ class Arbiter:
         if req.owner_kind not in OwnerKind.ALL:
             raise RequestError(verb, "owner_kind", req.owner_kind,
                                f"is not one of {', '.join(OwnerKind.ALL)}")
-        if not 0 < req.memory <= _U64_MAX:
-            raise RequestError(verb, "memory", req.memory, "must be a positive number of bytes")
-        if not COMPUTE_MIN <= req.compute <= COMPUTE_MAX:
-            raise RequestError(verb, "compute", req.compute,
-                               f"must be a percent from {COMPUTE_MIN} to {COMPUTE_MAX}")
-        if req.count < 1:
-            raise RequestError(verb, "count", req.count, "must be at least 1")
+        if req.vgpus:
+            self._validate_vgpus(req)
+        else:
+            if not 0 < req.memory <= _U64_MAX:
+                raise RequestError(verb, "memory", req.memory,
+                                   "must be a positive number of bytes")
+            if not COMPUTE_MIN <= req.compute <= COMPUTE_MAX:
+                raise RequestError(verb, "compute", req.compute,
+                                   f"must be a percent from {COMPUTE_MIN} to {COMPUTE_MAX}")
+            if req.count < 1:
+                raise RequestError(verb, "count", req.count, "must be at least 1")
         if req.owner_pid < 0:
             raise RequestError(verb, "owner_pid", req.owner_pid, "must not be negative")
         for d in req.devices:
             if not d.strip():
                 raise RequestError(verb, "devices", list(req.devices),
                                    "holds an empty entry")
+
+    def _validate_vgpus(self, req: Request) -> None:
+        """Each per-vGPU ask (memory, compute; a pin is placement's to resolve), and no
+        more vGPUs than GPUs (each needs its own)."""
+        verb = "allocate slice"
+        if req.memory or req.devices or req.count != len(req.vgpus):
+            raise RequestError(verb, "vgpus", len(req.vgpus),
+                               "replaces memory, count and devices, which must be unset")
+        for n, a in enumerate(req.vgpus):
+            if not 0 < a.memory <= _U64_MAX:
+                raise RequestError(verb, f"vgpus[{n}].memory_bytes", a.memory,
+                                   "must be a positive number of bytes")
+            if not COMPUTE_MIN <= a.compute <= COMPUTE_MAX:
+                raise RequestError(verb, f"vgpus[{n}].compute_percent", a.compute,
+                                   f"must be a percent from {COMPUTE_MIN} to {COMPUTE_MAX}")
+        if len(req.vgpus) > len(self.gpus):
+            raise RequestError(verb, "vgpus", len(req.vgpus),
+                               f"vGPUs need as many distinct GPUs but this host has "
+                               f"{len(self.gpus)}")
 
     def defaults(self) -> tuple[int, Any, Any]:
         """(compute, priority, policy) that fill a request's unset fields."""
@@ -556,17 +590,18 @@ class Arbiter:
                 raise NotFoundError(verb, _what(slice_id, ""))
             if not memory and not compute:
                 return s
-            new_memory = memory or s.grants[0].memory
-            new_compute = compute or s.grants[0].compute
-            grants = placement.validate_update(s, self.gpus, list(self._slices.values()),
-                                               new_memory, new_compute)
+            # 0 keeps each vGPU's own amount (a claim's vGPUs may differ).
+            grants = placement.validate_grants(
+                s, self.gpus, list(self._slices.values()),
+                [dataclasses.replace(g, memory=memory or g.memory, compute=compute or g.compute)
+                 for g in s.grants])
             self.store.flush()  # the slice's own insert may still be queued
             self.store.update_grants(s.id, grants)
             new = dataclasses.replace(s, grants=tuple(grants))
             self._slices[s.id] = new
             self.regions.update(new)
-            self.emit("update", slice=s.id, owner=s.owner, memory=new_memory,
-                       compute=new_compute)
+            self.emit("update", slice=s.id, owner=s.owner, memory=grants[0].memory,
+                       compute=grants[0].compute)
             return new
 
     # -- helpers ---------------------------------------------------------------

@@ -187,12 +187,14 @@ class NoCapacityError(VgpuError):
 class BadPinError(VgpuError, ValueError):
     """A device pin (vgpu.io/devices) names a GPU that does not exist, or one GPU twice."""
 
-    def __init__(self, pin: str, have: tuple[int, ...], reason: str = "") -> None:
+    def __init__(self, pin: str, have: tuple[int, ...], reason: str = "", *,
+                 key: str = "vgpu.io/devices") -> None:
         self.pin = pin
         self.have = have
         self.reason = reason or "does not exist"
+        self.key = key  # the request key that names it (vgpus[<i>].device over gRPC)
         super().__init__(
-            f"vgpu.io/devices: GPU {pin} {self.reason} (have {_index_ranges(have)})"
+            f"{key}: GPU {pin} {self.reason} (have {_index_ranges(have)})"
         )
 
 

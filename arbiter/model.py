@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 from arbiter.region import Policy, Priority
 
-__all__ = ["Gpu", "Grant", "OwnerKind", "Policy", "Priority", "Request", "Slice"]
+__all__ = ["Gpu", "Grant", "OwnerKind", "Policy", "Priority", "Request", "Slice", "User",
+           "VGpuAsk"]
 
 
 class OwnerKind:
@@ -20,6 +21,9 @@ class OwnerKind:
 
     CONTAINER = "container"  # a container id; gone when its init and its cgroup are
     PROCESS = "process"      # a host process (vgpu run); gone when its pid is
+    # A DRA ResourceClaim: no container holds it; only an explicit release (its plugin,
+    # an operator) frees it, never container liveness.
+    CLAIM = "claim"
 
     ALL = (CONTAINER, PROCESS)
 
@@ -37,8 +41,20 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class VGpuAsk:
+    """One vGPU of a request: its own memory (bytes) and compute (%), and an optional pin
+    (a GPU index or UUID; "" = placement chooses)."""
+
+    memory: int
+    compute: int
+    device: str = ""
+
+
+@dataclass(frozen=True)
 class Request:
-    """A validated request for a slice: `count` vGPUs of `memory` bytes and `compute` %."""
+    """A validated request for a slice: `count` vGPUs of `memory` bytes and `compute` %,
+    or, when `vgpus` is set, one vGPU per entry with its own amounts (then `memory`,
+    `compute` and `devices` are unused and `count` is len(vgpus))."""
 
     owner: str
     memory: int
@@ -51,6 +67,14 @@ class Request:
     owner_pid: int = 0
     labels: tuple[tuple[str, str], ...] = ()
     bundle: str = ""                 # the container's OCI bundle, as its runtime names it
+    vgpus: tuple[VGpuAsk, ...] = ()  # per-vGPU amounts (a DRA claim)
+
+    def asks(self) -> tuple[VGpuAsk, ...]:
+        """The vGPUs asked for, in vGPU order: `vgpus`, else `count` equal asks (the
+        legacy pin `devices` is a set the placement chooses from, not one per vGPU)."""
+        if self.vgpus:
+            return self.vgpus
+        return tuple(VGpuAsk(self.memory, self.compute) for _ in range(max(self.count, 0)))
 
 
 @dataclass(frozen=True)
@@ -81,3 +105,18 @@ class Slice:
     owner_start: int = 0
     owner_cgroup: str = ""
     owner_bundle: str = ""
+    # The versioned install (arbiter.installs, `<version>-<hash>`) whose libvgpu.so the
+    # container mapped, recorded at prestart; "" when an older vgpud made the slice.
+    libvgpu_version: str = ""
+
+
+@dataclass(frozen=True)
+class User:
+    """A container that uses a claim's slice (recorded for attribution, like a holder):
+    its init pid, that pid's /proc start time, its cgroup and its OCI bundle."""
+
+    slice_id: str
+    pid: int
+    start: int = 0
+    cgroup: str = ""
+    bundle: str = ""

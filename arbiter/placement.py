@@ -16,6 +16,12 @@ Rules
   UUID. Only pinned GPUs are used; ``count`` may be at most the number of pinned
   GPUs (``count < len(pin)`` lets the policy choose among them). vGPU i is the i-th
   chosen GPU in pin order; without a pin, in index order.
+- Per-vGPU amounts (``Request.vgpus``, a DRA claim): vGPU i gets ask i's memory and
+  compute, on ask i's GPU where it names one (index or UUID), else where the policy
+  chooses; still one GPU per vGPU. Asks are placed pinned first, then largest first
+  (memory, compute, then request order), each on the GPU the policy likes best among
+  those that leave the remaining asks a GPU each (a bipartite matching check), so a
+  request is refused only when no assignment of its asks to distinct GPUs fits.
 - Preemption: only a HIGH request, only when the config allows it, only when it does
   not fit as things are, and only LOW slices are evicted (never NORMAL or HIGH). The
   set evicted is the smallest number of slices that makes the request fit; among
@@ -37,7 +43,7 @@ from arbiter.errors import (
     QuantityError,
     _quantity,  # the one memory formatter of every message
 )
-from arbiter.model import Gpu, Grant, Priority, Request, Slice
+from arbiter.model import Gpu, Grant, Priority, Request, Slice, VGpuAsk
 from arbiter.quantity import COMPUTE_FORMS, COMPUTE_MAX, COMPUTE_MIN
 
 __all__ = [
@@ -49,6 +55,7 @@ __all__ = [
     "free_capacity",
     "place",
     "resolve_pin",
+    "validate_grants",
     "validate_update",
 ]
 
@@ -87,22 +94,26 @@ def free_capacity(gpus: Iterable[Gpu], slices: Iterable[Slice]) -> dict[int, Cap
     }
 
 
-def resolve_pin(devices: Sequence[str], gpus: Sequence[Gpu]) -> tuple[Gpu, ...]:
-    """Return the GPUs a pin names, in pin order; BadPinError for an unknown or repeated one."""
+def resolve_pin(devices: Sequence[str], gpus: Sequence[Gpu], *,
+                keys: Sequence[str] = ()) -> tuple[Gpu, ...]:
+    """Return the GPUs a pin names, in pin order; BadPinError for an unknown or repeated one
+    (naming keys[i] for entry i where given, else vgpu.io/devices)."""
     ordered = sorted(gpus, key=lambda g: g.index)
     have = tuple(g.index for g in ordered)
     by_index = {str(g.index): g for g in ordered}
     by_uuid = {g.uuid: g for g in ordered}
     out: list[Gpu] = []
-    for raw in devices:
+    for n, raw in enumerate(devices):
+        key = {"key": keys[n]} if n < len(keys) else {}
         name = raw.strip()
         gpu = by_index.get(name) if name.isascii() and name.isdigit() else by_uuid.get(name)
         if gpu is None and name.isascii() and name.isdigit():
             gpu = by_index.get(str(int(name)))  # "01" is GPU 1
         if gpu is None:
-            raise BadPinError(name or repr(raw), have)
+            raise BadPinError(name or repr(raw), have, **key)
         if gpu in out:
-            raise BadPinError(name, have, f"is named twice (GPU {gpu.index} is {gpu.uuid})")
+            raise BadPinError(name, have, f"is named twice (GPU {gpu.index} is {gpu.uuid})",
+                              **key)
         out.append(gpu)
     return tuple(out)
 
@@ -112,33 +123,47 @@ def place(request: Request, gpus: Sequence[Gpu], slices: Sequence[Slice], *,
     """Decide where `request` goes; raise NoCapacityError, BadPinError or CountError."""
     if policy not in POLICIES:
         raise ValueError(f"unknown placement policy {policy!r}: expected one of {POLICIES}")
-    _check_quantities(request.memory, request.compute)
     inventory = sorted(gpus, key=lambda g: g.index)
-    pinned = bool(request.devices)
-    eligible = resolve_pin(request.devices, inventory) if pinned else tuple(inventory)
-    if request.count < 1 or request.count > len(eligible):
-        raise CountError(request.count, len(eligible), pinned=pinned)
+    asks = request.asks()
+    if request.vgpus:
+        for a in asks:
+            _check_quantities(a.memory, a.compute)
+        options = _per_vgpu_options(asks, inventory)
+        pinned = False
+    else:
+        _check_quantities(request.memory, request.compute)
+        pinned = bool(request.devices)
+        eligible = resolve_pin(request.devices, inventory) if pinned else tuple(inventory)
+        if request.count < 1 or request.count > len(eligible):
+            raise CountError(request.count, len(eligible), pinned=pinned)
+        options = [eligible] * len(asks)
 
     slices = sorted(slices, key=lambda s: s.id)  # decisions never depend on input order
     free = free_capacity(inventory, slices)
-    chosen = _choose(request, eligible, free, policy)
+    chosen = _assign(asks, options, free, policy)
     if chosen is not None:
-        return Placement(_grants(request, chosen))
+        return Placement(_grants(request, asks, options, chosen))
 
     low = [s for s in slices if s.priority < Priority.NORMAL]
     low_ids = {s.id for s in low}
-    would_help = bool(low) and _choose(
-        request, eligible, free_capacity(inventory, [s for s in slices if s.id not in low_ids]),
+    would_help = bool(low) and _assign(
+        asks, options, free_capacity(inventory, [s for s in slices if s.id not in low_ids]),
         policy) is not None
     if request.priority >= Priority.HIGH and allow_preemption and would_help:
-        evict = _eviction_set(request, inventory, eligible, slices, low, policy)
+        evict = _eviction_set(asks, options, inventory, slices, low)
         kept = [s for s in slices if s.id not in evict]
-        chosen = _choose(request, eligible, free_capacity(inventory, kept), policy)
+        chosen = _assign(asks, options, free_capacity(inventory, kept), policy)
         assert chosen is not None  # _eviction_set only returns sets that make it fit
         order = {s.id: n for n, s in enumerate(_by_preference(low))}
-        return Placement(_grants(request, chosen), tuple(sorted(evict, key=order.__getitem__)))
+        return Placement(_grants(request, asks, options, chosen),
+                         tuple(sorted(evict, key=order.__getitem__)))
 
-    fitting = [g for g in eligible if _fits(request, free[g.index])]
+    preemption_would_help = (would_help and request.priority >= Priority.HIGH
+                             and not allow_preemption)
+    if request.vgpus:
+        raise _per_vgpu_no_capacity(asks, options, inventory, free, preemption_would_help)
+    eligible = options[0]
+    fitting = [g for g in eligible if _fits(asks[0], free[g.index])]
     # "The most free" on the GPUs that cannot take a vGPU: each maximum on its own GPU.
     others = [free[g.index] for g in eligible if g not in fitting]
     raise NoCapacityError(
@@ -147,8 +172,7 @@ def place(request: Request, gpus: Sequence[Gpu], slices: Sequence[Slice], *,
         free_memory=max(0, max(c.memory for c in others)),
         free_compute=max(0, max(c.compute for c in others)),
         pinned=pinned,
-        preemption_would_help=(would_help and request.priority >= Priority.HIGH
-                               and not allow_preemption),
+        preemption_would_help=preemption_would_help,
     )
 
 
@@ -160,10 +184,26 @@ def validate_update(slice: Slice, gpus: Sequence[Gpu], slices: Sequence[Slice],
     NoCapacityError naming the first GPU without room, or one no longer in the inventory.
     """
     _check_quantities(memory, compute)
+    return validate_grants(slice, gpus, slices,
+                           tuple(Grant(g.gpu_index, g.gpu_uuid, memory, compute)
+                                 for g in slice.grants))
+
+
+def validate_grants(slice: Slice, gpus: Sequence[Gpu], slices: Sequence[Slice],
+                    grants: Sequence[Grant]) -> tuple[Grant, ...]:
+    """Return `grants` (`slice`'s, each vGPU with new amounts, same GPUs) if they fit.
+
+    `slices` may include `slice` itself (its old grants are not counted). Raises
+    NoCapacityError naming the first GPU without room, or one no longer in the inventory.
+    """
+    for g in grants:
+        _check_quantities(g.memory, g.compute)
     inventory = list(gpus)
     free = free_capacity(inventory, [s for s in slices if s.id != slice.id])
-    for grant in slice.grants:
-        gpu = _gpu_of(grant, {g.uuid: g for g in inventory}, {g.index: g for g in inventory})
+    by_uuid, by_index = {g.uuid: g for g in inventory}, {g.index: g for g in inventory}
+    for grant in grants:
+        memory, compute = grant.memory, grant.compute
+        gpu = _gpu_of(grant, by_uuid, by_index)
         if gpu is None:
             raise NoCapacityError(
                 memory=memory, compute=compute, slice_id=slice.id,
@@ -178,7 +218,9 @@ def validate_update(slice: Slice, gpus: Sequence[Gpu], slices: Sequence[Slice],
                         f"{_quantity(memory)} memory and {compute}% compute: at most "
                         f"{_quantity(room.memory)} memory and {max(0, room.compute)}% "
                         "compute are free for it"))
-    return tuple(Grant(g.gpu_index, g.gpu_uuid, memory, compute) for g in slice.grants)
+        # Two vGPUs of one slice never share a GPU, but count them both if they did.
+        free[gpu.index] = Capacity(room.memory - memory, room.compute - compute)
+    return tuple(grants)
 
 
 # --- internals ------------------------------------------------------------------------------
@@ -209,32 +251,129 @@ def _used(gpus: Sequence[Gpu], slices: Iterable[Slice]) -> dict[int, list[int]]:
     return used
 
 
-def _fits(request: Request, room: Capacity) -> bool:
-    return room.memory >= request.memory and room.compute >= request.compute
+def _fits(ask: VGpuAsk, room: Capacity) -> bool:
+    return room.memory >= ask.memory and room.compute >= ask.compute
 
 
-def _choose(request: Request, eligible: Sequence[Gpu], free: dict[int, Capacity],
-            policy: str) -> list[Gpu] | None:
-    """The `count` GPUs the policy picks among those that fit, or None if too few fit."""
-    fitting = [g for g in eligible if _fits(request, free[g.index])]
-    if len(fitting) < request.count:
+def _per_vgpu_options(asks: Sequence[VGpuAsk], inventory: Sequence[Gpu],
+                      ) -> list[tuple[Gpu, ...]]:
+    """The GPUs each ask may go to: its pin, else any (pins resolved together: one GPU
+    named by two asks is refused)."""
+    pinned = [n for n, a in enumerate(asks) if a.device]
+    gpus = resolve_pin([asks[n].device for n in pinned], inventory,
+                       keys=[f"vgpus[{n}].device" for n in pinned])
+    by_ask = dict(zip(pinned, gpus, strict=True))
+    if len(asks) > len(inventory):
+        raise CountError(len(asks), len(inventory))
+    return [(by_ask[n],) if n in by_ask else tuple(inventory) for n in range(len(asks))]
+
+
+def _matchable(todo: Sequence[int], asks: Sequence[VGpuAsk],
+               options: Sequence[Sequence[Gpu]], free: dict[int, Capacity],
+               taken: set[int]) -> bool:
+    """Whether every ask in `todo` can get its own GPU (one that fits it, not in `taken`):
+    a bipartite matching by augmenting paths (a handful of asks and GPUs)."""
+    holder: dict[int, int] = {}  # GPU index -> ask
+
+    def augment(n: int, seen: set[int]) -> bool:
+        for g in options[n]:
+            if g.index in taken or g.index in seen or not _fits(asks[n], free[g.index]):
+                continue
+            seen.add(g.index)
+            if g.index not in holder or augment(holder[g.index], seen):
+                holder[g.index] = n
+                return True
+        return False
+
+    return all(augment(n, set()) for n in todo)
+
+
+def _assign(asks: Sequence[VGpuAsk], options: Sequence[Sequence[Gpu]],
+            free: dict[int, Capacity], policy: str) -> list[Gpu] | None:
+    """The GPU of each ask (by ask index), or None when no assignment to distinct GPUs fits.
+
+    Pinned asks first, then the largest; each takes the GPU the policy ranks first
+    among those that still leave every later ask a GPU of its own."""
+    order = sorted(range(len(asks)), key=lambda n: (len(options[n]) != 1, -asks[n].memory,
+                                                    -asks[n].compute, n))
+    if not _matchable(order, asks, options, free, set()):
         return None
+    taken: set[int] = set()
+    out: dict[int, Gpu] = {}
+    for k, n in enumerate(order):
+        ask = asks[n]
 
-    def after(g: Gpu) -> tuple[int, int]:
-        room = free[g.index]
-        return room.memory - request.memory, room.compute - request.compute
+        def after(g: Gpu, ask: VGpuAsk = ask) -> tuple[int, int]:
+            room = free[g.index]
+            return room.memory - ask.memory, room.compute - ask.compute
 
-    if policy == BINPACK:
-        ranked = sorted(fitting, key=lambda g: (*after(g), g.index))
-    else:
-        ranked = sorted(fitting, key=lambda g: (-after(g)[0], -after(g)[1], g.index))
-    picked = set(ranked[: request.count])
-    # vGPU order: pin order where pinned (eligible is in pin order), else index order.
-    return [g for g in eligible if g in picked]
+        fitting = [g for g in options[n] if g.index not in taken and _fits(ask, free[g.index])]
+        if policy == BINPACK:
+            ranked = sorted(fitting, key=lambda g: (*after(g), g.index))
+        else:
+            ranked = sorted(fitting, key=lambda g: (-after(g)[0], -after(g)[1], g.index))
+        for g in ranked:
+            if _matchable(order[k + 1:], asks, options, free, taken | {g.index}):
+                out[n] = g
+                taken.add(g.index)
+                break
+        else:  # pragma: no cover - the matching above says some GPU works
+            return None
+    return [out[n] for n in range(len(asks))]
 
 
-def _grants(request: Request, chosen: Sequence[Gpu]) -> tuple[Grant, ...]:
-    return tuple(Grant(g.index, g.uuid, request.memory, request.compute) for g in chosen)
+def _grants(request: Request, asks: Sequence[VGpuAsk], options: Sequence[Sequence[Gpu]],
+            chosen: Sequence[Gpu]) -> tuple[Grant, ...]:
+    if not request.vgpus:
+        # Equal asks: vGPU order is pin order where pinned (options are in pin order),
+        # else index order.
+        picked = set(chosen)
+        chosen = [g for g in options[0] if g in picked] if options else []
+    return tuple(Grant(g.index, g.uuid, a.memory, a.compute)
+                 for g, a in zip(chosen, asks, strict=True))
+
+
+def _asked(asks: Sequence[VGpuAsk], inventory: Sequence[Gpu]) -> str:
+    parts = []
+    for a in asks:
+        part = f"{_quantity(a.memory)} memory and {a.compute}% compute"
+        if a.device:
+            gpu = resolve_pin([a.device], inventory)[0]
+            part += f" on GPU {gpu.index}"
+        parts.append(part)
+    return " + ".join(parts)
+
+
+def _per_vgpu_no_capacity(asks: Sequence[VGpuAsk], options: Sequence[Sequence[Gpu]],
+                          inventory: Sequence[Gpu], free: dict[int, Capacity],
+                          preemption_would_help: bool) -> NoCapacityError:
+    """One line: the pinned GPU without room (what was asked, what is free), else every
+    GPU's free room."""
+    suffix = ("; evicting low priority slices would make room, but preemption is disabled "
+              "in the config" if preemption_would_help else "")
+    for n, a in enumerate(asks):
+        if a.device:
+            gpu = options[n][0]
+            room = free[gpu.index]
+            if not _fits(a, room):
+                return NoCapacityError(
+                    memory=a.memory, compute=a.compute, count=len(asks),
+                    free_memory=max(0, room.memory), free_compute=max(0, room.compute),
+                    pinned=True, preemption_would_help=preemption_would_help,
+                    reason=(f"vgpus[{n}]: GPU {gpu.index} has no room for "
+                            f"{_quantity(a.memory)} memory and {a.compute}% compute: "
+                            f"{_quantity(max(0, room.memory))} memory and "
+                            f"{max(0, room.compute)}% compute are free on it{suffix}"))
+    rooms = ", ".join(f"GPU {g.index} {_quantity(max(0, free[g.index].memory))} memory and "
+                      f"{max(0, free[g.index].compute)}% compute" for g in inventory)
+    biggest = max(asks, key=lambda a: (a.memory, a.compute))
+    return NoCapacityError(
+        memory=biggest.memory, compute=biggest.compute, count=len(asks),
+        free_memory=max((max(0, c.memory) for c in free.values()), default=0),
+        free_compute=max((max(0, c.compute) for c in free.values()), default=0),
+        preemption_would_help=preemption_would_help,
+        reason=(f"no {len(asks)} distinct GPU{'s' if len(asks) > 1 else ''} have room for "
+                f"{_asked(asks, inventory)}: free are {rooms}{suffix}"))
 
 
 def _by_preference(low: Iterable[Slice]) -> list[Slice]:
@@ -244,15 +383,16 @@ def _by_preference(low: Iterable[Slice]) -> list[Slice]:
                                       -s.created_ms, s.id))
 
 
-def _eviction_set(request: Request, inventory: Sequence[Gpu], eligible: Sequence[Gpu],
-                  slices: Sequence[Slice], low: Sequence[Slice], policy: str) -> set[str]:
-    """The fewest low slices whose eviction makes `request` fit (caller checked all do)."""
+def _eviction_set(asks: Sequence[VGpuAsk], options: Sequence[Sequence[Gpu]],
+                  inventory: Sequence[Gpu], slices: Sequence[Slice],
+                  low: Sequence[Slice]) -> set[str]:
+    """The fewest low slices whose eviction makes the asks fit (caller checked all do)."""
     low_ids = {s.id for s in low}
     base = free_capacity(inventory, [s for s in slices if s.id not in low_ids])
     # What evicting each low slice frees on each eligible GPU.
     by_uuid = {g.uuid: g for g in inventory}
     by_index = {g.index: g for g in inventory}
-    eligible_idx = {g.index for g in eligible}
+    eligible_idx = {g.index for opts in options for g in opts}
     frees: dict[str, dict[int, tuple[int, int]]] = {}
     for s in low:
         per_gpu: dict[int, tuple[int, int]] = {}
@@ -263,11 +403,12 @@ def _eviction_set(request: Request, inventory: Sequence[Gpu], eligible: Sequence
                 per_gpu[gpu.index] = (m + grant.memory, c + grant.compute)
         frees[s.id] = per_gpu
     # `base` counts every low slice as evicted; start from all of them in place.
-    held = {g.index: [base[g.index].memory, base[g.index].compute] for g in eligible}
+    held = {i: [base[i].memory, base[i].compute] for i in eligible_idx}
     for per_gpu in frees.values():
         for i, (m, c) in per_gpu.items():
             held[i][0] -= m
             held[i][1] -= c
+    everyone = range(len(asks))
 
     def fits(evict: Iterable[str]) -> bool:
         room = {i: list(v) for i, v in held.items()}
@@ -275,11 +416,12 @@ def _eviction_set(request: Request, inventory: Sequence[Gpu], eligible: Sequence
             for i, (m, c) in frees[sid].items():
                 room[i][0] += m
                 room[i][1] += c
-        n = sum(1 for m, c in room.values() if m >= request.memory and c >= request.compute)
-        return n >= request.count
+        return _matchable(everyone, asks, options,
+                          {i: Capacity(m, c) for i, (m, c) in room.items()}, set())
 
-    # Only slices on a GPU that could take the request once emptied of low slices help.
-    useful_gpus = {g.index for g in eligible if _fits(request, base[g.index])}
+    # Only slices on a GPU that could take an ask once emptied of low slices help.
+    useful_gpus = {g.index for n, opts in enumerate(options) for g in opts
+                   if _fits(asks[n], base[g.index])}
     candidates = [s.id for s in _by_preference(low) if set(frees[s.id]) & useful_gpus]
 
     budget = _SEARCH_BUDGET
