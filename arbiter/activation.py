@@ -83,7 +83,7 @@ def _check(fd: int, name: str) -> Inherited:
 
 
 def from_environ(environ: MutableMapping[str, str] | None = None,
-                 pid: int | None = None) -> Listeners:
+                 pid: int | None = None, first_fd: int = FIRST_FD) -> Listeners:
     """The sockets passed to this process (none without the variables), the variables
     removed from `environ` (os.environ by default) either way."""
     env = os.environ if environ is None else environ
@@ -105,7 +105,7 @@ def from_environ(environ: MutableMapping[str, str] | None = None,
     out: list[Inherited] = []
     try:
         for i in range(n):
-            out.append(_check(FIRST_FD + i, names[i] if names else "unknown"))
+            out.append(_check(first_fd + i, names[i] if names else "unknown"))
     except BaseException:
         for got in out:
             got.sock.detach()
