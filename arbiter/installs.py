@@ -21,24 +21,32 @@ import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from arbiter.errors import VgpuError
+
+if TYPE_CHECKING:
+    from arbiter.model import Slice
 
 __all__ = [
     "MANIFEST",
     "Holder",
     "Install",
     "InstallError",
+    "Keeper",
     "collect",
     "content_hash",
     "install",
     "installed",
     "mounted_installs",
+    "own_install",
     "unused",
 ]
 
@@ -265,3 +273,62 @@ def collect(root: Path, serving: str, holders: Iterable[Holder], *, target: str,
             if d.name.startswith(_RM_PREFIX) or stale:
                 shutil.rmtree(d, ignore_errors=True)
     return removed
+
+
+class Keeper:
+    """vgpud's part: installs its own native files at start and, every `interval_s`, removes
+    the installs no live slice's container maps (an Attachment: vgpud/ composes it)."""
+
+    def __init__(self, root: Path, own: Install, slices: Callable[[], Iterable[Slice]], *,
+                 target: str, interval_s: float, proc: Path = Path("/proc")) -> None:
+        self.root = root
+        self.own = own
+        self._slices = slices
+        self.target = target
+        self.interval_s = interval_s
+        self.proc = proc
+        #: What vgpud's Health reports (`vgpu info`).
+        self.paths = {"lib_dir": str(root), "libvgpu": str(own.libvgpu)}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def collect_once(self) -> list[Install]:
+        """One pass: the installs removed."""
+        holders = [Holder(s.libvgpu_version, s.owner_pid) for s in self._slices()]
+        return collect(self.root, self.own.name, holders, target=self.target, proc=self.proc)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.collect_once()
+            except Exception:
+                log.exception("installs: collection failed (retried next pass)")
+
+    def start(self) -> None:
+        """Collect now, then in a thread."""
+        self.collect_once()
+        self._thread = threading.Thread(target=self._loop, name="vgpud-installs", daemon=True)
+        self._thread.start()
+
+    def serve_on(self, sock: socket.socket) -> None:
+        """No socket is served here: one passed for these paths is not ours to keep."""
+        sock.close()
+
+    def close(self) -> None:
+        """Stop collecting (the installs stay: containers may map them)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+
+def own_install(root: Path) -> Install:
+    """This installation's native files (arbiter.native.own_files), installed under `root`
+    as this package's version."""
+    from arbiter.native import own_files
+    from arbiter.version import version
+    try:
+        files = own_files()
+    except VgpuError as e:
+        raise InstallError(root, str(e)) from e
+    return install(root, version(), files)

@@ -70,7 +70,13 @@ def _v2_holder(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE slices ADD COLUMN owner_bundle TEXT NOT NULL DEFAULT ''")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_holder)
+def _v3_libvgpu(db: sqlite3.Connection) -> None:
+    # The versioned install (arbiter.installs) whose libvgpu.so the container mapped;
+    # '' for slices an older vgpud made (their init's mountinfo tells).
+    db.execute("ALTER TABLE slices ADD COLUMN libvgpu_version TEXT NOT NULL DEFAULT ''")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_holder, _v3_libvgpu)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -204,6 +210,12 @@ class Store:
             " owner_bundle = ? WHERE id = ?", (pid, start, cgroup, bundle, id)).rowcount > 0,
             f"slice {id}")
 
+    def set_libvgpu_async(self, id: str, libvgpu_version: str) -> Future[bool]:
+        """Record which installed libvgpu the slice's container mapped; False: no such slice."""
+        return self._submit(lambda db: db.execute(
+            "UPDATE slices SET libvgpu_version = ? WHERE id = ?",
+            (libvgpu_version, id)).rowcount > 0, f"slice {id}")
+
     def delete_async(self, id: str) -> Future[bool]:
         """delete, batched with other writers; the future is done once durable."""
         return self._submit(lambda db: self._write_delete(db, id), f"slice {id}")
@@ -268,12 +280,12 @@ class Store:
         try:
             db.execute(
                 "INSERT INTO slices (id, owner, owner_kind, owner_pid, priority, policy,"
-                " created_ms, labels, owner_start, owner_cgroup, owner_bundle)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " created_ms, labels, owner_start, owner_cgroup, owner_bundle, libvgpu_version)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (new.id, new.owner, new.owner_kind, new.owner_pid, int(new.priority),
                  int(new.policy), new.created_ms,
                  json.dumps([list(kv) for kv in new.labels]), new.owner_start,
-                 new.owner_cgroup, new.owner_bundle))
+                 new.owner_cgroup, new.owner_bundle, new.libvgpu_version))
         except sqlite3.IntegrityError as e:
             raise self._conflict(db, new) from e
         _insert_grants(db, new.id, new.grants)
@@ -361,10 +373,10 @@ class Store:
 
 
 _SELECT_SLICE = ("SELECT id, owner, owner_kind, owner_pid, priority, policy, created_ms, labels,"
-                 " owner_start, owner_cgroup, owner_bundle FROM slices")
+                 " owner_start, owner_cgroup, owner_bundle, libvgpu_version FROM slices")
 _SELECT_GRANTS = "SELECT slice_id, ordinal, gpu_index, gpu_uuid, memory, compute FROM grants"
 
-_SliceRow = tuple[str, str, str, int, int, int, int, str, int, str, str]
+_SliceRow = tuple[str, str, str, int, int, int, int, str, int, str, str, str]
 
 
 def _insert_grants(db: sqlite3.Connection, slice_id: str, grants: Sequence[Grant]) -> None:
@@ -385,10 +397,11 @@ def _grants_by_slice(rows: list[tuple[str, int, int, str, int, int]],
 
 def _slice(row: _SliceRow, grants: tuple[Grant, ...]) -> Slice:
     (sid, owner, owner_kind, owner_pid, priority, policy, created_ms, labels, owner_start,
-     owner_cgroup, owner_bundle) = row
+     owner_cgroup, owner_bundle, libvgpu_version) = row
     return Slice(
         id=sid, owner=owner, grants=grants, priority=Priority(priority), policy=Policy(policy),
         owner_kind=owner_kind, owner_pid=owner_pid, created_ms=created_ms,
         labels=tuple((str(k), str(v)) for k, v in json.loads(labels)),
         owner_start=owner_start, owner_cgroup=owner_cgroup, owner_bundle=owner_bundle,
+        libvgpu_version=libvgpu_version,
     )

@@ -11,19 +11,29 @@ import sys
 from arbiter import daemon
 from arbiter.config import Config
 from arbiter.core import Arbiter
+from arbiter.installs import Keeper, own_install
+from oci_hook.mounts import CONTAINER_LIBVGPU
 from shim.lifecycle import LifecycleServer
 from shim.service import serve
 
-__all__ = ["ATTACHMENTS", "container_lifecycle", "main"]
+__all__ = ["ATTACHMENTS", "container_lifecycle", "main", "native_installs"]
+
+
+def native_installs(arbiter: Arbiter, config: Config) -> Keeper:
+    """This version's libvgpu.so and programs installed under paths.lib_dir (once), and
+    the removal of installs no container maps any more (docs/upgrading.md)."""
+    return Keeper(config.lib_dir, own_install(config.lib_dir), arbiter.slices,
+                  target=CONTAINER_LIBVGPU, interval_s=config.reconcile_interval_s)
 
 
 def container_lifecycle(arbiter: Arbiter, config: Config) -> LifecycleServer:
-    """The socket the compiled vgpu-runtime and vgpu-hook ask (`<socket>.lifecycle`)."""
-    return serve(arbiter, config)
+    """The socket the compiled vgpu-runtime and vgpu-hook ask (`<socket>.lifecycle`);
+    containers get the versioned install's libvgpu.so and vgpu-hook."""
+    return serve(arbiter, config, own_install(config.lib_dir))
 
 
 #: What vgpud serves besides the domain's gRPC API.
-ATTACHMENTS = (container_lifecycle,)
+ATTACHMENTS: tuple[daemon.AttachmentFactory, ...] = (native_installs, container_lifecycle)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,9 +20,11 @@ from arbiter.config import Config
 from arbiter.core import Arbiter
 from arbiter.errors import LibraryNotFoundError
 from arbiter.events import EventLog
+from arbiter.installs import installed
 from arbiter.model import Gpu
 from arbiter.regions import Regions
 from arbiter.state import Store
+from arbiter.version import version
 from shim.lifecycle import (
     VERSION,
     Fields,
@@ -171,7 +173,11 @@ def test_the_domain_daemon_alone_serves_no_lifecycle_socket(tmp_path, simgpu_env
         d.close()
 
 
-def test_runtime_create_modifies_the_spec_with_hooks_naming_the_compiled_hook(vgpud, tmp_path):
+def test_runtime_create_modifies_the_spec_with_hooks_naming_the_installed_hook(vgpud, tmp_path):
+    """The hook of vgpud's versioned install: a later install never replaces it under the
+    container (its poststop runs the program its prestart ran)."""
+    [own] = installed(vgpud.state_dir / "lib")
+    assert own.program("vgpu-hook").read_bytes() == (NATIVE_BIN / "vgpu-hook").read_bytes()
     b = bundle_with(tmp_path, {"vgpu.io/memory": "64Mi"})
     reply = ask_fields(vgpud, "runtime-create", bundle=str(b), id="c1").items
     assert reply == [("v", VERSION), ("status", "ok")]
@@ -181,8 +187,8 @@ def test_runtime_create_modifies_the_spec_with_hooks_naming_the_compiled_hook(vg
     assert s.owner_bundle == str(b)
     for phase in ("prestart", "poststop"):
         [hook] = spec["hooks"][phase]
-        assert hook["path"] == str(NATIVE_BIN / "vgpu-hook")
-        assert hook["args"] == [str(NATIVE_BIN / "vgpu-hook"), phase]
+        assert hook["path"] == str(own.program("vgpu-hook"))
+        assert hook["args"] == [str(own.program("vgpu-hook")), phase]
         # The hook asks the vgpud that decided (its socket, its config), nothing else.
         assert sorted(e.partition("=")[0] for e in hook["env"]) == \
             ["PATH", "VGPU_CONFIG", "VGPU_SOCKET"]
@@ -267,6 +273,10 @@ def test_prestart_answers_the_plan_and_poststop_releases(vgpud, tmp_path):
     assert reply["preload_host"] == str(b / "vgpu-ld.so.preload")
     targets = [v for k, v in items if k == "target"]
     assert targets[:3] == ["/usr/lib/vgpu/libvgpu.so", "/dev/vgpu0", "/dev/vgpu0.usage"]
+    # libvgpu.so comes from vgpud's versioned install, and the slice records which.
+    [own] = installed(vgpud.state_dir / "lib")
+    assert [v for k, v in items if k == "source"][0] == str(own.libvgpu)
+    assert own.name.startswith(f"{version()}-")
     assert targets[3].startswith("/run/vgpu/sched/GPU-")  # the GPU's file: the broker's
     assert targets[4].startswith(targets[3] + ".") and targets[4].endswith(".req")  # the slice's
     assert targets[5:] == ["/dev/null", "/etc/ld.so.preload"]
@@ -274,6 +284,9 @@ def test_prestart_answers_the_plan_and_poststop_releases(vgpud, tmp_path):
     assert [v for k, v in items if k == "mount"] == ["exec", "", "rw", "", "rw", "rw,dev", ""]
     [s] = slices(vgpud)
     assert s.owner_pid == os.getpid()  # the container's init, recorded at prestart
+    assert s.libvgpu_version == own.name
+    assert [x.libvgpu_version for x in vgpud.stub.List(pb.ListRequest(), timeout=5).slices] \
+        == [own.name]
     state["status"] = "stopped"
     assert ask(vgpud, "poststop", state=json.dumps(state))["status"] == "ok"
     assert slices(vgpud) == []
