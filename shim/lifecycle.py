@@ -12,8 +12,12 @@ Framing (both directions): a 4-byte big-endian length, then that many bytes of
 `key=value` fields, each ended by a NUL byte. Keys may repeat; order matters only
 where a reply says so (a `mount=` field starts a new mount). No escaping is needed
 (paths and JSON hold no NUL), so a C client reads it with strchr. Every message
-carries `v=2`; a request of another version is answered with an error that names
-both versions (a host runs one vgpud and the programs of its own version).
+carries `v=<version>`. Negotiation: the client sends its version; vgpud accepts its
+own (VERSION) and the one the previous release's programs speak (PREVIOUS), and
+answers in the client's version, so the programs of release N-1 keep working with
+vgpud N during an upgrade (docs/upgrading.md). Any other version is answered with an
+error that names both (in the client's version, which its program prints).
+A new op within a version is no new version: a client only sends ops it knows.
 
 Replies: `status=` one of
   ok        nothing (more) to do
@@ -36,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ACCEPTED",
     "CLIENTS",
     "MAX_FRAME",
+    "PREVIOUS",
     "VERSION",
     "Fields",
     "LifecycleServer",
@@ -54,8 +60,12 @@ __all__ = [
 
 log = logging.getLogger("vgpud")
 
-#: The lifecycle protocol this vgpud speaks (shim/native/vg_msg.h says the same).
+#: The lifecycle protocol this vgpud speaks (shim/native/vg_defaults.h says the same).
 VERSION = "2"
+#: The version the previous release's programs speak (0.1.0: v2; frames unchanged since).
+PREVIOUS = "2"
+#: The versions vgpud answers, its own first.
+ACCEPTED: tuple[str, ...] = tuple(dict.fromkeys((VERSION, PREVIOUS)))
 #: Which program sends each op: the version-mismatch line names it.
 CLIENTS: Mapping[str, str] = {"runtime-create": "vgpu-runtime", "prestart": "vgpu-hook",
                               "poststop": "vgpu-hook", "release": "vgpu-runtime or vgpu-hook"}
@@ -176,6 +186,14 @@ class Reply:
 Op = Callable[[Fields], Reply]
 
 
+def _in_version(v: str, reply: Reply) -> Reply:
+    """The reply in the client's protocol version (ours when it sent none we can name):
+    a client checks the version of what it reads before anything else."""
+    v = v if v and v.isdigit() and len(v) <= 4 else VERSION
+    reply.items = [("v", v) if k == "v" else (k, x) for k, x in reply.items]
+    return reply
+
+
 class _Handler(socketserver.BaseRequestHandler):
     server: _Server
 
@@ -246,11 +264,16 @@ class LifecycleServer:
 
     def dispatch(self, request: Fields) -> Reply:
         """Answer one request; never raises."""
-        name = request.get("op")
-        if request.get("v") != VERSION:
+        name, theirs = request.get("op"), request.get("v")
+        if theirs not in ACCEPTED:
             client = CLIENTS.get(name, "the client")
-            return Reply.error(f"{client} speaks lifecycle protocol v{request.get('v') or '?'}; "
-                               f"vgpud at {self.path} speaks v{VERSION}")
+            ours = " and v".join(ACCEPTED)
+            return _in_version(theirs, Reply.error(
+                f"{client} speaks lifecycle protocol v{theirs or '?'}; "
+                f"vgpud at {self.path} speaks v{ours}"))
+        return _in_version(theirs, self._answer(name, request))
+
+    def _answer(self, name: str, request: Fields) -> Reply:
         op = self.ops.get(name)
         if op is None:
             return Reply.error(f"unknown lifecycle op {name!r} (vgpud at {self.path} "

@@ -25,6 +25,7 @@ from arbiter.model import Gpu
 from arbiter.regions import Regions
 from arbiter.state import Store
 from arbiter.version import version
+from shim import lifecycle
 from shim.lifecycle import (
     VERSION,
     Fields,
@@ -77,11 +78,35 @@ def test_unframeable_fields_are_refused(item):
     pytest.param("poststop", "", "vgpu-hook", id="hook-no-version"),
 ])
 def test_another_protocol_version_is_one_line_naming_both(op, v, client):
+    """Answered in the client's version: its program prints vgpud's line as it is."""
     server = LifecycleServer(Path("/run/x.lifecycle"), {op: lambda req: Reply.of("ok")})
     reply = dict(server.dispatch(Fields([("v", v), ("op", op)])).items)
-    assert reply == {"v": VERSION, "status": "error", "message":
+    assert reply == {"v": v or VERSION, "status": "error", "message":
                      f"vgpu: {client} speaks lifecycle protocol v{v or '?'}; "
                      f"vgpud at /run/x.lifecycle speaks v{VERSION}"}
+
+
+def test_the_previous_release_is_accepted_and_answered_in_its_version():
+    """The rule (docs/upgrading.md): vgpud N answers N's and N-1's programs, each in its own
+    version; 0.1.0's programs speak v2, as this release does."""
+    assert lifecycle.ACCEPTED == (VERSION, lifecycle.PREVIOUS) or \
+        lifecycle.ACCEPTED == (VERSION,) == (lifecycle.PREVIOUS,)
+    assert lifecycle.PREVIOUS == "2"   # what 0.1.0's vg_defaults.h says (the drill runs it)
+
+
+@pytest.mark.parametrize(("v", "status"), [("4", "error"), ("3", "ok"), ("2", "ok"),
+                                           ("1", "error")], ids=["newer", "own", "prev", "older"])
+def test_negotiation_once_the_protocol_moves_on(monkeypatch, v, status):
+    """A vgpud of v3 (as the next bump makes it) still answers a v2 client in v2, and
+    refuses v1 and v4 with one line naming every version it speaks."""
+    monkeypatch.setattr(lifecycle, "VERSION", "3")
+    monkeypatch.setattr(lifecycle, "ACCEPTED", ("3", "2"))
+    server = LifecycleServer(Path("/run/x.lifecycle"), {"prestart": lambda req: Reply.of("ok")})
+    reply = server.dispatch(Fields([("v", v), ("op", "prestart")])).items
+    assert reply[0] == ("v", v) and dict(reply)["status"] == status
+    if status == "error":
+        assert dict(reply)["message"] == ("vgpu: vgpu-hook speaks lifecycle protocol "
+                                          f"v{v}; vgpud at /run/x.lifecycle speaks v3 and v2")
 
 
 def test_unknown_ops_are_an_error_and_known_ones_answer():
@@ -419,7 +444,7 @@ def test_a_v1_client_is_told_both_versions_over_the_socket(vgpud, tmp_path):
                           ("id", "c1"), ("config", str(vgpud.config_file))]))
         (size,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
         reply = decode(s.recv(size, socket.MSG_WAITALL)).as_dict()
-    assert reply["v"] == VERSION and reply["status"] == "error"
+    assert reply["v"] == "1" and reply["status"] == "error"
     assert reply["message"] == (f"vgpu: vgpu-runtime speaks lifecycle protocol v1; vgpud at "
                                 f"{lifecycle_socket(vgpud.socket)} speaks v{VERSION}")
     assert slices(vgpud) == []
