@@ -258,7 +258,15 @@ class Daemon:
             if not found:
                 found.extend(inventory.discover(c))
 
-        self._lock_state_dir(discover)  # first: a second vgpud must touch nothing
+        def get_ready() -> None:
+            """Before waiting for the lock: NVML up, and /metrics served (a DaemonSet's
+            readiness probe: the old pod is stopped only once the new one is ready)."""
+            discover()
+            self.metrics = self._make_metrics()
+            if c.metrics_address:
+                self.metrics.start(c.metrics_address, key="metrics.address")
+
+        self._lock_state_dir(get_ready)  # first: a second vgpud must touch nothing
         self._grpc_listener = self.listeners.take("socket", c.socket)
         self._claim_socket()
         discover()
@@ -279,7 +287,9 @@ class Daemon:
         self.broker.start()
         self.store = Store(c.state_dir)
         self.events = EventLog(c.event_log)
-        self.metrics = self._make_metrics()
+        serving_metrics = self.metrics is not None
+        if self.metrics is None:
+            self.metrics = self._make_metrics()
         self.arbiter = Arbiter(
             gpus=gpus, store=self.store, regions=regions, events=self.events,
             settings=Settings.from_config(c), metrics=self.metrics,
@@ -336,7 +346,7 @@ class Daemon:
         for extra in self.listeners.leftovers():
             log.warning("inherited socket %s: nothing of vgpud serves it; closed", extra)
         self.listeners.close_leftovers()
-        if c.metrics_address:
+        if c.metrics_address and not serving_metrics:
             # A taken or unresolvable address is one warning and retries: the
             # containers vgpud serves do not depend on being scraped.
             self.metrics.start(c.metrics_address, key="metrics.address")
@@ -396,7 +406,7 @@ class Daemon:
             return Snapshot(gpus=[], slices=[])
         slices = a.slices()
         samples = a.sample()
-        owners = SlicePids(a.regions.pids, self.proc)
+        owners = SlicePids(a.regions.pids, self.proc, users=a.users_of)
         compute_used: dict[str, list[int]] = {}
         for s in slices:
             pids_of = owners.of(s)

@@ -22,6 +22,8 @@ CONFIGS = (
     "oci-hooks.d/vgpu.json",
     "containerd/vgpu.toml",
     "docker/daemon.json",
+    "systemd/vgpud.socket",
+    "systemd/vgpud.service",
 )
 
 _PACKAGE_DIR = Path(__file__).resolve().parent

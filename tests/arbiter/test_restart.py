@@ -329,6 +329,8 @@ def test_a_takeover_waits_for_the_lock_and_serves_once_the_old_one_exits(tmp_pat
             time.sleep(0.05)
         time.sleep(0.5)
         assert new.poll() is None and "serving on" not in new_log()
+        # Ready meanwhile (a DaemonSet's readiness probe reads /metrics).
+        assert "serving metrics on http://" in new_log()
         # The old one still serves meanwhile.
         assert old.stub.Get(pb.GetRequest(id=s.id), timeout=5).owner == "c1"
         t0 = time.monotonic()

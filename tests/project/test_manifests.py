@@ -230,6 +230,22 @@ def test_vgpud_runs_with_the_default_paths_and_the_shipped_config(tmp_path):
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
 
 
+def test_an_update_starts_the_new_pod_first_and_its_vgpud_waits_for_the_old_one():
+    """maxSurge 1 / maxUnavailable 0: a node is never without vgpud's pod; the new vgpud
+    takes the state dir over (--wait-lock) once the old pod's vgpud exits, and is ready
+    (serves /metrics) while it waits, or the old pod would never be stopped."""
+    ds = find("DaemonSet", "vgpu-node")
+    strategy = ds["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate",
+                        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    vgpud = containers(ds)["vgpud"]
+    from arbiter.daemon import parse_args
+    wait = parse_args(vgpud["command"][1:]).wait_lock
+    grace = ds["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+    assert wait > grace, "the new vgpud must outwait the old pod's stop"
+    assert vgpud["readinessProbe"]["httpGet"]["port"] == "metrics"
+
+
 def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler(tmp_path):
     ds = find("DaemonSet", "vgpu-node")
     init = containers(ds)["install"]
