@@ -1,0 +1,101 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`vgpu-dra-plugin`: the entry point (flags, logging, signals)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
+from vgpu_k8s.dra.agent import Agent, Settings
+from vgpu_k8s.dra.apiserver import Cluster, api_client
+from vgpu_k8s.dra.errors import ApiError
+from vgpu_k8s.errors import UsageError
+
+__all__ = ["DEFAULT_CDI_DIR", "DEFAULT_KUBELET_DIR", "ENV_NODE_NAME", "main", "parse_args"]
+
+DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
+DEFAULT_CDI_DIR = Path("/var/run/cdi")
+ENV_NODE_NAME = "NODE_NAME"
+# A node name is a DNS subdomain (RFC 1123).
+_NODE_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vgpu-dra-plugin",
+        description="The kubelet's DRA plugin for driver vgpu.io: GPU memory and compute "
+                    "as consumable capacity, delivered through CDI.")
+    p.add_argument("--node-name", default=None,
+                   help=f"this node's name (default ${ENV_NODE_NAME})")
+    p.add_argument("--kubelet-dir", type=Path, default=DEFAULT_KUBELET_DIR,
+                   help="the kubelet's root dir: registration in plugins_registry/, the DRA "
+                        "socket and checkpoint in plugins/vgpu.io/ (default %(default)s)")
+    p.add_argument("--cdi-dir", type=Path, default=DEFAULT_CDI_DIR,
+                   help="where the claims' CDI specs are written (default %(default)s)")
+    p.add_argument("--socket", default=None,
+                   help=f"vgpud's socket (default ${ENV_SOCKET}, else {DEFAULT_SOCKET})")
+    p.add_argument("--kubeconfig", default=None,
+                   help="a kubeconfig file for the API server (default: the in-cluster "
+                        "config of the pod's service account)")
+    p.add_argument("--poll-interval", type=float, default=5.0, metavar="S",
+                   help="seconds between two looks at vgpud's GPUs and their health "
+                        "(default 5)")
+    return p
+
+
+def parse_args(argv: Sequence[str], env: dict[str, str]) -> Settings:
+    """Settings from the command line; UsageError names a flag whose value is unusable."""
+    args = _parser().parse_args(argv)
+    node = args.node_name if args.node_name is not None else env.get(ENV_NODE_NAME, "")
+    if not node:
+        raise UsageError("--node-name", "", f"is required (or ${ENV_NODE_NAME}): the node "
+                         "whose GPUs are published")
+    if len(node) > 253 or not _NODE_RE.fullmatch(node):
+        raise UsageError("--node-name", node, "is not a Kubernetes node name (lowercase "
+                         "letters, digits, '-' and '.', at most 253)")
+    if not args.poll_interval > 0:
+        raise UsageError("--poll-interval", str(args.poll_interval),
+                         "must be a positive number of seconds")
+    if args.kubeconfig is not None and not Path(args.kubeconfig).is_file():
+        raise UsageError("--kubeconfig", args.kubeconfig, "no such file")
+    return Settings(node=node, kubelet_dir=args.kubelet_dir, cdi_dir=args.cdi_dir,
+                    vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
+                    kubeconfig=args.kubeconfig, poll_s=args.poll_interval)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run until SIGTERM/SIGINT; 0 on a clean stop, 2 for bad flags, 1 when it cannot start."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="vgpu-dra-plugin: %(message)s")
+    try:
+        settings = parse_args(sys.argv[1:] if argv is None else argv, dict(os.environ))
+    except UsageError as e:
+        print(f"vgpu-dra-plugin: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        agent = Agent(settings, Cluster(api_client(settings.kubeconfig)))
+    except (ApiError, ValueError) as e:
+        print(f"vgpu-dra-plugin: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    agent.run(stop)
+    logging.getLogger("vgpu-dra-plugin").info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""NodePrepareResources and NodeUnprepareResources for one claim, and the start-up
+reconcile against vgpud, with the checkpoint kept in step.
+
+Prepare: a claim in the checkpoint is answered from it (vgpud's Allocate is idempotent
+per owner, so its slice is made again if it vanished, and the spec rewritten); else the
+claim is read from the API server, planned (claims.py), its slice allocated, its CDI spec
+written, the checkpoint saved, in that order; a failure at any step undoes the earlier
+ones, so a claim that cannot be prepared leaves no slice, no spec and no entry.
+Unprepare: release the slice, remove the spec, drop the entry; a claim never prepared
+is fine (the kubelet may ask twice).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from arbiter.errors import VgpuError
+from oci_hook import cdi
+from vgpu_k8s.dra import checkpoint
+from vgpu_k8s.dra.apiserver import Cluster
+from vgpu_k8s.dra.checkpoint import Entry
+from vgpu_k8s.dra.claims import OWNER_PREFIX, AnsweredDevice, ClaimRef, plan
+from vgpu_k8s.dra.errors import VgpudError
+from vgpu_k8s.dra.vgpud import Gpu, Vgpud
+
+__all__ = ["LABEL_CLAIM", "LABEL_NODE", "LABEL_UID", "Answer", "Preparer"]
+
+log = logging.getLogger("vgpu-dra-plugin")
+
+#: Labels of a claim's vgpud slice: whose it is (`vgpu slices` shows them).
+LABEL_CLAIM = "dra.vgpu.io/claim"      # namespace/name
+LABEL_UID = "dra.vgpu.io/claim-uid"
+LABEL_NODE = "dra.vgpu.io/node"
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A claim's answer to the kubelet: its devices with their CDI IDs, or an error."""
+
+    devices: tuple[AnsweredDevice, ...] = ()
+    cdi_device_ids: tuple[str, ...] = ()
+    error: str = ""
+
+
+def _spec_name(uid: str) -> str:
+    """The claim's CDI device name: its UID (unique, and valid in a CDI name)."""
+    return uid
+
+
+class Preparer:
+    """Claims in, slices and CDI specs out; one lock keeps them and the checkpoint in step."""
+
+    def __init__(self, *, node: str, vgpud: Vgpud, cluster: Cluster, cdi_dir: Path,
+                 checkpoint_path: Path, gpus: Callable[[], Sequence[Gpu]]) -> None:
+        self.node = node
+        self.vgpud = vgpud
+        self.cluster = cluster
+        self.cdi_dir = cdi_dir
+        self.checkpoint_path = checkpoint_path
+        self._gpus = gpus
+        self._lock = threading.Lock()
+        self.entries: dict[str, Entry] = checkpoint.load(checkpoint_path)
+
+    # -- the spec ---------------------------------------------------------------
+
+    def _write_spec(self, uid: str, slice_msg: Any) -> str:
+        """Write the claim's CDI spec for its slice; its CDI device ID."""
+        paths = self.vgpud.paths()
+        libvgpu, hook = paths.get("libvgpu"), paths.get("hook")
+        if not libvgpu or not hook:
+            raise VgpudError("write the claim's CDI spec", "vgpud does not say where libvgpu "
+                             "and vgpu-hook are (its Health paths; an older vgpud?)")
+        hook_env = {"VGPU_SOCKET": paths.get("socket") or self.vgpud.socket}
+        if paths.get("config"):
+            hook_env["VGPU_CONFIG"] = paths["config"]
+        name = _spec_name(uid)
+        spec = cdi.claim_spec(cdi.view_of_message(slice_msg), name=name,
+                              libvgpu=Path(libvgpu), hook=Path(hook), hook_env=hook_env)
+        cdi.write_spec(self.cdi_dir, name, spec)
+        return cdi.device_id(name)
+
+    def _save(self) -> None:
+        checkpoint.save(self.checkpoint_path, self.entries)
+
+    # -- prepare ----------------------------------------------------------------
+
+    def prepare(self, ref: ClaimRef) -> Answer:
+        """Prepare one claim (idempotent); the answer carries one line on failure."""
+        with self._lock:
+            try:
+                entry = self.entries.get(ref.uid)
+                if entry is not None:
+                    return self._again(entry)
+                return self._first(ref)
+            except (VgpuError, OSError) as e:
+                line = " ".join(f"failed to prepare claim {ref} ({ref.uid}): {e}".split())
+                log.warning("%s", line)
+                return Answer(error=line)
+
+    def _again(self, entry: Entry) -> Answer:
+        """A prepared claim: the same answer; its slice and spec made again if they went."""
+        slice_msg, existing = self.vgpud.allocate(entry.owner, entry.vgpus,
+                                                  self._labels(entry.claim))
+        if not existing or slice_msg.id != entry.slice_id or not cdi.spec_path(
+                self.cdi_dir, _spec_name(entry.claim.uid)).exists():
+            log.info("claim %s: slice %s made again as %s", entry.claim, entry.slice_id,
+                     slice_msg.id)
+            self._write_spec(entry.claim.uid, slice_msg)
+            self.entries[entry.claim.uid] = Entry(
+                entry.claim, entry.owner, slice_msg.id, entry.cdi_device_ids, entry.devices,
+                entry.vgpus)
+            self._save()
+        return Answer(entry.devices, entry.cdi_device_ids)
+
+    def _labels(self, ref: ClaimRef) -> dict[str, str]:
+        return {LABEL_CLAIM: str(ref), LABEL_UID: ref.uid, LABEL_NODE: self.node}
+
+    def _first(self, ref: ClaimRef) -> Answer:
+        claim_obj = self.cluster.get_claim(ref.namespace, ref.name)
+        p = plan(claim_obj, ref, self.node, self._gpus())
+        slice_msg, existing = self.vgpud.allocate(p.owner, p.vgpus, self._labels(ref))
+        try:
+            cdi_id = self._write_spec(ref.uid, slice_msg)
+            self.entries[ref.uid] = Entry(ref, p.owner, slice_msg.id, (cdi_id,), p.devices,
+                                          p.vgpus)
+            self._save()
+        except BaseException:
+            self.entries.pop(ref.uid, None)
+            with contextlib.suppress(VgpuError, OSError):
+                cdi.remove_spec(self.cdi_dir, _spec_name(ref.uid))
+            if not existing:
+                with contextlib.suppress(VgpuError):
+                    self.vgpud.release(p.owner)
+            raise
+        log.info("prepared claim %s (%s): slice %s, %s", ref, ref.uid, slice_msg.id,
+                 ", ".join(f"{v.gpu_uuid} {v.memory} bytes {v.compute}%" for v in p.vgpus))
+        return Answer(p.devices, (cdi_id,))
+
+    # -- unprepare --------------------------------------------------------------
+
+    def unprepare(self, ref: ClaimRef) -> str:
+        """Unprepare one claim (a claim never prepared is fine); an error line or ""."""
+        with self._lock:
+            try:
+                entry = self.entries.get(ref.uid)
+                if entry is not None:
+                    owners = [entry.owner]
+                else:   # not in the checkpoint (a crash between Allocate and the save)
+                    owners = [s.owner for s in self.vgpud.claim_slices()
+                              if s.labels.get(LABEL_UID) == ref.uid
+                              and s.owner.startswith(OWNER_PREFIX)]
+                for owner in owners:
+                    self.vgpud.release(owner)
+                cdi.remove_spec(self.cdi_dir, _spec_name(ref.uid))
+                if self.entries.pop(ref.uid, None) is not None:
+                    self._save()
+            except (VgpuError, OSError) as e:
+                line = " ".join(f"failed to unprepare claim {ref} ({ref.uid}): {e}".split())
+                log.warning("%s", line)
+                return line
+        if entry is not None or owners:
+            log.info("unprepared claim %s (%s)", ref, ref.uid)
+        return ""
+
+    # -- reconcile --------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """At start: release this node's claim slices the checkpoint does not know (a claim
+        unprepared while the plugin was down, or a crash mid-prepare), and make again the
+        slices of checkpointed claims that vanished (or log why they cannot be)."""
+        with self._lock:
+            known = {e.owner for e in self.entries.values()}
+            for s in self.vgpud.claim_slices():
+                if (s.owner.startswith(OWNER_PREFIX) and s.owner not in known
+                        and s.labels.get(LABEL_NODE, self.node) == self.node):
+                    self.vgpud.release(s.owner)
+                    log.info("released slice %s of claim %s: not in the checkpoint", s.id,
+                             s.labels.get(LABEL_CLAIM, s.owner))
+            for entry in list(self.entries.values()):
+                try:
+                    self._again(entry)
+                except (VgpuError, OSError) as e:
+                    log.warning("claim %s (%s): its slice %s is gone and cannot be made "
+                                "again: %s", entry.claim, entry.claim.uid, entry.slice_id,
+                                " ".join(str(e).split()))
+

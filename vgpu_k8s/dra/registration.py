@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Registration with the kubelet's plugin watcher.
+
+The watcher looks for sockets in `<kubelet dir>/plugins_registry/` (at its start it scans
+the dir, then it watches it), calls GetInfo on each, checks the answer, dials the endpoint
+named there, and says how that went with NotifyRegistrationStatus. A kubelet restart
+therefore needs nothing from the plugin but its registration socket still being there;
+a socket removed from the dir (by hand, or by a cleanup) is made again by the agent.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from vgpu_k8s.proto import pluginregistration_v1_pb2 as reg
+from vgpu_k8s.proto import pluginregistration_v1_pb2_grpc as reg_grpc
+
+__all__ = ["PLUGIN_TYPE", "SUPPORTED_VERSIONS", "RegistrationServer"]
+
+log = logging.getLogger("vgpu-dra-plugin")
+
+PLUGIN_TYPE = "DRAPlugin"
+#: The DRA gRPC services served on the endpoint, in the kubelet's words (its
+#: pkg/apis/dra/*/types.go DRAPluginService), newest first.
+SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+
+class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
+    def __init__(self, info: reg.PluginInfo) -> None:
+        self.info = info
+        self.registered = threading.Event()
+
+    def GetInfo(self, request: reg.InfoRequest,  # noqa: N802 - gRPC method name
+                context: grpc.ServicerContext) -> reg.PluginInfo:
+        return self.info
+
+    def NotifyRegistrationStatus(self, request: reg.RegistrationStatus,  # noqa: N802
+                                 context: grpc.ServicerContext
+                                 ) -> reg.RegistrationStatusResponse:
+        if request.plugin_registered:
+            log.info("registered with the kubelet as DRA driver %s", self.info.name)
+            self.registered.set()
+        else:
+            log.error("the kubelet refused the registration: %s",
+                      " ".join(request.error.split()))
+        return reg.RegistrationStatusResponse()
+
+
+class RegistrationServer:
+    """Registration on `<registry dir>/<driver>-reg.sock`."""
+
+    def __init__(self, registry_dir: Path, driver: str, endpoint: Path) -> None:
+        self.socket = registry_dir / f"{driver}-reg.sock"
+        self.servicer = _Servicer(reg.PluginInfo(
+            type=PLUGIN_TYPE, name=driver, endpoint=str(endpoint),
+            supported_versions=list(SUPPORTED_VERSIONS)))
+        self._server: grpc.Server | None = None
+        self._inode = 0
+
+    def start(self) -> None:
+        """Serve (a file a previous plugin left at the path is replaced)."""
+        self.socket.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2,
+                                                        thread_name_prefix="dra-reg"))
+        reg_grpc.add_RegistrationServicer_to_server(self.servicer, server)
+        server.add_insecure_port(f"unix:{self.socket}")
+        server.start()
+        self._server = server
+        self._inode = os.stat(self.socket).st_ino
+
+    def serving(self) -> bool:
+        """Whether our socket file is still the one we made."""
+        try:
+            return self._server is not None and os.stat(self.socket).st_ino == self._inode
+        except FileNotFoundError:
+            return False
+
+    def stop(self, grace_s: float = 0.5) -> None:
+        """Stop and remove our socket file (not one another process made since)."""
+        if self._server is None:
+            return
+        self._server.stop(grace_s).wait()
+        self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.socket).st_ino == self._inode:
+                self.socket.unlink()
