@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from arbiter.proto import vgpu_pb2
 
 __all__ = [
+    "ANNOTATION_PREFIX",
     "CDI_VERSION",
     "HOOK_COMMAND",
     "HOOK_PHASE",
@@ -53,6 +54,7 @@ __all__ = [
     "SPEC_DIRS",
     "CdiError",
     "DeviceNode",
+    "claim_devices",
     "claim_spec",
     "device_id",
     "find_edits",
@@ -69,6 +71,10 @@ KIND = "vgpu.io/claim"
 CDI_VERSION = "0.3.0"
 #: vgpu-hook's subcommand for a claim's container: `vgpu-hook claim <slice id>`.
 HOOK_COMMAND = "claim"
+#: CDI device requests as annotations (`cdi.k8s.io/<plugin>_<id>: kind=name,...`): what
+#: kubelets up to 1.30 set for DRA claims (1.31 and later send only the CRI field
+#: CDIDevices, which containerd 1.6 does not know), and what a pod may set itself.
+ANNOTATION_PREFIX = "cdi.k8s.io/"
 #: Where engines look for CDI specs by default (containerd, CRI-O, Podman).
 SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 #: The OCI hook phase: in the runtime's namespaces before pivot_root, like prestart
@@ -214,6 +220,20 @@ def remove_spec(cdi_dir: Path, name: str) -> bool:
     except OSError as e:
         raise CdiError("remove", str(path), e.strerror or str(e)) from e
     return True
+
+
+def claim_devices(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """The `vgpu.io/claim=<name>` devices that CDI annotations request, in key order,
+    each once (other kinds are another driver's: left alone)."""
+    found: dict[str, None] = {}
+    for key in sorted(annotations):
+        if not key.startswith(ANNOTATION_PREFIX) or not isinstance(annotations[key], str):
+            continue
+        for item in annotations[key].split(","):
+            item = item.strip()
+            if item.startswith(f"{KIND}="):
+                found.setdefault(item, None)
+    return tuple(found)
 
 
 def find_edits(dirs: Sequence[Path], ident: str) -> dict[str, Any]:

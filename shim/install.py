@@ -17,11 +17,11 @@ arbiter.shipped) with the absolute paths of this installation's compiled program
   config gives containerd (containerd 1.x replaces a plugin's whole section from an
   import: shim.containerd_cri) with the runtime handler `vgpu` added (`runtime_path` =
   containerd-shim-vgpu-v2: containerd >= 1.6 runs that binary for the handler whatever
-  its PATH; `pod_annotations` and `container_annotations` = `vgpu.io/*`) and, with
-  --set-as-default, `default_runtime_name = "vgpu"`; the `imports` line for it in the
-  main config, and a symlink `<bin dir>/containerd-shim-vgpu-v2` so that `ctr run
-  --runtime io.containerd.vgpu.v2` (which resolves the shim by name on containerd's
-  PATH) finds it.
+  its PATH; `pod_annotations` and `container_annotations` = `vgpu.io/*`,
+  `cdi.k8s.io/*`) and, with --set-as-default, `default_runtime_name = "vgpu"`; the
+  `imports` line for it in the main config, and a symlink
+  `<bin dir>/containerd-shim-vgpu-v2` so that `ctr run --runtime io.containerd.vgpu.v2`
+  (which resolves the shim by name on containerd's PATH) finds it.
 - podman: an OCI hooks.d file (Podman, CRI-O) that runs vgpu-hook at every stage the
   shipped file lists (prestart and poststop).
 """

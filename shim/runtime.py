@@ -15,18 +15,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arbiter.defaults import ENV_CONFIG, ENV_SOCKET
 from arbiter.errors import VgpuError
+from oci_hook.cdi import SPEC_DIRS, claim_devices, find_edits
 from oci_hook.mounts import slice_env
 from oci_hook.phases import release
-from oci_hook.request import ANNOTATION_PREFIX, INTERNAL_ANNOTATIONS, find_request, parse_request
+from oci_hook.request import (
+    ANNOTATION_PREFIX,
+    INTERNAL_ANNOTATIONS,
+    SANDBOX,
+    container_type,
+    find_request,
+    parse_request,
+)
 from oci_hook.slices import view_of
 from shim.errors import AllocateError, HookProgramError
-from shim.modifiers import HookSettings, SliceInfo, for_slice
+from shim.modifiers import CdiEditsModifier, HookSettings, SliceInfo, for_slice
 from shim.spec import Spec, SpecStore
 
 if TYPE_CHECKING:
@@ -54,14 +62,25 @@ def hook_settings(hook: Path | None, config: Config) -> HookSettings:
 
 
 def give_vgpu(store: SpecStore, spec: Spec, container_id: str, bundle: Path, config: Config,
-              slices: Slices, hook: Path | None) -> Callable[[], None] | None:
+              slices: Slices, hook: Path | None, cdi_dirs: Sequence[Path] = SPEC_DIRS
+              ) -> Callable[[], None] | None:
     """The vGPU path: validate, allocate, modify and flush `spec` (loaded from `store`).
+
+    A container whose CDI annotations name `vgpu.io/claim` devices (containerd 1.6, which
+    has no CDI) gets those devices' container edits from their spec files in `cdi_dirs`.
 
     Returns a function that releases the slice again (the runtime could not be told, or
     its exec failed); None, with the spec untouched, when the exact request test finds
     no request. On any failure after the allocation, releases the slice first.
     """
     annotations: Mapping[str, str] = spec.get("annotations") or {}
+    claims = claim_devices(annotations)
+    if claims and container_type(annotations) != SANDBOX:
+        # containerd 1.6 has no CDI: apply the claim's spec here, as a CDI engine would.
+        # The claim holds the slice; nothing is allocated, nothing to undo.
+        CdiEditsModifier(tuple(find_edits(cdi_dirs, d) for d in claims)).modify(spec)
+        store.flush(spec)
+        return None
     process = spec.get("process") or {}
     raw = find_request(annotations, process.get("env") or [],
                        allow_env=config.allow_env_requests)

@@ -19,13 +19,14 @@ allocated.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arbiter.errors import VgpuError
 from arbiter.native import libvgpu_path, program_path
 from oci_hook import phases
+from oci_hook.cdi import SPEC_DIRS
 from oci_hook.request import preload_schema
 from oci_hook.state import parse_state
 from shim.errors import SpecError
@@ -49,12 +50,14 @@ class LifecycleOps:
     def __init__(self, slices: Slices, config: Config, *,
                  hook: Callable[[], Path | None] = lambda: program_path("vgpu-hook"),
                  libvgpu: Callable[[], Path] = libvgpu_path,
-                 libvgpu_version: str = "") -> None:
+                 libvgpu_version: str = "",
+                 cdi_dirs: Sequence[Path] = SPEC_DIRS) -> None:
         self.slices = slices
         self.config = config
         self._hook = hook
         self._libvgpu = libvgpu
         self._libvgpu_version = libvgpu_version
+        self.cdi_dirs = tuple(cdi_dirs)   # where a claim's CDI spec is (containerd 1.6)
         preload_schema()  # compile the request schema now, not in the first container's start
 
     def ops(self) -> dict[str, Op]:
@@ -77,7 +80,8 @@ class LifecycleOps:
         except SpecError as e:  # the lower runtime reports a broken bundle its own way
             log.debug("lifecycle: runtime-create %s: %s (left to the lower runtime)", cid, e)
             return Reply.of("ok")
-        undo = give_vgpu(store, spec, cid, Path(bundle), self.config, self.slices, self._hook())
+        undo = give_vgpu(store, spec, cid, Path(bundle), self.config, self.slices, self._hook(),
+                         self.cdi_dirs)
         return Reply.of("ok", undo=undo)
 
     def prestart(self, req: Fields) -> Reply:

@@ -21,6 +21,9 @@
 #define VG_DEFAULT_LOWER "runc"
 /* oci_hook.request.ANNOTATION_PREFIX: annotations that may ask for a vGPU */
 #define VG_ANNOTATION_PREFIX "vgpu.io/"
+/* oci_hook.cdi.ANNOTATION_PREFIX: CDI device requests, which may name a claim's vGPU
+ * (containerd 1.6 has no CDI: vgpud applies a vgpu.io/claim device's spec) */
+#define VG_CDI_ANNOTATION_PREFIX "cdi.k8s.io/"
 /* oci_hook.request.CONTAINER_TYPE_KEYS: what containerd's CRI plugin, then CRI-O, write on
  * every spec of a pod; a value of VG_SANDBOX_TYPE (oci_hook.request.SANDBOX) is the pod's
  * sandbox (pause) container, which asks for nothing whatever else it carries */

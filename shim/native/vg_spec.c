@@ -206,7 +206,8 @@ static int object(struct walk *w, int depth, enum role role)
         skip_ws(w);
         if (!string(w, key, sizeof(key), &klen) || !eat(w, ':'))
             return 0;
-        if (role == R_ANNOTATIONS && starts(key, klen, sizeof(key), VG_ANNOTATION_PREFIX))
+        if (role == R_ANNOTATIONS && (starts(key, klen, sizeof(key), VG_ANNOTATION_PREFIX) ||
+                                      starts(key, klen, sizeof(key), VG_CDI_ANNOTATION_PREFIX)))
             w->out->asks = 1;
         enum role member = member_role(role, key, klen);
         if (member == R_CRI_TYPE || member == R_CRIO_TYPE)

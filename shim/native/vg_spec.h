@@ -18,8 +18,8 @@
 #include "vg_common.h"
 
 struct vg_spec {
-    int asks;                    /* a vgpu.io/ annotation key or a VGPU_ env entry, in a
-                                    document that is not a pod's sandbox */
+    int asks;                    /* a vgpu.io/ or cdi.k8s.io/ annotation key or a VGPU_
+                                    env entry, in a document that is not a pod's sandbox */
     int malformed;               /* not one JSON value; `asks` then says whether the raw
                                     bytes could spell a request at all */
     char bundle[VG_PATH_MAX];    /* the top-level "bundle" string (an OCI state), or "" */

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
-from support.paths import LIBVGPU
+from support.paths import LIBVGPU, NATIVE_BIN
 from support.prereq import require
+from support.process import clean_env
 from support.runc_host import HOOK, PRELOAD_OWN, Host, MiB, probe_lines
 from support.vgpud_harness import pb
 
@@ -97,3 +99,50 @@ def test_a_hook_naming_no_claim_slice_fails_with_one_line(host, owner_kind, slic
     assert mounts_under(b) == []
     # Nothing was released: the slice that exists stays with its owner.
     assert len(host.slices()) == 1
+
+
+def test_vgpu_runtime_applies_a_cdi_annotation_s_claim_spec_itself(host):
+    """containerd 1.6 has no CDI: its `vgpu` handler passes `cdi.k8s.io/*` annotations on,
+    and vgpu-runtime's create (vgpud's runtime-create) applies the claim's spec from the
+    default CDI dirs. The pod's sandbox, carrying the same pod annotation, is untouched."""
+    s = claim_slice(host, "claim-uid-3", 192 * MiB)
+    name = f"vgpu-test-{os.getpid()}-3"
+    spec = cdi.claim_spec(cdi.view_of_message(s), name=name, libvgpu=LIBVGPU, hook=HOOK,
+                          hook_env={"VGPU_SOCKET": str(host.vgpud.socket),
+                                    "VGPU_CONFIG": str(host.vgpud.config_file)})
+    run_dir = cdi.SPEC_DIRS[-1]
+    path = cdi.write_spec(run_dir, name, spec)
+    env = {**clean_env(), "VGPU_SOCKET": str(host.vgpud.socket),
+           "VGPU_CONFIG": str(host.vgpud.config_file)}
+    request = {"cdi.k8s.io/vgpu.io_claim-uid-3": cdi.device_id(name),
+               "cdi.k8s.io/other_x": "example.com/gpu=0"}   # another driver's: ignored
+    try:
+        b, cid = host.bundle("cat /etc/ld.so.preload; vgpu_probe info", request, hooks=False)
+        p = subprocess.run([str(NATIVE_BIN / "vgpu-runtime"), *host.runc("run", "--bundle",
+                                                                         str(b), cid)[1:]],
+                           env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.splitlines()[0] == "/usr/lib/vgpu/libvgpu.so"
+        assert next(x for x in probe_lines(p.stdout) if x["op"] == "info")["total"] == \
+            192 * MiB
+        sandbox, sid = host.bundle("test ! -e /dev/vgpu0 && echo plain",
+                                   {**request, "io.kubernetes.cri.container-type": "sandbox"},
+                                   hooks=False)
+        before = (sandbox / "config.json").read_bytes()
+        p = subprocess.run([str(NATIVE_BIN / "vgpu-runtime"), *host.runc(
+            "run", "--bundle", str(sandbox), sid)[1:]], env=env, capture_output=True,
+            text=True, timeout=60)
+        assert (p.returncode, p.stdout) == (0, "plain\n"), p.stderr
+        assert (sandbox / "config.json").read_bytes() == before
+        # A device whose spec is gone: the create fails with one line, runc never runs.
+        path.unlink()
+        b, cid = host.bundle("true", request, hooks=False)
+        p = subprocess.run([str(NATIVE_BIN / "vgpu-runtime"), *host.runc(
+            "run", "--bundle", str(b), cid)[1:]], env=env, capture_output=True, text=True,
+            timeout=60)
+        assert p.returncode != 0
+        assert p.stderr.splitlines()[-1] == (
+            f"vgpu: failed to resolve the CDI device {cdi.device_id(name)}: no spec in "
+            f"{', '.join(map(str, cdi.SPEC_DIRS))} (is the claim prepared on this node?)")
+    finally:
+        path.unlink(missing_ok=True)

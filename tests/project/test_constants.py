@@ -23,6 +23,7 @@ from arbiter import region as rg
 from arbiter.config import Config
 from arbiter.native import PROGRAMS
 from arbiter.regions import region_name
+from oci_hook import cdi
 from oci_hook.mounts import CONTAINER_SCHED_DIR
 from oci_hook.request import ANNOTATION_PREFIX, CONTAINER_TYPE_KEYS, ENV_KEYS, SANDBOX
 from shim import lifecycle
@@ -59,6 +60,7 @@ TWINS: dict[str, object] = {
     "VG_PROTOCOL_VERSION": lifecycle.VERSION,
     "VG_DEFAULT_LOWER": defaults.DEFAULT_LOWER_RUNTIME,
     "VG_ANNOTATION_PREFIX": ANNOTATION_PREFIX,
+    "VG_CDI_ANNOTATION_PREFIX": cdi.ANNOTATION_PREFIX,
     # A pod's sandbox asks for nothing: containerd's CRI plugin's key, then CRI-O's.
     "VG_CRI_TYPE_KEY": CONTAINER_TYPE_KEYS[0],
     "VG_CRIO_TYPE_KEY": CONTAINER_TYPE_KEYS[1],

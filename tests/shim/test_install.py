@@ -102,6 +102,11 @@ def cri_runtimes(doc: dict) -> dict:
     return doc["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]
 
 
+#: The handler's annotation lists: vgpu requests, and CDI device requests (a claim's
+#: vgpu.io/claim device on containerd 1.6, which has no CDI).
+ANNOTATIONS = ["vgpu.io/*", "cdi.k8s.io/*"]
+
+
 def test_containerd_dropin_import_and_shim_link(tmp_path):
     f = tmp_path / "config.toml"
     f.write_text(CONTAINERD_CONFIG)
@@ -114,7 +119,7 @@ def test_containerd_dropin_import_and_shim_link(tmp_path):
     assert doc["plugins"]["io.containerd.grpc.v1.cri"]["cni"]["bin_dir"] == "/usr/lib/cni"
     runtime = cri_runtimes(tomllib.loads(dropin.read_text()))["vgpu"]
     assert runtime == {"runtime_type": "io.containerd.vgpu.v2", "runtime_path": SHIM,
-                       "pod_annotations": ["vgpu.io/*"], "container_annotations": ["vgpu.io/*"]}
+                       "pod_annotations": ANNOTATIONS, "container_annotations": ANNOTATIONS}
     # The shipped snippet's runtime, with the shim's absolute path added; the main
     # config's CRI section carried whole (containerd 1.x takes an imported section whole),
     # with containerd's own runc handler, which the main config left to the defaults.
@@ -269,7 +274,7 @@ def test_containerd_reads_the_dropin_it_imports(tmp_path):
     runtime = cri_runtimes(dump)["vgpu"]
     assert (runtime["runtime_type"], runtime["runtime_path"], runtime["pod_annotations"],
             runtime["container_annotations"]) == (
-        "io.containerd.vgpu.v2", SHIM, ["vgpu.io/*"], ["vgpu.io/*"])
+        "io.containerd.vgpu.v2", SHIM, ANNOTATIONS, ANNOTATIONS)
     # The default handler is still there: without it the CRI plugin would not load.
     cri = dump["plugins"]["io.containerd.grpc.v1.cri"]["containerd"]
     assert cri["default_runtime_name"] == "runc"
