@@ -1,0 +1,126 @@
+# SPDX-License-Identifier: Apache-2.0
+"""End to end with Podman and CDI: a claim's slice in vgpud (gRPC Allocate, owner kind
+`claim`, what the DRA plugin's NodePrepareResources makes), its CDI spec written with
+oci_hook.cdi into /var/run/cdi (where Podman reads specs), `podman run --device
+vgpu.io/claim=<name>`: no hooks.d, no runtime, no annotation: Podman applies the spec
+(mounts, device nodes, env) and runs its createRuntime hook, `vgpu-hook claim`. A CUDA
+client inside sees exactly the claim's memory limit. After the release (the spec removed,
+the slice released, as Unprepare does) a new run with that device fails cleanly.
+
+Podman runs as in test_e2e_podman.py (private storage, cgroupfs, runc). Specs and slices
+are removed even when a test fails.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import grpc
+import pytest
+from support.engines import require, simulated_host
+from support.images import build_tarball
+from support.paths import LIBVGPU, NATIVE_BIN
+from support.prereq import require as require_that
+from support.vgpud_harness import Vgpud, pb
+from test_e2e_podman import IMAGE, Podman
+
+from oci_hook import cdi
+
+require("podman", "conmon", "runc")
+require_that(os.geteuid() == 0, "podman with CDI needs root here")
+
+MI = 1 << 20
+CDI_DIR = cdi.SPEC_DIRS[-1]   # /var/run/cdi
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e-cdi-podman")
+    sim, vgpud = simulated_host(tmp, ["/run/runc"])
+    hooks_dir = tmp / "hooks.d"      # empty: no hooks.d file, CDI alone
+    hooks_dir.mkdir()
+    runroot = Path(tempfile.mkdtemp(prefix="vgpu-podman-"))
+    podman = Podman(tmp / "podman", runroot, hooks_dir)
+    vgpud.start()
+    try:
+        podman("import", str(build_tarball(tmp / "rootfs.tar")), IMAGE)
+        yield podman, vgpud, sim
+    finally:
+        podman("rm", "--all", "--force", "--time", "0", check=False)
+        vgpud.close()
+        shutil.rmtree(runroot, ignore_errors=True)
+
+
+class Claim:
+    """A claim prepared as the DRA plugin prepares one: a claim slice and its CDI spec."""
+
+    def __init__(self, vgpud: Vgpud, uid: str, memory: int, compute: int) -> None:
+        self.vgpud = vgpud
+        self.name = f"{uid}-{os.getpid()}"
+        self.slice = vgpud.stub.Allocate(pb.AllocateRequest(
+            owner=uid, owner_kind="claim", memory_bytes=memory, compute_percent=compute),
+            timeout=10).slice
+        spec = cdi.claim_spec(cdi.view_of_message(self.slice), name=self.name, libvgpu=LIBVGPU,
+                              hook=NATIVE_BIN / "vgpu-hook",
+                              hook_env={"VGPU_SOCKET": str(vgpud.socket),
+                                        "VGPU_CONFIG": str(vgpud.config_file)})
+        self.path = cdi.write_spec(CDI_DIR, self.name, spec)
+
+    def release(self) -> None:
+        """What Unprepare does: the spec goes, then the slice."""
+        cdi.remove_spec(CDI_DIR, self.name)
+        self.vgpud.stub.Release(pb.ReleaseRequest(id=self.slice.id), timeout=10)
+
+
+@pytest.fixture
+def claim(world):
+    _, vgpud, _ = world
+    made: list[Claim] = []
+
+    def make(uid: str, memory: int, compute: int = 30) -> Claim:
+        made.append(Claim(vgpud, uid, memory, compute))
+        return made[-1]
+    yield make
+    for c in made:
+        cdi.remove_spec(CDI_DIR, c.name)
+        with contextlib.suppress(grpc.RpcError):  # released by the test already
+            c.release()
+
+
+def run(podman: Podman, sim: Path, device: str, script: str, check: bool = True):
+    return podman("run", "--rm", "--network", "none",
+                  "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+                  "--device", device, "-v", f"{sim}:/sim", "-e", "SIMGPU_STATE=/sim/simgpu.state",
+                  IMAGE, "/bin/sh", "-c", script, check=check)
+
+
+def test_a_cdi_device_gives_the_container_exactly_the_claim_s_slice(world, claim):
+    podman, vgpud, sim = world
+    c = claim("claim-a", 300 * MI)
+    p = run(podman, sim, cdi.device_id(c.name),
+            "cat /etc/ld.so.preload; grep ' /dev/vgpu0 ' /proc/mounts; vgpu_probe info")
+    lines = p.stdout.splitlines()
+    assert lines[0] == "/usr/lib/vgpu/libvgpu.so"
+    assert " ro," in lines[1], "the region is read-only inside"
+    info = next(json.loads(x) for x in lines if x.startswith("{") and '"info"' in x)
+    assert info["total"] == 300 * MI
+    # The claim still holds its slice after the container is gone.
+    assert [s.id for s in vgpud.stub.List(pb.ListRequest(), timeout=5).slices
+            if s.id == c.slice.id] == [c.slice.id]
+
+
+def test_after_the_release_the_device_fails_cleanly(world, claim):
+    podman, vgpud, sim = world
+    c = claim("claim-b", 128 * MI)
+    assert run(podman, sim, cdi.device_id(c.name), "vgpu_probe info").returncode == 0
+    c.release()
+    assert not c.path.exists()
+    assert not [s for s in vgpud.stub.List(pb.ListRequest(), timeout=5).slices
+                if s.id == c.slice.id]
+    p = run(podman, sim, cdi.device_id(c.name), "true", check=False)
+    assert p.returncode != 0
+    assert cdi.device_id(c.name) in p.stderr and "unresolvable" in p.stderr.lower(), p.stderr
