@@ -21,21 +21,27 @@ could name a neighbour's pid), so it takes only what the host itself says:
   not name the container (a runtime without cgroups leaves the init in its
   caller's, shared with others) or that holds vgpud is not used.
 
+A DRA claim's slice has no holder: its processes are those of the containers recorded
+as its users (arbiter.model.User), each attributed as a started container's (its init,
+pid namespace, and the cgroup its runtime made for it, whose id a component of its
+bundle path names).
+
 Never vgpud itself; pid 1 and vgpud's own ancestors never bring their
 descendants (the whole host would be the slice's).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from arbiter.identity import Cgroups
-from arbiter.model import OwnerKind, Slice
+from arbiter.model import OwnerKind, Slice, User
 from arbiter.proc import pid_namespace_inode, pids_by_namespace, proc_start_time, process_tree
 
-__all__ = ["SlicePids", "container_cgroup", "descendants"]
+__all__ = ["SlicePids", "as_holder", "container_cgroup", "descendants"]
 
 #: Cgroup directories walked below a container's cgroup (nested cgroups of its own).
 _WALK_MAX = 256
@@ -86,12 +92,34 @@ def container_cgroup(s: Slice) -> str:
     return ""
 
 
+#: Shortest bundle path component taken for a container id (docker and podman ids are
+#: 12 or 64 hex digits; CRI ids 64): shorter ones are directories such as "k8s.io".
+_ID_MIN = 12
+
+
+def as_holder(s: Slice, u: User) -> Slice:
+    """Claim slice s as if user u's container held it (for the holder rules above): the
+    container id is the bundle path component that names its recorded cgroup, else the
+    bundle's last component."""
+    parts = [p for p in u.bundle.split("/") if p]
+    owner = parts[-1] if parts else ""
+    probe = dataclasses.replace(s, owner_kind=OwnerKind.CONTAINER, owner_pid=u.pid,
+                                owner_start=u.start, owner_cgroup=u.cgroup, owner_bundle=u.bundle)
+    for part in reversed(parts):
+        if len(part) >= _ID_MIN and container_cgroup(dataclasses.replace(probe, owner=part)):
+            owner = part
+            break
+    return dataclasses.replace(probe, owner=owner)
+
+
 class SlicePids:
     """Maps slices to host pids for one pass (the /proc scan is made once, when needed)."""
 
     def __init__(self, region_pids: Callable[[Slice], Mapping[int, set[int]]],
-                 proc: Path = Path("/proc")) -> None:
+                 proc: Path = Path("/proc"), *,
+                 users: Callable[[str], Sequence[User]] = lambda _slice_id: ()) -> None:
         self._region_pids = region_pids
+        self._users = users
         self._proc = Path(proc)
         self._own_ns = pid_namespace_inode("self", self._proc)
         self._by_ns: dict[int, set[int]] | None = None
@@ -103,6 +131,10 @@ class SlicePids:
         """Host pids of each vGPU of s (index = vGPU ordinal); never vgpud itself."""
         per_vgpu = self._region_pids(s)
         extra: set[int] = set()
+        for u in self._users(s.id) if s.owner_kind == OwnerKind.CLAIM else ():
+            holder = as_holder(s, u)
+            extra.add(u.pid)
+            extra |= self._namespace_of(holder)
         if s.owner_pid:
             extra.add(s.owner_pid)
             extra |= self._namespace_of(s)
@@ -113,6 +145,10 @@ class SlicePids:
         """Pids the host attributes to s (owner, its descendants, its container's pid
         namespace and cgroup), none taken from tenant-writable region slots; never vgpud."""
         out: set[int] = set()
+        if s.owner_kind == OwnerKind.CLAIM:
+            for u in self._users(s.id):
+                out |= self.host(as_holder(s, u))
+            return out - self._excluded()
         owner = s.owner_pid
         if owner and self._is_owner(owner, s.owner_start):
             out.add(owner)

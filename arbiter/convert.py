@@ -43,6 +43,8 @@ class DeviceView:
     memory_used: int = 0
     utilization: int = 0
     unhealthy: str = ""      # why NVML cannot use the GPU now; empty: healthy
+    driver_version: str = ""  # NVML's, e.g. "570.86.15"
+    cuda_version: str = ""    # the driver's CUDA version, e.g. "12.8"
 
 
 def priority_from_name(name: str) -> Priority:
@@ -192,4 +194,5 @@ def device_to_proto(d: DeviceView) -> pb.Device:
         compute_allocated_percent=d.compute_allocated, minor=max(g.minor, 0),
         device_nodes=list(g.device_nodes), slices=d.slices,
         utilization_percent=d.utilization, unhealthy=d.unhealthy,
+        driver_version=d.driver_version, cuda_version=d.cuda_version,
     )

@@ -36,7 +36,7 @@ from arbiter.attribution import SlicePids
 from arbiter.convert import DeviceView, policy_from_name, priority_from_name
 from arbiter.errors import NoCapacityError, NotFoundError, RequestError, StateError, VgpuError
 from arbiter.identity import Holder, Liveness
-from arbiter.model import Gpu, OwnerKind, Request, Slice
+from arbiter.model import Gpu, OwnerKind, Request, Slice, User
 from arbiter.proc import proc_start_time
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
 from arbiter.regions import Regions
@@ -82,7 +82,8 @@ class HeldError(StateError):
                          code=StateError.CONFLICT)
         self.slice = s
         # The line the engine shows, after the hook's "failed to allocate a vGPU: ".
-        self.args = (f"container id {s.owner!r} is in use: slice {s.id}: {reason}",)
+        what = "claim" if s.owner_kind == OwnerKind.CLAIM else "container id"
+        self.args = (f"{what} {s.owner!r} is in use: slice {s.id}: {reason}",)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Arbiter:
         metrics: Any = None,
         sample: Callable[[list[Gpu]], Mapping[int, Any]] | None = None,
         check: Callable[[list[Gpu]], Mapping[int, str]] | None = None,
+        versions: Callable[[], Any] | None = None,
         proc: Path = Path("/proc"),
         kill: Callable[[int, int], None] = os.kill,
     ) -> None:
@@ -129,10 +131,14 @@ class Arbiter:
         self.metrics = metrics
         self._sample = sample
         self._check = check
+        self._versions = versions
+        self._versions_seen: Any = None  # the driver's versions, once NVML told them
         self._proc = Path(proc)
         self._kill = kill
         self._lock = threading.RLock()
         self._slices: dict[str, Slice] = {}
+        #: The containers that use each claim's slice (attribution), by slice id.
+        self._users: dict[str, tuple[User, ...]] = {}
         #: Whether a slice's holder lives; the reconciler installs its own (use_liveness),
         #: which also knows where runtimes keep state.
         self.liveness = Liveness(self._proc)
@@ -146,6 +152,9 @@ class Arbiter:
         """Load the store and make the region directories agree with it (crash repair)."""
         with self._lock:
             self._slices = {s.id: s for s in self.store.slices()}
+            self._users = {}
+            for u in self.store.users():
+                self._users[u.slice_id] = (*self._users.get(u.slice_id, ()), u)
             # reconcile_dirs then rewrites regions whose floor the config changed meanwhile.
             self.regions.priority_floor = self.settings.priority_floor
             report = self.regions.reconcile_dirs(self._slices.values())
@@ -185,6 +194,69 @@ class Arbiter:
             if s is None:
                 raise NotFoundError("get slice", _what(slice_id, owner))
             return s
+
+    def users_of(self, slice_id: str) -> tuple[User, ...]:
+        """The containers recorded as users of a claim's slice."""
+        with self._lock:
+            return self._users.get(slice_id, ())
+
+    def add_user(self, slice_id: str, pid: int, bundle: str = "") -> Slice:
+        """Record a container that uses a claim's slice (its init `pid`, whose start time
+        and cgroup vgpud reads from /proc, and its bundle), so the guards attribute its
+        processes to the slice; idempotent. Returns the slice once the record is durable.
+
+        NotFoundError when there is no such slice; RequestError when it is not a claim's
+        (a container's slice is bound by Attach)."""
+        verb = "add a user to slice"
+        if pid <= 0:
+            raise RequestError(verb, "pid", pid, "must be the container's init pid")
+        who = self._observe(pid, OwnerKind.CONTAINER, bundle)
+        with self._lock:
+            s = self._find(slice_id, "", verb)
+            if s is None:
+                raise NotFoundError(verb, _what(slice_id, ""))
+            if s.owner_kind != OwnerKind.CLAIM:
+                raise RequestError(verb, "id", slice_id,
+                                   f"is the slice of {s.owner_kind} {s.owner!r}, not a "
+                                   "claim's: only a claim's slice has users")
+            user = User(s.id, who.pid, who.start, who.cgroup, who.bundle)
+            known = self._users.get(s.id, ())
+            if user in known:
+                return s
+            first_answer = self._pending.get(s.id)
+            pending = self.store.add_user_async(user)
+            self._users[s.id] = (*(u for u in known if (u.pid, u.start) != (
+                user.pid, user.start)), user)
+        if first_answer is not None:
+            first_answer.result()
+        try:
+            if not pending.result():
+                raise NotFoundError(verb, _what(slice_id, ""))
+        except BaseException:
+            with self._lock:
+                self._users[s.id] = tuple(u for u in self._users.get(s.id, ()) if u != user)
+            raise
+        self.emit("user.add", slice=s.id, owner=s.owner, pid=user.pid, cgroup=user.cgroup,
+                  bundle=user.bundle)
+        return s
+
+    def drop_user(self, user: User, *, reason: str = "gone") -> bool:
+        """Forget a claim slice's user (the reconciler: its container is gone); the slice
+        stays. False when it was not recorded."""
+        with self._lock:
+            known = self._users.get(user.slice_id, ())
+            if user not in known:
+                return False
+            rest = tuple(u for u in known if u != user)
+            if rest:
+                self._users[user.slice_id] = rest
+            else:
+                self._users.pop(user.slice_id, None)
+            pending = self.store.delete_user_async(user)
+        pending.result()
+        self.emit("user.drop", slice=user.slice_id, pid=user.pid, cgroup=user.cgroup,
+                  bundle=user.bundle, reason=reason)
+        return True
 
     def note_libvgpu(self, slice_id: str, libvgpu_version: str) -> None:
         """Record which installed libvgpu (arbiter.installs) the slice's container mapped:
@@ -235,10 +307,22 @@ class Arbiter:
             log.warning("failed to %s GPUs: %s", verb, e)
             return {}
 
+    def driver_versions(self) -> tuple[str, str]:
+        """(driver version, CUDA version) as NVML tells them; ("", "") when it cannot.
+        Read once: a driver cannot change under a running vgpud."""
+        if self._versions_seen is None and self._versions is not None:
+            try:
+                self._versions_seen = self._versions()
+            except Exception as e:
+                log.warning("failed to read the driver version: %s", e)
+        v = self._versions_seen
+        return (str(getattr(v, "driver", "") or ""), str(getattr(v, "cuda", "") or ""))
+
     def devices(self) -> list[DeviceView]:
         """Each GPU with its allocated and measured memory and compute, and its health."""
         samples = self.sample()
         unhealthy = self.unhealthy()
+        driver, cuda = self.driver_versions()
         with self._lock:
             slices = list(self._slices.values())
         out = []
@@ -253,6 +337,7 @@ class Arbiter:
                 memory_used=int(getattr(smp, "used", 0) or 0),
                 utilization=int(getattr(smp, "utilization", 0) or 0),
                 unhealthy=unhealthy.get(g.index, ""),
+                driver_version=driver, cuda_version=cuda,
             ))
         return out
 
@@ -327,7 +412,9 @@ class Arbiter:
         t0 = time.perf_counter()
         outcome = "error"
         try:
-            who = self._observe(req.owner_pid, req.owner_kind, req.bundle)
+            # A claim's slice has no holder: its plugin (any pid) asks for it.
+            who = (Holder() if req.owner_kind == OwnerKind.CLAIM
+                   else self._observe(req.owner_pid, req.owner_kind, req.bundle))
             while True:
                 stale: Slice | None = None
                 bind: Future[bool] | None = None
@@ -392,6 +479,10 @@ class Arbiter:
             s = self._find(slice_id, owner, verb)
             if s is None or not owner or s.owner != owner:
                 raise NotFoundError(verb, _what(slice_id, owner))
+            if s.owner_kind == OwnerKind.CLAIM:
+                raise RequestError(verb, "id", s.id,
+                                   f"is the slice of claim {s.owner!r}: a container uses a "
+                                   "claim's slice through its CDI spec, never holds it")
             claim = self._claim(s, who, "attach")
             if claim == "stale":  # another bundle's, whose holder is gone: not this one's
                 raise NotFoundError(verb, _what(slice_id, owner))
@@ -415,6 +506,10 @@ class Arbiter:
         starting; "stale": its holder is gone; HeldError: another live container's.
         Before its start a slice is told from another container's by its bundle; an
         Attach names the slice id from the container's own spec, which says it all."""
+        if s.owner_kind == OwnerKind.CLAIM:
+            if who.pid or who.bundle:  # a container (by its id) asks for a claim's slice
+                raise self._held(verb, s, who)
+            return "same"  # the claim's plugin, again (idempotent by claim)
         held = Holder.of(s)
         if s.owner_pid:
             if who.is_process(held):
@@ -433,6 +528,11 @@ class Arbiter:
         return "bind" if who.pid else "same"
 
     def _held(self, verb: str, s: Slice, who: Holder) -> HeldError:
+        if s.owner_kind == OwnerKind.CLAIM:
+            e = HeldError(verb, s, "a DRA claim holds it (no container does)")
+            self.emit(f"{verb}.refused", slice=s.id, owner=s.owner, pid=who.pid,
+                      bundle=who.bundle)
+            return e
         if s.owner_pid:
             holder = f"a running container (init pid {s.owner_pid}"
         else:
@@ -472,7 +572,8 @@ class Arbiter:
         return Slice(
             id=self._new_id(), owner=req.owner, grants=tuple(plan.grants),
             priority=req.priority, policy=req.policy, owner_kind=req.owner_kind,
-            owner_pid=req.owner_pid, created_ms=int(time.time() * 1000), labels=req.labels,
+            owner_pid=who.pid if req.owner_kind == OwnerKind.CLAIM else req.owner_pid,
+            created_ms=int(time.time() * 1000), labels=req.labels,
             owner_start=who.start, owner_cgroup=who.cgroup, owner_bundle=who.bundle,
         )
 
@@ -624,6 +725,9 @@ class Arbiter:
 
     def _kept_from(self, s: Slice, who: Holder) -> str:
         """Why `who` may not release s ("" when it may)."""
+        if s.owner_kind == OwnerKind.CLAIM:
+            return ("it is the slice of DRA claim " + repr(s.owner) + ": only its plugin or "
+                    "an operator releases it, never a container's poststop")
         if who.is_process(Holder.of(s)):
             return ""  # its own prestart, rolling back
         if s.owner_pid:
@@ -638,6 +742,7 @@ class Arbiter:
 
     def _forget(self, s: Slice) -> None:
         self._slices.pop(s.id, None)
+        self._users.pop(s.id, None)  # the store's rows go with the slice (cascade)
         self.liveness.forget(s.id)
         try:
             self.regions.remove(s.id)
@@ -648,7 +753,7 @@ class Arbiter:
         """SIGKILL an evicted slice's processes: those the host attributes to it (owner,
         descendants, its container's pid namespace and cgroup), never pids its tenant
         wrote into its usage file (they could name a neighbour)."""
-        pids = SlicePids(self.regions.pids, self._proc).host(s)
+        pids = SlicePids(self.regions.pids, self._proc, users=self.users_of).host(s)
         pids.discard(os.getpid())
         for pid in pids:
             with contextlib.suppress(OSError):

@@ -293,7 +293,8 @@ class Daemon:
         self.arbiter = Arbiter(
             gpus=gpus, store=self.store, regions=regions, events=self.events,
             settings=Settings.from_config(c), metrics=self.metrics,
-            sample=inventory.sample, check=inventory.unhealthy, proc=self.proc)
+            sample=inventory.sample, check=inventory.unhealthy,
+            versions=inventory.driver_versions, proc=self.proc)
         self.arbiter.start()
         self._watch_regions(regions)
         self.reconciler = Reconciler(

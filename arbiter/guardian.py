@@ -160,7 +160,7 @@ class Guardian:
             slices = {s.id: s for s in self.arbiter.slices()}
             util = self.measure() if slices else {}
             memory = self.memory() if slices else {}
-            owners = SlicePids(self.arbiter.regions.pids, self.proc)
+            owners = SlicePids(self.arbiter.regions.pids, self.proc, users=self.arbiter.users_of)
             host = {sid: owners.host(s) for sid, s in slices.items()}
             uses = [guard.SliceUse(s.id, g.gpu_index, g.compute, s.policy == Policy.BURST,
                                    {p: u for p, u in util.get(g.gpu_index, {}).items()

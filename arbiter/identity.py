@@ -13,7 +13,10 @@ taken from the tenant. The rule (`Liveness.alive`):
   the init exists) lives while an OCI runtime keeps state for its id under
   `reconcile.runtime_state_roots`, and, where none ever did (another runtime or root),
   for a grace period after its allocation;
-- a host process's slice (`vgpu run`) lives while its pid runs with the same start time.
+- a host process's slice (`vgpu run`) lives while its pid runs with the same start time;
+- a DRA claim's slice always lives: only its plugin (or an operator) releases it. The
+  containers that use it (`User`) live by the started-container rule, each on its own:
+  one that is gone is forgotten, the slice stays.
 
 A cgroup that holds more than the container cannot tell its life: the root, and
 vgpud's own cgroup and its ancestors (a runtime without cgroups leaves the init in
@@ -27,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from arbiter.model import OwnerKind, Slice
+from arbiter.model import OwnerKind, Slice, User
 from arbiter.proc import pid_alive, proc_start_time
 
 __all__ = ["PENDING_GRACE_S", "Cgroups", "Holder", "Liveness", "read_cgroup",
@@ -218,8 +221,17 @@ class Liveness:
         """The recorded init (or process) runs, with the recorded start time."""
         return bool(s.owner_pid) and pid_alive(s.owner_pid, s.owner_start, self.proc)
 
+    def user_alive(self, u: User) -> bool:
+        """A claim's user lives while its init runs with the recorded start time, or while
+        a process is left in its recorded cgroup."""
+        if pid_alive(u.pid, u.start, self.proc):
+            return True
+        return bool(u.cgroup) and self.cgroups.populated(u.cgroup)
+
     def alive(self, s: Slice) -> bool:
         """True while the slice's holder exists (the module's rule)."""
+        if s.owner_kind == OwnerKind.CLAIM:
+            return True
         if s.owner_pid:
             self._state_seen.discard(s.id)
             if self.init_alive(s):

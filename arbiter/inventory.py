@@ -24,7 +24,8 @@ from arbiter.config import Config
 from arbiter.errors import InventoryError
 from arbiter.model import Gpu
 
-__all__ = ["DeviceSample", "discover", "process_utilisation", "sample", "shutdown", "unhealthy"]
+__all__ = ["DeviceSample", "DriverVersions", "discover", "driver_versions", "process_utilisation",
+           "sample", "shutdown", "unhealthy"]
 
 T = TypeVar("T")
 
@@ -111,6 +112,30 @@ def discover(config: Config) -> list[Gpu]:
     except pynvml.NVMLError as e:
         raise InventoryError("list GPUs through NVML", str(e)) from e
     return _restrict(gpus, config.devices_include)
+
+
+@dataclass(frozen=True)
+class DriverVersions:
+    """The driver's version ("570.86.15") and the CUDA version it supports ("12.8")."""
+
+    driver: str = ""
+    cuda: str = ""
+
+
+def driver_versions() -> DriverVersions:
+    """NVML's nvmlSystemGetDriverVersion and nvmlSystemGetCudaDriverVersion_v2 (as
+    "major.minor"); "" for one NVML cannot tell. Needs NVML initialised by discover()."""
+    _init(None)
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+    except pynvml.NVMLError:
+        driver = ""
+    try:
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())  # e.g. 12080
+        cuda_text = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda > 0 else ""
+    except pynvml.NVMLError:
+        cuda_text = ""
+    return DriverVersions(driver, cuda_text)
 
 
 def _restrict(gpus: list[Gpu], include: Iterable[int | str] | None) -> list[Gpu]:

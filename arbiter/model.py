@@ -25,7 +25,7 @@ class OwnerKind:
     # an operator) frees it, never container liveness.
     CLAIM = "claim"
 
-    ALL = (CONTAINER, PROCESS)
+    ALL = (CONTAINER, PROCESS, CLAIM)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ a thread. An owner is gone by arbiter.identity's rule:
 - kind "container", started (prestart recorded its init): the init is not alive
   (pid and start time) AND no process is left in its recorded cgroup, whatever
   runtime or state root runs it;
+- kind "claim" (a DRA ResourceClaim): never; only an explicit Release frees it. Its
+  users (the containers recorded by add_user) whose init and cgroup are gone are
+  forgotten (event `user.drop`), the slice stays;
 - kind "container", allocated at create and not started yet: no OCI runtime keeps
   state for the container id under any of the runtime state roots (runc:
   /run/runc/<id>; containerd's runc shim: /run/containerd/runc/<namespace>/<id>;
@@ -55,6 +58,7 @@ class PassReport:
     released: list[str] = field(default_factory=list)
     drift: list[tuple[str, int, int, int]] = field(default_factory=list)  # slice, gpu, used, limit
     killed: list[int] = field(default_factory=list)
+    users_dropped: list[tuple[str, int]] = field(default_factory=list)  # slice, user pid
 
 
 class Reconciler:
@@ -109,6 +113,9 @@ class Reconciler:
         with self._pass_lock:
             report = PassReport()
             for s in self.arbiter.slices():
+                if s.owner_kind == OwnerKind.CLAIM:
+                    self._drop_gone_users(s, report)
+                    continue
                 if self.owner_alive(s):
                     continue
                 why = "process gone" if s.owner_kind == OwnerKind.PROCESS else "container gone"
@@ -120,6 +127,13 @@ class Reconciler:
             self.arbiter.regions.repair_sched(self.arbiter.slices())
             self._check_drift(report)
             return report
+
+    def _drop_gone_users(self, s: Slice, report: PassReport) -> None:
+        """Forget the users of a claim's slice whose container is gone (the slice stays)."""
+        for u in self.arbiter.users_of(s.id):
+            if not self.liveness.user_alive(u) and self.arbiter.drop_user(u):
+                report.users_dropped.append((s.id, u.pid))
+                log.info("slice %s of claim %s: user pid %d gone", s.id, s.owner, u.pid)
 
     def _check_drift(self, report: PassReport) -> None:
         """Memory above the limit per NVML, on the pids the host attributes to each slice.
@@ -134,7 +148,7 @@ class Reconciler:
         samples = self._sample()
         if not samples:
             return
-        owners = SlicePids(self.arbiter.regions.pids, self.proc)
+        owners = SlicePids(self.arbiter.regions.pids, self.proc, users=self.arbiter.users_of)
         host = {s.id: owners.host(s) for s in slices}
         by_id = {s.id: s for s in slices}
         uses = memguard.slice_uses(slices, memguard.process_memory(samples), host)

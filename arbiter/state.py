@@ -26,7 +26,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from arbiter.errors import StateError
-from arbiter.model import Grant, Policy, Priority, Slice
+from arbiter.model import Grant, Policy, Priority, Slice, User
 
 __all__ = ["DB_NAME", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "Store"]
 
@@ -76,7 +76,21 @@ def _v3_libvgpu(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE slices ADD COLUMN libvgpu_version TEXT NOT NULL DEFAULT ''")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_holder, _v3_libvgpu)
+def _v4_users(db: sqlite3.Connection) -> None:
+    # The containers that use a claim's slice (arbiter.model.User), for attribution:
+    # recorded by vgpud from /proc like a holder; gone with the slice.
+    db.execute("""
+        CREATE TABLE users (
+            slice_id TEXT NOT NULL REFERENCES slices(id) ON DELETE CASCADE,
+            pid      INTEGER NOT NULL,              -- the container's init, host pid
+            start    INTEGER NOT NULL DEFAULT 0,    -- its /proc start time
+            cgroup   TEXT NOT NULL DEFAULT '',      -- "<controllers>:<path>"
+            bundle   TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (slice_id, pid, start)
+        )""")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_v1_initial, _v2_holder, _v3_libvgpu, _v4_users)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -215,6 +229,32 @@ class Store:
         return self._submit(lambda db: db.execute(
             "UPDATE slices SET libvgpu_version = ? WHERE id = ?",
             (libvgpu_version, id)).rowcount > 0, f"slice {id}")
+
+    def users(self) -> list[User]:
+        """Every recorded user of a claim's slice (slice id, then pid)."""
+        with self._tx("read", "slice users", write=False) as db:
+            rows = db.execute("SELECT slice_id, pid, start, cgroup, bundle FROM users"
+                              " ORDER BY slice_id, pid, start").fetchall()
+        return [User(*row) for row in rows]
+
+    def add_user_async(self, user: User) -> Future[bool]:
+        """Record a user of a slice; the future is done once durable, with False when there
+        is no such slice."""
+        def write(db: sqlite3.Connection) -> bool:
+            if db.execute("SELECT 1 FROM slices WHERE id = ?",
+                          (user.slice_id,)).fetchone() is None:
+                return False
+            db.execute("INSERT OR REPLACE INTO users (slice_id, pid, start, cgroup, bundle)"
+                       " VALUES (?, ?, ?, ?, ?)",
+                       (user.slice_id, user.pid, user.start, user.cgroup, user.bundle))
+            return True
+        return self._submit(write, f"slice {user.slice_id}")
+
+    def delete_user_async(self, user: User) -> Future[bool]:
+        """Forget a user of a slice; the future is done once durable (False: none)."""
+        return self._submit(lambda db: db.execute(
+            "DELETE FROM users WHERE slice_id = ? AND pid = ? AND start = ?",
+            (user.slice_id, user.pid, user.start)).rowcount > 0, f"slice {user.slice_id}")
 
     def delete_async(self, id: str) -> Future[bool]:
         """delete, batched with other writers; the future is done once durable."""

@@ -52,6 +52,11 @@ class Slices(Protocol):
         """Release; with `asker` only when that container holds it or its holder is gone."""
         ...
 
+    def add_user(self, slice_id: str, pid: int, bundle: str = "") -> Slice:
+        """Record a container (its init pid, bundle) as a user of a claim's slice, for
+        attribution; the claim keeps holding the slice. Refused for other slices."""
+        ...
+
     def note_libvgpu(self, slice_id: str, libvgpu_version: str) -> None:
         """Record the versioned install whose libvgpu.so the slice's container maps."""
         ...
