@@ -287,8 +287,11 @@ class Keeper:
         self.target = target
         self.interval_s = interval_s
         self.proc = proc
-        #: What vgpud's Health reports (`vgpu info`).
-        self.paths = {"lib_dir": str(root), "libvgpu": str(own.libvgpu)}
+        #: What vgpud's Health reports (`vgpu info`); libvgpu and hook are what the
+        #: container path mounts and injects (vgpud/ gives it this same install), so the
+        #: DRA plugin's CDI specs name exactly them.
+        self.paths = {"lib_dir": str(root), "libvgpu": str(own.libvgpu),
+                      "hook": str(own.program("vgpu-hook"))}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

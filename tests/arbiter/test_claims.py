@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import grpc
 import pytest
@@ -172,3 +173,14 @@ def test_add_user_refusals(arbiter, sleeper):
     with pytest.raises(RequestError, match=r"pid 0 must be the container's init pid"):
         arbiter.add_user(s.id, 0)
     assert arbiter.users_of(s.id) == () and arbiter.store.users() == []
+
+
+def test_health_names_the_libvgpu_and_hook_that_containers_get(vgpud):
+    from arbiter.installs import own_install
+
+    paths = vgpud.stub.Health(pb.HealthRequest(), timeout=10).paths
+    own = own_install(Path(paths["lib_dir"]))  # what vgpud/ hands the lifecycle ops
+    assert (paths["libvgpu"], paths["hook"]) == (str(own.libvgpu),
+                                                 str(own.program("vgpu-hook")))
+    assert Path(paths["libvgpu"]).is_file()
+    assert os.access(paths["hook"], os.X_OK)
