@@ -58,6 +58,14 @@ def short_owner(owner: str) -> str:
     return owner
 
 
+def owner_cell(s: Any) -> str:
+    """The OWNER column: a container's short id; other kinds say what they are
+    (`claim:<uid>` for a DRA claim's slice, which no container holds)."""
+    if s.owner_kind == "claim":
+        return f"claim:{s.owner}"
+    return short_owner(s.owner)
+
+
 def _enum_word(value: int, words: Sequence[str]) -> str:
     """Proto enum value (0 = unspecified, then words in order) -> lowercase word."""
     return words[value - 1] if 1 <= value <= len(words) else "default"
@@ -116,6 +124,7 @@ def slice_to_dict(s: Any) -> dict[str, Any]:
         "region_dir": s.region_dir,
         "created_unix_ms": s.created_unix_ms,
         "labels": dict(sorted(s.labels.items())),
+        "libvgpu_version": s.libvgpu_version,
         "vgpus": [vgpu_to_dict(v) for v in s.vgpus],
     }
 
@@ -134,6 +143,8 @@ def device_to_dict(d: Any) -> dict[str, Any]:
         "utilization_percent": d.utilization_percent,
         "slices": d.slices,
         "device_nodes": list(d.device_nodes),
+        "driver_version": d.driver_version,
+        "cuda_version": d.cuda_version,
     }
 
 
@@ -145,30 +156,39 @@ def dump_json(value: object) -> str:
 # ---- tables -----------------------------------------------------------------
 
 def render_devices(devices: Sequence[Any]) -> str:
-    """`vgpu devices`: one row per GPU."""
+    """`vgpu devices`: one row per GPU (DRIVER: NVML's driver version, "-" if unknown)."""
     rows = [[str(d.index), d.uuid, d.name, format_bytes(d.memory_total_bytes),
              format_bytes(d.memory_allocated_bytes), format_bytes(d.memory_used_bytes),
-             f"{d.compute_allocated_percent}%", str(d.slices)] for d in devices]
+             f"{d.compute_allocated_percent}%", str(d.slices), d.driver_version or "-"]
+            for d in devices]
     return render_table(["GPU", "UUID", "NAME", "MEMORY", "ALLOCATED", "USED", "COMPUTE",
-                         "SLICES"], rows, right=(0, 3, 4, 5, 6, 7))
+                         "SLICES", "DRIVER"], rows, right=(0, 3, 4, 5, 6, 7))
 
 
 def render_slices(slices: Sequence[Any]) -> str:
     """`vgpu ls`: one row per vGPU; a multi-GPU slice's later rows leave the slice columns blank."""
     rows: list[list[str]] = []
     for s in slices:
-        head = [s.id, short_owner(s.owner), priority_word(s.priority), policy_word(s.policy)]
+        head = [s.id, owner_cell(s), priority_word(s.priority), policy_word(s.policy)]
         vgpus = list(s.vgpus) or [None]
         for i, v in enumerate(vgpus):
             cells = head if i == 0 else [""] * len(head)
             if v is None:
-                rows.append([*cells, "-", "-", "-", "-"])
+                rows.append([*cells, "-", "-", "-", "-", libvgpu_cell(s) if i == 0 else ""])
                 continue
             rows.append([*cells, str(v.index), str(v.gpu_index),
                          f"{format_bytes(v.memory_used_bytes)} / {format_bytes(v.memory_bytes)}",
-                         f"{v.compute_percent}%"])
+                         f"{v.compute_percent}%", libvgpu_cell(s) if i == 0 else ""])
     return render_table(["SLICE", "OWNER", "PRIORITY", "POLICY", "VGPU", "GPU", "MEMORY",
-                         "COMPUTE"], rows, right=(4, 5, 7))
+                         "COMPUTE", "LIBVGPU"], rows, right=(4, 5, 7))
+
+
+def libvgpu_cell(s: Any) -> str:
+    """The LIBVGPU column: the version of the libvgpu.so the slice's container maps (its
+    versioned install, `<version>-<hash>`, shown by version); `-` for a slice an older
+    vgpud made, which recorded none (docs/upgrading.md)."""
+    name = str(s.libvgpu_version)
+    return name.rsplit("-", 1)[0] if name else "-"
 
 
 def _bar(used: int, limit: int, width: int = 10) -> str:
@@ -229,7 +249,7 @@ def render_smi(devices: Sequence[Any], slices: Sequence[Any], version: str = "",
                 memory = (f"{format_bytes(v.memory_used_bytes):>7} / "
                           f"{format_bytes(v.memory_bytes):<7} "
                           f"{_bar(v.memory_used_bytes, v.memory_bytes)}")
-                owner = short_owner(s.owner)
+                owner = owner_cell(s)
                 if len(owner) > 14:
                     owner = owner[:13] + "~"
                 cells = (s.id[:14], owner,

@@ -44,7 +44,8 @@ def make_slice(sid="s1", owner=CID, gpus=((0, 2 * Gi, 30, 16 * Mi),), prio=pb.NO
 DEVICES = [
     pb.Device(index=0, uuid="GPU-0", name="simgpu", memory_total_bytes=16 * Gi,
               memory_allocated_bytes=4 * Gi, memory_used_bytes=12345678,
-              compute_allocated_percent=60, slices=2, utilization_percent=7, minor=0),
+              compute_allocated_percent=60, slices=2, utilization_percent=7, minor=0,
+              driver_version="580.95.05", cuda_version="13.0"),
     pb.Device(index=1, uuid="GPU-1", name="simgpu", memory_total_bytes=16 * Gi),
 ]
 
@@ -133,9 +134,10 @@ def test_render_table_aligns_and_right_justifies():
 def test_render_devices():
     lines = render.render_devices(DEVICES).splitlines()
     assert lines[0].split() == ["GPU", "UUID", "NAME", "MEMORY", "ALLOCATED", "USED",
-                                "COMPUTE", "SLICES"]
-    assert lines[1].split() == ["0", "GPU-0", "simgpu", "16Gi", "4Gi", "11.8Mi", "60%", "2"]
-    assert lines[2].split() == ["1", "GPU-1", "simgpu", "16Gi", "0", "0", "0%", "0"]
+                                "COMPUTE", "SLICES", "DRIVER"]
+    assert lines[1].split() == ["0", "GPU-0", "simgpu", "16Gi", "4Gi", "11.8Mi", "60%", "2",
+                                "580.95.05"]
+    assert lines[2].split() == ["1", "GPU-1", "simgpu", "16Gi", "0", "0", "0%", "0", "-"]
 
 
 def test_render_slices_one_row_per_vgpu():
@@ -143,11 +145,29 @@ def test_render_slices_one_row_per_vgpu():
                    policy=pb.BURST)
     lines = render.render_slices([s]).splitlines()
     assert lines[0].split() == ["SLICE", "OWNER", "PRIORITY", "POLICY", "VGPU", "GPU",
-                                "MEMORY", "COMPUTE"]
+                                "MEMORY", "COMPUTE", "LIBVGPU"]
     assert lines[1].split() == ["s1", CID[:12], "high", "burst", "0", "0", "16Mi", "/",
-                                "2Gi", "30%"]
+                                "2Gi", "30%", "-"]   # made by an older vgpud: unknown
     assert lines[2].split() == ["1", "1", "0", "/", "2Gi", "30%"]
     assert CID not in "\n".join(lines)
+
+
+def test_render_slices_shows_the_libvgpu_version_each_container_maps():
+    s = make_slice(gpus=((0, 2 * Gi, 30, 0),))
+    s.libvgpu_version = "0.2.0-35c4b6990777"
+    lines = render.render_slices([s]).splitlines()
+    assert lines[1].split()[-1] == "0.2.0"
+    assert render.slice_to_dict(s)["libvgpu_version"] == "0.2.0-35c4b6990777"
+
+
+def test_render_slices_names_a_claims_kind_and_owner():
+    s = make_slice(owner="0b7e3c52-9f1a-4d1e-8a3b-2c4d5e6f7a8b",
+                   gpus=((1, 4 * Gi, 20, 0), (0, Gi, 10, 0)))
+    s.owner_kind = "claim"
+    lines = render.render_slices([s]).splitlines()
+    assert lines[1].split() == ["s1", "claim:0b7e3c52-9f1a-4d1e-8a3b-2c4d5e6f7a8b", "normal",
+                                "fixed", "0", "1", "0", "/", "4Gi", "20%", "-"]
+    assert lines[2].split() == ["1", "0", "0", "/", "1Gi", "10%"]
 
 
 def test_render_smi_fits_100_columns():

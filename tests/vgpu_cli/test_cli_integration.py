@@ -326,3 +326,27 @@ def test_terminal_ctrl_c_reaches_the_child_once(vgpud):
         os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 11  # one SIGINT, handled: exit 10 + 1
     assert vgpud.slices() == []
+
+
+def test_claim_slice_shown_kept_by_reconcile_and_released(vgpud):
+    import grpc
+
+    from arbiter.proto import vgpu_pb2 as pb
+    from arbiter.proto import vgpu_pb2_grpc
+
+    uid = "0b7e3c52-9f1a-4d1e-8a3b-2c4d5e6f7a8b"
+    with grpc.insecure_channel(f"unix:{vgpud.socket}") as channel:
+        s = vgpu_pb2_grpc.ArbiterStub(channel).Allocate(pb.AllocateRequest(
+            owner=uid, owner_kind="claim",
+            vgpus=[pb.VGpuRequest(memory_bytes=64 * MiB, compute_percent=20)]),
+            timeout=10).slice
+    time.sleep(3 * RECONCILE_S)  # passes run: no container holds it, it stays
+    table = vgpud.vgpu("ls").stdout.splitlines()
+    assert table[1].split()[:2] == [s.id, f"claim:{uid}"]
+    (listed,) = vgpud.slices()
+    assert (listed["owner_kind"], listed["owner"]) == ("claim", uid)
+    devices = vgpud.vgpu("devices").stdout.splitlines()
+    assert devices[0].split()[-1] == "DRIVER" and devices[1].split()[-1] == "580.95.05"
+    r = vgpud.vgpu("release", uid)
+    assert r.stdout.strip() == f"released slice {s.id}"
+    assert vgpud.slices() == []
