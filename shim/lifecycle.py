@@ -304,7 +304,8 @@ class LifecycleServer:
                 os.umask(old)
         server.owner = self
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+        # A short poll: shutdown() at a restart waits for it.
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="vgpud-lifecycle", daemon=True)
         self._thread.start()
 
