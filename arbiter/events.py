@@ -24,7 +24,7 @@ KINDS = frozenset({
     "reconcile.release", "reconcile.drift", "reconcile.kill",
     "guard.over_share", "guard.over_memory", "guard.kill", "guard.throttle",
     "guard.throttle_refused", "guard.unthrottle",
-    "usage.malformed", "rundir.remade", "start", "reload",
+    "usage.malformed", "rundir.remade", "user.add", "user.drop", "start", "reload",
 })
 
 
