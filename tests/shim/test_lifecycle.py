@@ -300,7 +300,7 @@ def test_prestart_answers_the_plan_and_poststop_releases(vgpud, tmp_path):
     assert targets[:3] == ["/usr/lib/vgpu/libvgpu.so", "/dev/vgpu0", "/dev/vgpu0.usage"]
     # libvgpu.so comes from vgpud's versioned install, and the slice records which.
     [own] = installed(vgpud.state_dir / "lib")
-    assert [v for k, v in items if k == "source"][0] == str(own.libvgpu)
+    assert next(v for k, v in items if k == "source") == str(own.libvgpu)
     assert own.name.startswith(f"{version()}-")
     assert targets[3].startswith("/run/vgpu/sched/GPU-")  # the GPU's file: the broker's
     assert targets[4].startswith(targets[3] + ".") and targets[4].endswith(".req")  # the slice's
