@@ -39,6 +39,7 @@ from arbiter.quantity import MEMORY_FORMS, parse_memory
 from arbiter.shipped import shipped_file
 
 __all__ = [
+    "DEFAULT_CDI_SPEC_DIRS",
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_DEVICE_NODES",
     "RELOADABLE",
@@ -50,6 +51,10 @@ __all__ = [
 
 #: Device nodes of a real GPU besides its own /dev/nvidia<minor> (inventory adds that one).
 DEFAULT_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+
+#: Where CDI specs are looked up (containerd, CRI-O and Podman read these by default; the
+#: DRA plugin writes a claim's spec in the last): config runtime.cdi_spec_dirs.
+DEFAULT_CDI_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 #: Fields a SIGHUP may change in a running vgpud; the rest need a restart.
 RELOADABLE = frozenset({
@@ -109,6 +114,9 @@ class Config:
     nvml_library: Path | None = None
     #: OCI runtime vgpu-runtime execs: a name searched on PATH, or an absolute path.
     runtime_lower: str = DEFAULT_LOWER_RUNTIME
+    #: Where vgpud's runtime-create finds a claim's CDI spec (containerd 1.6 has no CDI);
+    #: a later directory's spec wins, as in CDI.
+    cdi_spec_dirs: tuple[Path, ...] = DEFAULT_CDI_SPEC_DIRS
     #: The file this config came from (None: built-in defaults); not part of equality.
     source: Path | None = field(default=None, compare=False)
 
@@ -399,8 +407,9 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         values["devices_include"] = tuple(
             int(d) if isinstance(d, str) and d.isdigit() else d
             for d in values["devices_include"])
-    if "runtime_state_roots" in values:
-        values["runtime_state_roots"] = tuple(Path(p) for p in values["runtime_state_roots"])
+    for name in ("runtime_state_roots", "cdi_spec_dirs"):
+        if name in values:
+            values[name] = tuple(Path(p) for p in values[name])
     if "device_nodes" in values:
         values["device_nodes"] = {
             (-1 if k == "*" else int(k)): tuple(v) for k, v in values["device_nodes"].items()}
@@ -454,4 +463,5 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("hook", "allow_env_requests"): "allow_env_requests",
     ("nvml", "library"): "nvml_library",
     ("runtime", "lower"): "runtime_lower",
+    ("runtime", "cdi_spec_dirs"): "cdi_spec_dirs",
 }

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from oci_hook.errors import HookError
 from oci_hook.mounts import Mount, slice_env, slice_mounts
 from oci_hook.slices import SliceView, VGpuView
@@ -75,8 +76,9 @@ HOOK_COMMAND = "claim"
 #: kubelets up to 1.30 set for DRA claims (1.31 and later send only the CRI field
 #: CDIDevices, which containerd 1.6 does not know), and what a pod may set itself.
 ANNOTATION_PREFIX = "cdi.k8s.io/"
-#: Where engines look for CDI specs by default (containerd, CRI-O, Podman).
-SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+#: Where engines look for CDI specs by default (containerd, CRI-O, Podman); vgpud's
+#: runtime.cdi_spec_dirs (one definition, the config's default).
+SPEC_DIRS = DEFAULT_CDI_SPEC_DIRS
 #: The OCI hook phase: in the runtime's namespaces before pivot_root, like prestart
 #: (which CDI does not offer), and what vgpu-hook's mount code needs.
 HOOK_PHASE = "createRuntime"

@@ -68,7 +68,8 @@ PREVIOUS = "2"
 ACCEPTED: tuple[str, ...] = tuple(dict.fromkeys((VERSION, PREVIOUS)))
 #: Which program sends each op: the version-mismatch line names it.
 CLIENTS: Mapping[str, str] = {"runtime-create": "vgpu-runtime", "prestart": "vgpu-hook",
-                              "poststop": "vgpu-hook", "release": "vgpu-runtime or vgpu-hook"}
+                              "poststop": "vgpu-hook", "claim-prestart": "vgpu-hook",
+                              "release": "vgpu-runtime or vgpu-hook"}
 #: A request is an OCI state or a few paths; anything bigger is not one of ours.
 MAX_FRAME = 1 << 20
 #: A client that connects must send its request at once (it has it ready).

@@ -142,8 +142,9 @@ def serve(slices: Slices, config: Config, install: Install | None = None) -> Lif
     With `install` (vgpud's versioned install, arbiter.installs) containers get its
     libvgpu.so and vgpu-hook, never the package's files a later install may replace."""
     if install is None:
-        ops = LifecycleOps(slices, config)
+        ops = LifecycleOps(slices, config, cdi_dirs=config.cdi_spec_dirs)
     else:
         ops = LifecycleOps(slices, config, hook=lambda: install.program("vgpu-hook"),
-                           libvgpu=lambda: install.libvgpu, libvgpu_version=install.name)
+                           libvgpu=lambda: install.libvgpu, libvgpu_version=install.name,
+                           cdi_dirs=config.cdi_spec_dirs)
     return LifecycleServer(lifecycle_socket(config.socket), ops.ops())

@@ -52,6 +52,7 @@ def test_defaults_are_the_documented_ones() -> None:
     assert c.runtime_state_roots == (
         Path("/run/runc"), Path("/run/containerd/runc"), Path("/run/docker/runtime-runc"))
     assert (c.hook_wait_s, c.allow_env_requests, c.nvml_library) == (10.0, True, None)
+    assert c.cdi_spec_dirs == (Path("/etc/cdi"), Path("/var/run/cdi"))
     assert c.source is None
 
 
@@ -162,6 +163,8 @@ HAPPY = [
                  id="nodes-index-and-star"),
     pytest.param("hook: {wait_s: 2.5, allow_env_requests: false}",
                  {"hook_wait_s": 2.5, "allow_env_requests": False}, id="hook"),
+    pytest.param("runtime: {cdi_spec_dirs: [/srv/cdi]}", {"cdi_spec_dirs": (Path("/srv/cdi"),)},
+                 id="cdi-dirs"),
     pytest.param("nvml: {library: /opt/simgpu/libnvidia-ml.so.1}",
                  {"nvml_library": Path("/opt/simgpu/libnvidia-ml.so.1")}, id="nvml-library"),
     pytest.param("paths: {socket: /tmp/s.sock, state_dir: /tmp/st, run_dir: /tmp/run, "
@@ -294,6 +297,17 @@ SAD = [
                  id="wait-negative"),
     pytest.param("hook:\n  wait_s: true\n", "line 2: hook.wait_s: True is not a number",
                  id="wait-bool"),
+    pytest.param("runtime:\n  cdi_spec_dirs:\n    - /etc/cdi\n    - var/run/cdi\n",
+                 "line 4: runtime.cdi_spec_dirs[1]: 'var/run/cdi' is not an absolute path",
+                 id="cdi-dir-relative"),
+    pytest.param("runtime:\n  cdi_spec_dirs: []\n",
+                 "line 2: runtime.cdi_spec_dirs: the list must not be empty", id="cdi-dirs-empty"),
+    pytest.param("runtime:\n  cdi_spec_dirs: /var/run/cdi\n",
+                 "line 2: runtime.cdi_spec_dirs: '/var/run/cdi' is not a list",
+                 id="cdi-dirs-scalar"),
+    pytest.param("runtime:\n  cdi_spec_dirs: [/etc/cdi, /etc/cdi]\n",
+                 "line 2: runtime.cdi_spec_dirs: ['/etc/cdi', '/etc/cdi'] has duplicate items",
+                 id="cdi-dirs-dup"),
     pytest.param("nvml:\n  library: libnvidia-ml.so.1\n",
                  "line 2: nvml.library: 'libnvidia-ml.so.1' is not an absolute path",
                  id="library-relative"),

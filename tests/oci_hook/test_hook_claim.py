@@ -51,8 +51,8 @@ def with_cdi_device(host: Host, bundle: Path, s: pb.Slice, name: str,
                                     "VGPU_CONFIG": str(host.vgpud.config_file)})
     if hook_names:
         spec["devices"][0]["containerEdits"]["hooks"][0]["args"][-1] = hook_names
-    cdi.write_spec(host.tmp / "cdi", name, spec)
-    edits = cdi.find_edits([host.tmp / "cdi"], cdi.device_id(name))
+    cdi.write_spec(host.cdi_dir, name, spec)
+    edits = cdi.find_edits([host.cdi_dir], cdi.device_id(name))
     store = FileSpec.of_bundle(bundle)
     oci = store.load()
     CdiEditsModifier((edits,)).modify(oci)
@@ -103,15 +103,15 @@ def test_a_hook_naming_no_claim_slice_fails_with_one_line(host, owner_kind, slic
 
 def test_vgpu_runtime_applies_a_cdi_annotation_s_claim_spec_itself(host):
     """containerd 1.6 has no CDI: its `vgpu` handler passes `cdi.k8s.io/*` annotations on,
-    and vgpu-runtime's create (vgpud's runtime-create) applies the claim's spec from the
-    default CDI dirs. The pod's sandbox, carrying the same pod annotation, is untouched."""
+    and vgpu-runtime's create (vgpud's runtime-create) applies the claim's spec from its
+    CDI dirs (runtime.cdi_spec_dirs: the host's private one, never /var/run/cdi). The pod's
+    sandbox, carrying the same pod annotation, is untouched."""
     s = claim_slice(host, "claim-uid-3", 192 * MiB)
     name = f"vgpu-test-{os.getpid()}-3"
     spec = cdi.claim_spec(cdi.view_of_message(s), name=name, libvgpu=LIBVGPU, hook=HOOK,
                           hook_env={"VGPU_SOCKET": str(host.vgpud.socket),
                                     "VGPU_CONFIG": str(host.vgpud.config_file)})
-    run_dir = cdi.SPEC_DIRS[-1]
-    path = cdi.write_spec(run_dir, name, spec)
+    path = cdi.write_spec(host.cdi_dir, name, spec)
     env = {**clean_env(), "VGPU_SOCKET": str(host.vgpud.socket),
            "VGPU_CONFIG": str(host.vgpud.config_file)}
     request = {"cdi.k8s.io/vgpu.io_claim-uid-3": cdi.device_id(name),
@@ -143,6 +143,6 @@ def test_vgpu_runtime_applies_a_cdi_annotation_s_claim_spec_itself(host):
         assert p.returncode != 0
         assert p.stderr.splitlines()[-1] == (
             f"vgpu: failed to resolve the CDI device {cdi.device_id(name)}: no spec in "
-            f"{', '.join(map(str, cdi.SPEC_DIRS))} (is the claim prepared on this node?)")
+            f"{host.cdi_dir} (is the claim prepared on this node?)")
     finally:
         path.unlink(missing_ok=True)

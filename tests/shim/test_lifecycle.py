@@ -514,3 +514,21 @@ def test_hook_poststop_with_vgpud_down_leaves_it_to_the_reconciler(vgpud, tmp_pa
 def test_hook_usage(args, vgpud):
     p = run_native("vgpu-hook", args, vgpud, input="")
     assert p.returncode == 2 and p.stderr.startswith("usage: vgpu-hook")
+
+
+def test_every_op_names_its_client_in_a_version_refusal(domain):
+    """An old client is told which program speaks the old protocol (CLIENTS)."""
+    assert set(LifecycleOps(domain, Config()).ops()) == set(lifecycle.CLIENTS)
+
+
+def test_vgpud_s_ops_look_for_cdi_specs_in_the_configured_dirs(domain, tmp_path):
+    """runtime.cdi_spec_dirs reaches the ops that serve() builds (containerd 1.6's path)."""
+    from shim.service import serve
+    config = Config(socket=tmp_path / "vgpud.sock",
+                    cdi_spec_dirs=(tmp_path / "a", tmp_path / "b"))
+    server = serve(domain, config)
+    b = bundle_with(tmp_path, {"cdi.k8s.io/vgpu.io_u1": "vgpu.io/claim=u1"})
+    reply = dict(server.ops["runtime-create"](Fields([("bundle", str(b)), ("id", "c1")])).items)
+    assert reply["message"] == (
+        f"vgpu: failed to resolve the CDI device vgpu.io/claim=u1: no spec in {tmp_path / 'a'}, "
+        f"{tmp_path / 'b'} (is the claim prepared on this node?)")

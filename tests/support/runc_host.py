@@ -22,9 +22,12 @@ class Host:
 
     def __init__(self, tmp: Path, reconcile_s: float = 3600, devices: str = "16Gi") -> None:
         self.tmp = tmp
+        #: Where this vgpud finds claims' CDI specs (runtime.cdi_spec_dirs), not the host's.
+        self.cdi_dir = tmp / "cdi"
         self.sim, self.vgpud = simgpu_vgpud(tmp, {
             "reconcile": {"interval_s": reconcile_s},
             "hook": {"wait_s": 5},
+            "runtime": {"cdi_spec_dirs": [str(self.cdi_dir)]},
         }, devices=devices)
         self.n = 0
 
