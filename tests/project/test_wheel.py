@@ -83,12 +83,14 @@ def test_wheel_ships_the_native_parts_the_configs_and_types(wheel: Path) -> None
     assert "arbiter/native/bin/vgpu-python" not in names
     for name in ("arbiter/py.typed", "oci_hook/py.typed", "shim/py.typed",
                  "arbiter/native/__init__.py", "arbiter/proto/vgpu_pb2.py",
-                 "vgpu_k8s/py.typed", "vgpu_k8s/proto/deviceplugin_v1beta1_pb2_grpc.py"):
+                 "vgpu_k8s/py.typed", "vgpu_k8s/proto/deviceplugin_v1beta1_pb2_grpc.py",
+                 "vgpu_k8s/dra/main.py", "vgpu_k8s/proto/dra_v1_pb2_grpc.py",
+                 "vgpu_k8s/proto/pluginregistration_v1_pb2_grpc.py"):
         assert name in names
     assert not any(n.startswith(("tests/", "libvgpu/", "configs/", "shim/native/"))
                    for n in names)
     scripts = {line.split(" = ")[0] for line in entry_points.splitlines() if " = " in line}
-    assert {"vgpu", "vgpud", "vgpu-device-plugin"} <= scripts
+    assert {"vgpu", "vgpud", "vgpu-device-plugin", "vgpu-dra-plugin"} <= scripts
     assert not scripts & {"vgpu-runtime", "vgpu-hook", "containerd-shim-vgpu-v2"}  # compiled
     assert "License-Expression: Apache-2.0" in metadata
     assert "Requires-Python: >=3.11" in metadata

@@ -235,6 +235,9 @@ class FakeApiServer:
 def _handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out in two writes: with Nagle on, the body waits for the
+        # client's delayed ACK (40 ms on Linux), which no real API server makes it pay.
+        disable_nagle_algorithm = True
 
         def _serve(self) -> None:
             url = urlsplit(self.path)

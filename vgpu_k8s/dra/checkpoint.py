@@ -83,7 +83,7 @@ def save(path: Path, entries: dict[str, Entry]) -> None:
     """Replace the checkpoint with `entries`, atomically."""
     data = json.dumps({"version": VERSION,
                        "claims": {uid: e.to_json() for uid, e in sorted(entries.items())}},
-                      indent=1).encode()
+                      separators=(",", ":")).encode()   # no indent: the C encoder
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:

@@ -53,12 +53,18 @@ class Vgpud:
     def __init__(self, socket: str, timeout_s: float = 5.0) -> None:
         self.socket = socket
         self.timeout_s = timeout_s
-        self._channel = grpc.insecure_channel(f"unix:{socket}")
+        # Reconnect soon after a vgpud restart (gRPC's default backoff grows to 2 min),
+        # and let a call wait for the connection within its deadline.
+        self._channel = grpc.insecure_channel(f"unix:{socket}", options=[
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.min_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000)])
         self._stub: Any = vgpu_pb2_grpc.ArbiterStub(self._channel)
 
     def _call(self, verb: str, method: str, request: Any) -> Any:
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout_s)
+            return getattr(self._stub, method)(request, timeout=self.timeout_s,
+                                               wait_for_ready=True)
         except grpc.RpcError as e:
             refused = e.code() not in (grpc.StatusCode.UNAVAILABLE,
                                        grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -83,15 +89,6 @@ class Vgpud:
             vgpus=[pb.VGpuRequest(memory_bytes=v.memory, compute_percent=v.compute,
                                   device=v.gpu_uuid) for v in vgpus]))
         return reply.slice, reply.existing
-
-    def get(self, owner: str) -> Any | None:
-        """The owner's slice, None when it has none."""
-        try:
-            return self._stub.Get(pb.GetRequest(owner=owner), timeout=self.timeout_s)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.NOT_FOUND:
-                return None
-            raise VgpudError("get the claim's slice", _details(e)) from e
 
     def release(self, owner: str) -> bool:
         """Release the owner's slice (unconditionally: no container holds a claim's);
