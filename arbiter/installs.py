@@ -8,10 +8,19 @@ again: a container maps the libvgpu.so of the directory vgpud handed it, so neit
 in-place overwrite of a mapped library crashes its users). The content hash makes a
 rebuilt same-version install a different directory.
 
-A directory no container uses any more is removed (`collect`), never the one vgpud serves.
-A container's use is known from its slice (Slice.libvgpu_version, recorded at prestart) or,
-for a container an older vgpud started (it recorded nothing), from the mountinfo of its init:
-the bind source of /usr/lib/vgpu/libvgpu.so. What cannot be read counts as in use.
+`<lib dir>/current` is a relative symlink to the install whose programs the engines exec
+(`vgpu install` registers `current/bin/<program>`; `vgpu upgrade` switches it): it is
+replaced atomically (a new link renamed over it), so an engine's exec finds either the old
+or the new program, never a half-written one.
+
+A directory no container uses any more is removed (`collect`), never the one vgpud serves,
+never the one `current` names. A container's use is known from its slice
+(Slice.libvgpu_version, recorded at prestart) or, for a container an older vgpud started
+(it recorded nothing), from the mountinfo of its init: the bind source of
+/usr/lib/vgpu/libvgpu.so. What cannot be read counts as in use. A container whose slice is
+already gone (the reconciler released it after its init died) may still have its poststop
+hook to run from its install: an install an OCI runtime's container state names (runc's
+state.json, a config.json beside it) is kept until the runtime deletes that container.
 """
 from __future__ import annotations
 
@@ -36,6 +45,7 @@ if TYPE_CHECKING:
     from arbiter.model import Slice
 
 __all__ = [
+    "CURRENT",
     "MANIFEST",
     "Holder",
     "Install",
@@ -43,10 +53,14 @@ __all__ = [
     "Keeper",
     "collect",
     "content_hash",
+    "current",
     "install",
     "installed",
     "mounted_installs",
     "own_install",
+    "runtime_referenced",
+    "stable_program",
+    "switch_current",
     "unused",
 ]
 
@@ -59,6 +73,13 @@ _TMP_PREFIX = ".tmp-"
 _RM_PREFIX = ".rm-"
 #: A temporary directory older than this is a leftover of an interrupted install.
 _STALE_TMP_S = 600.0
+#: The symlink naming the install whose programs the engines exec.
+CURRENT = "current"
+#: The files of an OCI runtime's container state that name its hooks (runc: state.json;
+#: crun and others keep the bundle's config.json).
+_RUNTIME_STATE_FILES = ("state.json", "config.json")
+#: A container state file larger than this is not read (a spec is a few KiB).
+_RUNTIME_STATE_MAX = 4 << 20
 
 
 class InstallError(VgpuError):
@@ -223,18 +244,20 @@ class Holder:
 
 
 def unused(installs: Iterable[Install], serving: str, holders: Iterable[Holder], *,
-           target: str, proc: Path = Path("/proc")) -> list[Install]:
-    """The installs no container maps any more and vgpud does not serve.
+           target: str, proc: Path = Path("/proc"), keep: Iterable[str] = ()) -> list[Install]:
+    """The installs no container maps any more, vgpud does not serve, and `keep` does not
+    name (`current`'s, those a runtime's container state names).
 
     A holder with a recorded install keeps it; one without (started by an older vgpud)
     keeps what its init's mountinfo shows; an init whose mountinfo cannot be read for any
     reason but its being gone keeps them all."""
-    candidates = [i for i in installs if i.name != serving]
+    kept = set(keep)
+    candidates = [i for i in installs if i.name != serving and i.name not in kept]
     names = {i.name for i in candidates}
-    keep: set[str] = set()
+    in_use: set[str] = set()
     for h in holders:
         if h.recorded:
-            keep.add(h.recorded)
+            in_use.add(h.recorded)
             continue
         if h.pid <= 0:
             continue   # not started: it gets the install vgpud serves at prestart
@@ -245,16 +268,104 @@ def unused(installs: Iterable[Install], serving: str, holders: Iterable[Holder],
             continue   # gone: nothing of it maps anything
         except OSError:
             return []  # unknown: every install may be in use
-        keep |= mounted_installs(text, names, target)
-    return [i for i in candidates if i.name not in keep]
+        in_use |= mounted_installs(text, names, target)
+    return [i for i in candidates if i.name not in in_use]
+
+
+def current(root: Path) -> Install | None:
+    """The install `<root>/current` names; None when there is no link or it names no install."""
+    try:
+        name = os.readlink(root / CURRENT)
+    except OSError:
+        return None
+    return next((i for i in installed(root) if i.name == name), None)
+
+
+def stable_program(root: Path, name: str) -> Path:
+    """The path engines exec for program `name`: through `current`, whatever it names."""
+    return root / CURRENT / "bin" / name
+
+
+def switch_current(root: Path, inst: Install) -> str | None:
+    """Point `<root>/current` at `inst` atomically (a new link renamed over the old one);
+    the name it pointed at before (None: there was none)."""
+    if inst.path.parent != root or not (inst.path / MANIFEST).is_file():
+        raise InstallError(inst.path, f"not a complete install under {root}")
+    link = root / CURRENT
+    try:
+        before: str | None = os.readlink(link)
+    except FileNotFoundError:
+        before = None
+    except OSError as e:
+        raise InstallError(link, f"cannot read it: {e.strerror or e}") from e
+    tmp = root / f"{_TMP_PREFIX}{CURRENT}.{os.getpid()}.{threading.get_ident()}"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        os.symlink(inst.name, tmp)   # relative: the lib dir may be mounted elsewhere
+        os.replace(tmp, link)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise InstallError(link, e.strerror or str(e)) from e
+    if before != inst.name:
+        log.info("switched %s -> %s (was %s)", link, inst.name, before)
+    return before
+
+
+def _container_dirs(roots: Iterable[Path]) -> Iterable[Path]:
+    """Each container directory under an OCI runtime's state roots (depth 1 or 2:
+    /run/runc/<id>, /run/containerd/runc/<namespace>/<id>)."""
+    for root in roots:
+        try:
+            level1 = [d for d in Path(root).iterdir() if d.is_dir()]
+        except OSError:
+            continue
+        for d in level1:
+            if any((d / f).is_file() for f in _RUNTIME_STATE_FILES):
+                yield d
+                continue
+            with contextlib.suppress(OSError):
+                yield from (c for c in d.iterdir() if c.is_dir())
+
+
+def runtime_referenced(root: Path, names: Iterable[str], roots: Iterable[Path]) -> set[str]:
+    """The install names whose paths (`<root>/<name>/`) a runtime's container state names:
+    a container the runtime has not deleted yet runs its poststop hook from there."""
+    wanted = {n: f"{root}/{n}/".encode() for n in names}
+    found: set[str] = set()
+    if not wanted:
+        return found
+    for d in _container_dirs(roots):
+        for f in _RUNTIME_STATE_FILES:
+            try:
+                with open(d / f, "rb") as fh:
+                    data = fh.read(_RUNTIME_STATE_MAX)
+            except OSError:
+                continue
+            found.update(n for n, needle in wanted.items() if needle in data)
+    return found
 
 
 def collect(root: Path, serving: str, holders: Iterable[Holder], *, target: str,
-            proc: Path = Path("/proc")) -> list[Install]:
+            proc: Path = Path("/proc"), runtime_state_roots: Iterable[Path] = ()
+            ) -> list[Install]:
     """Remove the installs `unused` names (renamed aside first, so a half-removed directory
-    never looks like an install) and leftovers of interrupted installs; the removed ones."""
+    never looks like an install) and leftovers of interrupted installs; the removed ones.
+
+    Kept besides: the install `current` names and those a runtime's container state names."""
     removed = []
-    for inst in unused(installed(root), serving, holders, target=target, proc=proc):
+    found = installed(root)
+    keep = runtime_referenced(root, (i.name for i in found if i.name != serving),
+                              runtime_state_roots)
+    with contextlib.suppress(OSError):
+        keep.add(os.readlink(root / CURRENT))
+    for inst in unused(found, serving, holders, target=target, proc=proc, keep=keep):
         aside = root / f"{_RM_PREFIX}{inst.name}"
         try:
             os.rename(inst.path, aside)
@@ -280,13 +391,15 @@ class Keeper:
     the installs no live slice's container maps (an Attachment: vgpud/ composes it)."""
 
     def __init__(self, root: Path, own: Install, slices: Callable[[], Iterable[Slice]], *,
-                 target: str, interval_s: float, proc: Path = Path("/proc")) -> None:
+                 target: str, interval_s: float, proc: Path = Path("/proc"),
+                 runtime_state_roots: Iterable[Path] = ()) -> None:
         self.root = root
         self.own = own
         self._slices = slices
         self.target = target
         self.interval_s = interval_s
         self.proc = proc
+        self.runtime_state_roots = tuple(runtime_state_roots)
         #: What vgpud's Health reports (`vgpu info`); libvgpu and hook are what the
         #: container path mounts and injects (vgpud/ gives it this same install), so the
         #: DRA plugin's CDI specs name exactly them.
@@ -298,7 +411,8 @@ class Keeper:
     def collect_once(self) -> list[Install]:
         """One pass: the installs removed."""
         holders = [Holder(s.libvgpu_version, s.owner_pid) for s in self._slices()]
-        return collect(self.root, self.own.name, holders, target=self.target, proc=self.proc)
+        return collect(self.root, self.own.name, holders, target=self.target, proc=self.proc,
+                       runtime_state_roots=self.runtime_state_roots)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):

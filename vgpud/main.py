@@ -21,9 +21,11 @@ __all__ = ["ATTACHMENTS", "container_lifecycle", "main", "native_installs"]
 
 def native_installs(arbiter: Arbiter, config: Config) -> Keeper:
     """This version's libvgpu.so and programs installed under paths.lib_dir (once), and
-    the removal of installs no container maps any more (docs/upgrading.md)."""
+    the removal of installs no container maps any more, nor `current` names, nor a
+    runtime's container state names (its poststop hook may still run: docs/upgrading.md)."""
     return Keeper(config.lib_dir, own_install(config.lib_dir), arbiter.slices,
-                  target=CONTAINER_LIBVGPU, interval_s=config.reconcile_interval_s)
+                  target=CONTAINER_LIBVGPU, interval_s=config.reconcile_interval_s,
+                  runtime_state_roots=config.runtime_state_roots)
 
 
 def container_lifecycle(arbiter: Arbiter, config: Config) -> LifecycleServer:

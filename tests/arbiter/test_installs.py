@@ -2,7 +2,9 @@
 """Versioned installs: made once, never written again, removed when no container maps them."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -183,3 +185,83 @@ def test_own_files_is_this_checkout_with_its_programs():
     assert files["libvgpu.so"].name == "libvgpu.so"
     for name in ("vgpu-hook", "vgpu-runtime", "containerd-shim-vgpu-v2", "shim/runc"):
         assert f"bin/{name}" in files, sys.path
+
+
+# --- current: the install engines exec --------------------------------------------------
+
+def _program_files(tmp: Path, version: str) -> dict[str, Path]:
+    """An install whose bin/prog is a real program that prints `version`."""
+    src = tmp / f"src-{version}"
+    (src / "bin").mkdir(parents=True)
+    (src / "libvgpu.so").write_bytes(version.encode())
+    (src / "bin" / "prog").write_text(f"#!/bin/sh\necho {version}\n")
+    return {"libvgpu.so": src / "libvgpu.so", "bin/prog": src / "bin" / "prog"}
+
+
+def test_switch_current_names_the_install_relatively_and_says_what_it_was(tmp_path, three):
+    root, (old, cur, _) = three
+    assert installs.current(root) is None
+    assert installs.switch_current(root, old) is None
+    assert os.readlink(root / "current") == old.name   # relative: the dir may move
+    assert installs.current(root) == old
+    assert installs.switch_current(root, cur) == old.name
+    assert installs.current(root) == cur
+    assert installs.stable_program(root, "vgpu-hook").read_bytes() == b"hook"
+    # Nothing but the installs and the link is left (no temporary link).
+    assert sorted(p.name for p in root.iterdir()) == sorted(
+        [*(i.name for i in installed(root)), "current"])
+    with pytest.raises(InstallError, match="not a complete install"):
+        installs.switch_current(root, installs.Install(tmp_path / "x", "9", "h"))
+    assert installs.current(root) == cur
+
+
+def test_switching_current_never_breaks_a_concurrent_exec(tmp_path):
+    """A loop execs current/bin/prog while current flips 0.1.0 <-> 0.2.0: every exec runs
+    one complete program of either version, none fails."""
+    root = tmp_path / "lib"
+    a = install(root, "0.1.0", _program_files(tmp_path, "0.1.0"))
+    b = install(root, "0.2.0", _program_files(tmp_path, "0.2.0"))
+    installs.switch_current(root, a)
+    prog = installs.stable_program(root, "prog")
+    loop = subprocess.Popen(
+        ["sh", "-c", f'i=0; while [ $i -lt 400 ]; do "{prog}" || exit 1; i=$((i+1)); done'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    flips = 0
+    while loop.poll() is None:
+        installs.switch_current(root, b if flips % 2 == 0 else a)
+        flips += 1
+    out, err = loop.communicate()
+    assert loop.returncode == 0, err
+    lines = out.splitlines()
+    assert len(lines) == 400 and set(lines) == {"0.1.0", "0.2.0"}, (flips, set(lines))
+    assert flips > 10
+
+
+def test_collect_keeps_the_install_current_names(tmp_path, three):
+    root, (old, cur, other) = three
+    installs.switch_current(root, other)   # e.g. `vgpu upgrade` switched before the restart
+    assert collect(root, cur.name, [], target=TARGET) == [old]
+    assert {i.name for i in installed(root)} == {cur.name, other.name}
+    assert installs.current(root) == other
+
+
+@pytest.mark.parametrize("layout", ["runc/<id>", "containerd/<namespace>/<id>"])
+def test_collect_keeps_an_install_a_runtimes_container_state_names(tmp_path, three, layout):
+    """The reconciler released the slice (its init died) before the runtime ran the
+    poststop hook: runc's state.json still names the install's vgpu-hook, so it stays
+    until the runtime deletes the container."""
+    root, (old, cur, other) = three
+    state_root = tmp_path / "run" / layout.split("/")[0]
+    cdir = state_root / ("k8s.io/c1" if "namespace" in layout else "c1")
+    cdir.mkdir(parents=True)
+    hook = {"path": str(old.program("vgpu-hook")), "args": ["vgpu-hook", "poststop"]}
+    (cdir / "state.json").write_text(json.dumps({"id": "c1", "config": {
+        "Hooks": {"poststop": [hook]}}}))
+    assert installs.runtime_referenced(root, [old.name, other.name], [state_root]) == \
+        {old.name}
+    assert collect(root, cur.name, [], target=TARGET, runtime_state_roots=[state_root]) == \
+        [other]
+    assert old.path.is_dir()
+    shutil.rmtree(cdir)   # `runc delete` ran the hook and removed the state
+    assert collect(root, cur.name, [], target=TARGET, runtime_state_roots=[state_root]) == \
+        [old]
