@@ -9,8 +9,13 @@ write, prints a unified diff instead with --dry-run, and says which service to r
 
 What is written comes from the shipped snippets (configs/docker/daemon.json,
 configs/containerd/vgpu.toml, configs/oci-hooks.d/vgpu.json, found by
-arbiter.shipped) with the absolute paths of this installation's compiled programs
-(arbiter.native.program_path: arbiter/native/bin/ in the wheel, build/bin/ in a checkout):
+arbiter.shipped) with the stable paths of the compiled programs:
+`<lib dir>/current/bin/<program>` (paths.lib_dir of the config, or --lib-dir). First this
+installation's native files are installed under `<lib dir>/<version>-<hash>/` (once,
+arbiter.installs) and `current` is switched to them atomically, so a `pip install` over
+the package never changes what engines exec, and `vgpu upgrade` switches every engine at
+once without rewriting its config. A program path given explicitly (--runtime-path,
+--hook-path, --shim-path) is registered as it is:
 
 - docker: daemon.json `runtimes.vgpu.path` = vgpu-runtime (`docker run --runtime=vgpu`).
 - containerd: the drop-in `<config dir>/conf.d/vgpu.toml`: the CRI section the host's
@@ -36,14 +41,15 @@ import re
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import tomli_w
 
-from arbiter.errors import ShippedFileNotFoundError
+from arbiter import installs
+from arbiter.errors import ShippedFileNotFoundError, VgpuError
 from arbiter.native import program_path
 from arbiter.shipped import shipped_file
 from shim.containerd_cri import CRI_PLUGIN, RUNTIME_NAME, cri_section, import_paths, with_vgpu
@@ -52,13 +58,17 @@ from shim.errors import InstallError
 __all__ = [
     "DEFAULT_BIN_DIR",
     "DEFAULT_FILES",
+    "PROGRAM",
     "TARGETS",
     "Change",
     "Link",
+    "Switch",
     "add_arguments",
     "apply",
     "plan",
+    "registered",
     "run",
+    "switch_step",
 ]
 
 TARGETS = ("docker", "containerd", "podman")
@@ -84,6 +94,8 @@ SNIPPETS = {
     "podman": "oci-hooks.d/vgpu.json",
 }
 SHIM = "containerd-shim-vgpu-v2"
+#: The program each target's engine execs.
+PROGRAM = {"docker": "vgpu-runtime", "containerd": SHIM, "podman": "vgpu-hook"}
 
 
 class Step(Protocol):
@@ -172,6 +184,66 @@ class Link:
                 tmp.unlink()
             raise
         return f"vgpu: linked {self.path} -> {self.target}"
+
+
+@dataclass(frozen=True)
+class Switch:
+    """This installation's native files installed under `lib_dir` (once) and
+    `<lib_dir>/current` pointed at them (old: what it names now, None: nothing)."""
+
+    lib_dir: Path
+    old: str | None
+    version: str
+    name: str
+    files: Mapping[str, Path] = field(compare=False)
+
+    @property
+    def path(self) -> Path:
+        """The link engines exec through."""
+        return self.lib_dir / installs.CURRENT
+
+    @property
+    def changed(self) -> bool:
+        """True when current names another install, or its install is missing."""
+        return self.old != self.name or \
+            not (self.lib_dir / self.name / installs.MANIFEST).is_file()
+
+    def preview(self) -> str:
+        """The install and the link as they would be."""
+        now = "missing" if self.old is None else f"-> {self.old}"
+        return (f"install {self.lib_dir / self.name} (unless there) and switch "
+                f"{self.path}: {now}, would be -> {self.name}")
+
+    def write(self) -> str:
+        """Install (made once) and switch atomically."""
+        try:
+            inst = installs.install(self.lib_dir, self.version, self.files)
+            installs.switch_current(self.lib_dir, inst)
+        except installs.InstallError as e:
+            raise InstallError(e.path, e.reason) from e
+        return f"vgpu: engines run the programs of {self.path} -> {inst.name}"
+
+
+def switch_step(lib_dir: Path) -> Switch:
+    """The step that makes `<lib_dir>/current` name this installation's versioned install."""
+    from arbiter.native import own_files
+    from arbiter.version import version
+
+    try:
+        files = own_files()
+        digest = installs.content_hash(files)
+    except VgpuError as e:
+        raise InstallError(lib_dir, str(e)) from e
+    except OSError as e:
+        raise InstallError(Path(e.filename or lib_dir),
+                           f"cannot read it: {e.strerror or e}") from e
+    try:
+        old: str | None = os.readlink(lib_dir / installs.CURRENT)
+    except FileNotFoundError:
+        old = None
+    except OSError as e:
+        raise InstallError(lib_dir / installs.CURRENT, e.strerror or str(e)) from e
+    return Switch(lib_dir, old, version(), f"{version()}-{digest}", files)
 
 
 def _read(path: Path) -> str | None:
@@ -402,11 +474,14 @@ def apply(steps: Sequence[Step], *, dry_run: bool, out: Callable[[str], None]) -
     return bool(pending)
 
 
-def _program(name: str, explicit: str | None, flag: str) -> str:
-    """The absolute path of one of our compiled programs: given, else this installation's
+def _program(name: str, explicit: str | None, flag: str, lib_dir: Path | None) -> str:
+    """The absolute path engines exec for one of our compiled programs: given, else the
+    stable path through `<lib_dir>/current`, else (no lib dir) this installation's own
     (arbiter/native/bin/ in the wheel, build/bin/ in a checkout)."""
     if explicit:
         return str(Path(explicit).absolute())
+    if lib_dir is not None:
+        return str(installs.stable_program(lib_dir.absolute(), name))
     found = program_path(name)
     if found is None:
         raise InstallError(Path(name), f"this installation has no compiled {name} (run `make` "
@@ -417,18 +492,53 @@ def _program(name: str, explicit: str | None, flag: str) -> str:
 def plan(target: str, config_file: Path, *, runtime_path: str | None = None,
          hook_path: str | None = None, shim_path: str | None = None,
          bin_dir: Path = DEFAULT_BIN_DIR, set_default: bool = False,
+         lib_dir: Path | None = None, switch: bool = True,
          out: Callable[[str], None] = print) -> list[Step]:
     """The steps that register vgpu with `target`, for the config file given
-    (set_default: containerd only, vgpu becomes the CRI default runtime)."""
+    (set_default: containerd only, vgpu becomes the CRI default runtime). With `lib_dir`
+    and no explicit program path, the engine execs `<lib_dir>/current/bin/<program>` and,
+    with `switch`, the first step installs this version there and switches `current`."""
+    if target not in TARGETS:
+        raise InstallError(config_file, f"unknown target {target!r}: use {', '.join(TARGETS)}")
+    explicit = {"docker": runtime_path, "containerd": shim_path, "podman": hook_path}[target]
+    flag = {"docker": "--runtime-path", "containerd": "--shim-path",
+            "podman": "--hook-path"}[target]
+    program = _program(PROGRAM[target], explicit, flag, lib_dir)
+    first: list[Step] = []
+    if lib_dir is not None and not explicit and switch:
+        first.append(switch_step(lib_dir.absolute()))
     if target == "docker":
-        return [*plan_docker(config_file, _program("vgpu-runtime", runtime_path,
-                                                   "--runtime-path"))]
+        return [*first, *plan_docker(config_file, program)]
     if target == "containerd":
-        return plan_containerd(config_file, _program(SHIM, shim_path, "--shim-path"), bin_dir,
-                               set_default=set_default, out=out)
+        return [*first, *plan_containerd(config_file, program, bin_dir,
+                                         set_default=set_default, out=out)]
+    return [*first, *plan_podman(config_file, program)]
+
+
+def registered(target: str, config_file: Path) -> bool:
+    """Whether `target` has a vgpu registration in (or beside) `config_file`: daemon.json's
+    runtimes.vgpu, containerd's drop-in, the hooks.d file."""
+    if target == "containerd":
+        return dropin_path(config_file).is_file()
     if target == "podman":
-        return [*plan_podman(config_file, _program("vgpu-hook", hook_path, "--hook-path"))]
-    raise InstallError(config_file, f"unknown target {target!r}: use {', '.join(TARGETS)}")
+        return config_file.is_file()
+    try:
+        doc = json.loads(_read(config_file) or "{}")
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("runtimes"), dict) \
+        and "vgpu" in doc["runtimes"]
+
+
+def config_lib_dir(args: argparse.Namespace) -> Path:
+    """--lib-dir, else paths.lib_dir of the config (--config, $VGPU_CONFIG, the default)."""
+    if getattr(args, "lib_dir", None):
+        return Path(args.lib_dir).absolute()
+    from arbiter import defaults
+    from arbiter.config import load_config
+
+    name = getattr(args, "config", None) or os.environ.get(defaults.ENV_CONFIG)
+    return load_config(Path(name) if name else defaults.DEFAULT_CONFIG_PATH).lib_dir
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -445,6 +555,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="vgpu-hook for hooks.d (default: this installation's compiled one)")
     p.add_argument("--shim-path", metavar="PATH",
                    help=f"{SHIM} for containerd (default: this installation's compiled one)")
+    p.add_argument("--lib-dir", metavar="DIR", type=Path,
+                   help="where versioned installs live: engines exec DIR/current/bin/<program> "
+                        "(default: paths.lib_dir of the config, /var/lib/vgpu/lib)")
     p.add_argument("--bin-dir", metavar="DIR", type=Path, default=DEFAULT_BIN_DIR,
                    help=f"where containerd finds {SHIM} by name (default: {DEFAULT_BIN_DIR})")
     p.add_argument("--set-as-default", action="store_true",
@@ -470,11 +583,17 @@ def run(args: argparse.Namespace, out: Callable[[str], None]) -> int:
     if args.set_as_default and args.target != "containerd":
         raise InstallError(Path(config_file), "--set-as-default is for containerd only (Docker: "
                                               '"default-runtime": "vgpu" in daemon.json)')
+    explicit = {"docker": args.runtime_path, "containerd": args.shim_path,
+                "podman": args.hook_path}[args.target]
     steps = plan(args.target, Path(config_file), runtime_path=args.runtime_path,
                  hook_path=args.hook_path, shim_path=args.shim_path, bin_dir=args.bin_dir,
-                 set_default=args.set_as_default, out=out)
+                 set_default=args.set_as_default,
+                 lib_dir=None if explicit else config_lib_dir(args), out=out)
     changed = apply(steps, dry_run=args.dry_run, out=out)
-    if not changed:
+    # Switching `current` alone needs no engine restart: the engine execs the same path.
+    if not any(s.changed for s in steps if not isinstance(s, Switch)):
+        if changed and args.dry_run:
+            out("vgpu: dry run: nothing was changed")
         out(f"vgpu: {args.target} is already configured ({config_file}): nothing to change")
     elif args.dry_run:
         out("vgpu: dry run: nothing was changed")

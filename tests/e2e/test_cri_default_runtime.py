@@ -44,7 +44,8 @@ class DefaultVgpuContainerd(CriContainerd):
         env["PYTHONPATH"] = str(ROOT)
         p = subprocess.run([sys.executable, "-m", "vgpu_cli", "install", "containerd",
                             "--config-file", str(self.config), "--set-as-default",
-                            "--bin-dir", str(self.tmp / "install-bin")],
+                            "--bin-dir", str(self.tmp / "install-bin"),
+                            "--lib-dir", str(self.tmp / "install-lib")],
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stdout + p.stderr
 

@@ -61,7 +61,8 @@ def install_hook(hooks_dir: Path, vgpud: Vgpud) -> dict:
     """`vgpu install podman` into hooks_dir, then the env that reaches the test's vgpud."""
     hook_file = hooks_dir / "vgpu.json"
     p = subprocess.run([sys.executable, "-m", "vgpu_cli", "install", "podman",
-                        "--config-file", str(hook_file)],
+                        "--config-file", str(hook_file),
+                        "--lib-dir", str(hooks_dir.parent / "install-lib")],
                        cwd=ROOT, env=clean_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     doc = json.loads(hook_file.read_text())

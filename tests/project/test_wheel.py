@@ -118,18 +118,24 @@ def shipped_program(venv: Path, name: str) -> Path:
 
 def test_vgpu_install_docker_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     daemon = tmp_path / "daemon.json"
-    p = in_venv(venv, tmp_path, "vgpu", "install", "docker", "--config-file", str(daemon))
+    p = in_venv(venv, tmp_path, "vgpu", "install", "docker", "--config-file", str(daemon),
+                "--lib-dir", str(tmp_path / "lib"))
     assert p.returncode == 0, p.stderr
     path = json.loads(daemon.read_text())["runtimes"]["vgpu"]["path"]
-    assert path == str(shipped_program(venv, "vgpu-runtime"))
+    # The stable path through <lib dir>/current, which names the wheel's versioned install.
+    assert path == str(tmp_path / "lib" / "current" / "bin" / "vgpu-runtime")
+    assert Path(path).read_bytes() == shipped_program(venv, "vgpu-runtime").read_bytes()
 
 
 def test_vgpu_install_podman_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     hook_file = tmp_path / "hooks.d" / "vgpu.json"
-    p = in_venv(venv, tmp_path, "vgpu", "install", "podman", "--config-file", str(hook_file))
+    p = in_venv(venv, tmp_path, "vgpu", "install", "podman", "--config-file", str(hook_file),
+                "--lib-dir", str(tmp_path / "lib"))
     assert p.returncode == 0, p.stderr
     doc = json.loads(hook_file.read_text())
-    assert doc["hook"]["path"] == str(shipped_program(venv, "vgpu-hook"))
+    assert doc["hook"]["path"] == str(tmp_path / "lib" / "current" / "bin" / "vgpu-hook")
+    assert Path(doc["hook"]["path"]).read_bytes() == \
+        shipped_program(venv, "vgpu-hook").read_bytes()
     # Every stage the shipped file lists: poststop releases the slice at the exit.
     assert doc["stages"] == ["prestart", "poststop"]
 
@@ -137,9 +143,10 @@ def test_vgpu_install_podman_from_the_wheel(venv: Path, tmp_path: Path) -> None:
 def test_vgpu_install_containerd_from_the_wheel(venv: Path, tmp_path: Path) -> None:
     config, bin_dir = tmp_path / "config.toml", tmp_path / "bin"
     p = in_venv(venv, tmp_path, "vgpu", "install", "containerd", "--config-file", str(config),
-                "--bin-dir", str(bin_dir))
+                "--bin-dir", str(bin_dir), "--lib-dir", str(tmp_path / "lib"))
     assert p.returncode == 0, p.stderr
-    shim = shipped_program(venv, "containerd-shim-vgpu-v2")
+    shim = tmp_path / "lib" / "current" / "bin" / "containerd-shim-vgpu-v2"
+    assert shim.read_bytes() == shipped_program(venv, "containerd-shim-vgpu-v2").read_bytes()
     dropin = tmp_path / "conf.d" / "vgpu.toml"
     assert tomllib.loads(config.read_text())["imports"] == [str(dropin)]
     runtime = tomllib.loads(dropin.read_text())["plugins"]["io.containerd.grpc.v1.cri"][

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
+from arbiter.installs import install, installed, switch_current
+from arbiter.version import version
+
 RUNTIME = "/opt/vgpu/bin/vgpu-runtime"
 HOOK = "/opt/vgpu/bin/vgpu-hook"
 SHIM = "/opt/vgpu/bin/containerd-shim-vgpu-v2"
@@ -217,22 +220,84 @@ def test_docker_runtimes_are_the_shipped_ones(tmp_path):
     ("docker", "vgpu-runtime", lambda d: d["runtimes"]["vgpu"]["path"]),
     ("podman", "vgpu-hook", lambda d: d["hook"]["path"]),
 ], ids=["docker", "podman"])
-def test_default_program_is_the_checkouts_compiled_one(tmp_path, target, program, where):
+def test_default_program_is_the_stable_path_of_this_builds_install(tmp_path, target, program,
+                                                                   where):
+    """The engine execs <lib_dir>/current/bin/<program>; current names the versioned
+    install of the checkout's build; a second run changes nothing."""
     built = ROOT / "build" / "bin" / program
     if not built.is_file():
         pytest.fail(f"{built} is missing: run `make`")
-    f = tmp_path / "conf.json"
-    ok(target, "--config-file", str(f), programs=())
-    assert where(json.loads(f.read_text())) == str(built)
+    f, lib = tmp_path / "conf.json", tmp_path / "lib"
+    out = ok(target, "--config-file", str(f), "--lib-dir", str(lib), programs=())
+    stable = lib / "current" / "bin" / program
+    assert where(json.loads(f.read_text())) == str(stable)
+    [inst] = installed(lib)
+    assert os.readlink(lib / "current") == inst.name and inst.version == version()
+    assert stable.read_bytes() == built.read_bytes()
+    assert f"engines run the programs of {lib / 'current'} -> {inst.name}" in out
+    before = snapshot(tmp_path)
+    assert "already configured" in ok(target, "--config-file", str(f), "--lib-dir", str(lib),
+                                      programs=())
+    assert snapshot(tmp_path) == before
 
 
-def test_containerd_default_shim_is_the_checkouts_compiled_one(tmp_path):
+def test_the_lib_dir_defaults_to_the_configs(tmp_path):
+    lib = tmp_path / "from-config"
+    config = tmp_path / "config.yaml"
+    config.write_text(f"paths:\n  lib_dir: {lib}\n")
+    f = tmp_path / "daemon.json"
+    ok("docker", "--config-file", str(f), "--config", str(config), programs=())
+    assert json.loads(f.read_text())["runtimes"]["vgpu"]["path"] == \
+        str(lib / "current" / "bin" / "vgpu-runtime")
+    assert (lib / "current" / "bin" / "vgpu-runtime").is_file()
+
+
+def test_a_rerun_switches_current_back_and_keeps_the_registration(tmp_path):
+    """current was switched to another install (another version's `vgpu install`):
+    registering again from this one switches it back; the engine's file is untouched."""
+    f, lib = tmp_path / "vgpu.json", tmp_path / "lib"
+    ok("podman", "--config-file", str(f), "--lib-dir", str(lib), programs=())
+    [ours] = installed(lib)
+    src = tmp_path / "other"
+    (src / "bin").mkdir(parents=True)
+    (src / "libvgpu.so").write_bytes(b"other")
+    (src / "bin" / "vgpu-hook").write_bytes(b"other")
+    other = install(lib, "0.1.9", {"libvgpu.so": src / "libvgpu.so",
+                                   "bin/vgpu-hook": src / "bin" / "vgpu-hook"})
+    switch_current(lib, other)
+    registration = f.read_bytes()
+    dry = ok("podman", "--config-file", str(f), "--lib-dir", str(lib), "--dry-run",
+             programs=())
+    assert f"-> {other.name}, would be -> {ours.name}" in dry
+    assert os.readlink(lib / "current") == other.name
+    out = ok("podman", "--config-file", str(f), "--lib-dir", str(lib), programs=())
+    assert os.readlink(lib / "current") == ours.name and f.read_bytes() == registration
+    assert f"-> {ours.name}" in out and "wrote" not in out
+
+
+def test_dry_run_with_a_lib_dir_makes_nothing(tmp_path):
+    f, lib = tmp_path / "daemon.json", tmp_path / "lib"
+    out = ok("docker", "--config-file", str(f), "--lib-dir", str(lib), "--dry-run",
+             programs=())
+    assert not lib.exists() and not f.exists()
+    assert f"switch {lib / 'current'}: missing, would be -> {version()}-" in out
+
+
+def test_containerd_default_shim_is_the_stable_path(tmp_path):
     built = ROOT / "build" / "bin" / "containerd-shim-vgpu-v2"
     if not built.is_file():
         pytest.fail(f"{built} is missing: run `make`")
+    lib = tmp_path / "lib"
     ok("containerd", "--config-file", str(tmp_path / "config.toml"),
-       "--bin-dir", str(tmp_path / "bin"), programs=())
-    assert os.readlink(tmp_path / "bin" / "containerd-shim-vgpu-v2") == str(built)
+       "--bin-dir", str(tmp_path / "bin"), "--lib-dir", str(lib), programs=())
+    stable = lib / "current" / "bin" / "containerd-shim-vgpu-v2"
+    assert os.readlink(tmp_path / "bin" / "containerd-shim-vgpu-v2") == str(stable)
+    runtime = tomllib.loads((tmp_path / "conf.d" / "vgpu.toml").read_text())["plugins"][
+        "io.containerd.grpc.v1.cri"]["containerd"]["runtimes"]["vgpu"]
+    assert runtime["runtime_path"] == str(stable)
+    # The shim finds its private runc beside its real file: the versioned install's.
+    assert (stable.resolve().parent / "shim" / "runc").read_bytes() == \
+        (ROOT / "build" / "bin" / "vgpu-runtime").read_bytes()
 
 
 # --- every target ----------------------------------------------------------------------

@@ -271,7 +271,8 @@ class CriContainerd(Containerd):
         env["PYTHONPATH"] = str(ROOT)
         p = subprocess.run([sys.executable, "-m", "vgpu_cli", "install", "containerd",
                             "--config-file", str(self.config),
-                            "--bin-dir", str(self.tmp / "install-bin")],
+                            "--bin-dir", str(self.tmp / "install-bin"),
+                            "--lib-dir", str(self.tmp / "install-lib")],
                            env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
         if p.returncode != 0:
             raise AssertionError(f"vgpu install containerd exited {p.returncode}:\n"
