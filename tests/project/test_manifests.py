@@ -8,6 +8,12 @@ manifests are compared with the code: paths and names with arbiter.defaults and 
 config, the metrics port with the config they ship, the RuntimeClass handler with what
 `vgpu install containerd` writes, every flag with the program's own parser, and every
 dashboard query with the metrics and labels arbiter/metrics.py exports.
+
+dra/ (the DRA driver: DeviceClass, vgpu-dra-plugin's DaemonSet, its RBAC and admission
+policy) and examples/ (a ResourceClaimTemplate and a pod) need resource.k8s.io/v1 with
+consumable capacity: they are checked against Kubernetes 1.36, and their CEL (the
+DeviceClass selector, the admission policy) is evaluated with cel-python on the objects
+the plugin publishes and the requests it sends.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import celpy
 import jsonschema
 import kubernetes_validate
 import pytest
@@ -39,10 +46,22 @@ K8S = ROOT / "configs" / "kubernetes"
 #: `kubectl apply -f configs/kubernetes/` applies the top level: Kubernetes objects only;
 #: monitoring/ holds what needs the Prometheus Operator, Prometheus or Grafana.
 MONITORING = K8S / "monitoring"
-MANIFESTS = sorted([*K8S.glob("*"), *MONITORING.glob("*.yaml")])
+#: `kubectl apply -f configs/kubernetes/dra/` on clusters with DRA (after the top level).
+DRA = K8S / "dra"
+#: Not applied: what a user writes for a workload.
+EXAMPLES = K8S / "examples"
+MANIFESTS = sorted([*K8S.glob("*"), *MONITORING.glob("*.yaml"), *DRA.glob("*"),
+                    *EXAMPLES.glob("*")])
 DASHBOARD = MONITORING / "grafana-dashboard.json"
 #: The Kubernetes version the manifests target (the oldest supported release, 1.30 on).
 KUBERNETES = "1.30.0"
+#: The version dra/ and examples/ target: resource.k8s.io/v1 with consumable capacity
+#: (beta and on by default since 1.36).
+DRA_KUBERNETES = "1.36.0"
+#: Kinds with no namespace.
+CLUSTER_SCOPED = {"Namespace", "RuntimeClass", "DeviceClass", "ClusterRole",
+                  "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
 VERSION = version()
 #: The console scripts the pods run from /opt/vgpu/<version>/bin/.
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -91,8 +110,15 @@ SERVICEMONITOR: dict[str, Any] = {
 
 
 def objects() -> list[tuple[str, dict[str, Any]]]:
-    return [(m.name, doc) for m in MANIFESTS if m.is_file() and m.suffix == ".yaml"
-            and m.name not in NOT_OBJECTS for doc in yaml.safe_load_all(m.read_text()) if doc]
+    """(path under configs/kubernetes/, object) of every manifest."""
+    return [(str(m.relative_to(K8S)), doc) for m in MANIFESTS
+            if m.is_file() and m.suffix == ".yaml" and m.name not in NOT_OBJECTS
+            for doc in yaml.safe_load_all(m.read_text()) if doc]
+
+
+def target(name: str) -> str:
+    """The Kubernetes version a manifest is checked against."""
+    return DRA_KUBERNETES if name.startswith(("dra/", "examples/")) else KUBERNETES
 
 
 def find(kind: str, name: str | None = None) -> dict[str, Any]:
@@ -141,7 +167,7 @@ def test_every_object_is_valid_for_kubernetes(name, doc):
     if doc["kind"] == "ServiceMonitor":
         jsonschema.validate(doc, SERVICEMONITOR)
         return
-    kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+    kubernetes_validate.validate(doc, target(name), strict=True)
 
 
 def test_the_schema_checks_refuse_mistakes():
@@ -150,6 +176,10 @@ def test_the_schema_checks_refuse_mistakes():
     rc["handlr"] = rc.pop("handler")
     with pytest.raises(kubernetes_validate.ValidationError, match="handler"):
         kubernetes_validate.validate(rc, KUBERNETES, strict=True)
+    dc = json.loads(json.dumps(find("DeviceClass")))
+    dc["spec"]["extendedResourceNam"] = dc["spec"].pop("extendedResourceName")
+    with pytest.raises(kubernetes_validate.ValidationError, match="extendedResourceNam"):
+        kubernetes_validate.validate(dc, DRA_KUBERNETES, strict=True)
     sm = json.loads(json.dumps(find("ServiceMonitor")))
     sm["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError, match="intervall"):
@@ -190,9 +220,13 @@ def test_kubectl_apply_of_the_directory_applies_objects_only_namespace_first():
 
 
 def test_everything_lives_in_one_namespace():
+    """The examples are the user's: they live in the user's namespace."""
     (ns,) = [d["metadata"]["name"] for _, d in objects() if d["kind"] == "Namespace"]
-    namespaced = [d for _, d in objects() if d["kind"] not in ("Namespace", "RuntimeClass")]
+    namespaced = [d for n, d in objects()
+                  if d["kind"] not in CLUSTER_SCOPED and not n.startswith("examples/")]
     assert {d["metadata"]["namespace"] for d in namespaced} == {ns}
+    examples = [d for n, d in objects() if n.startswith("examples/")]
+    assert examples and not any("namespace" in d["metadata"] for d in examples)
 
 
 def test_vgpud_runs_with_the_default_paths_and_the_shipped_config(tmp_path):
@@ -305,15 +339,198 @@ def test_the_device_plugin_runs_with_its_documented_flags():
         assert name in p.stdout
 
 
-def test_the_pods_get_no_api_token():
-    """No RBAC: neither agent talks to the API server."""
+def test_only_the_dra_plugin_gets_an_api_token():
+    """vgpud and the device plugin never talk to the API server: their pod (privileged,
+    host PID) gets no token. vgpu-dra-plugin, in its own pod, is the only subject of RBAC."""
     ds = find("DaemonSet", "vgpu-node")
     spec = ds["spec"]["template"]["spec"]
     assert spec["automountServiceAccountToken"] is False
     assert find("ServiceAccount", spec["serviceAccountName"])[
         "automountServiceAccountToken"] is False
-    kinds = {d["kind"] for _, d in objects()}
-    assert not kinds & {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}
+    plugin = find("DaemonSet", "vgpu-dra-plugin")["spec"]["template"]["spec"]
+    assert plugin["automountServiceAccountToken"] is True
+    account = find("ServiceAccount", plugin["serviceAccountName"])
+    assert account["metadata"]["namespace"] == "vgpu-system"
+    bindings = [d for _, d in objects() if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert [(d["kind"], d["subjects"]) for d in bindings] == [("ClusterRoleBinding", [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+         "namespace": "vgpu-system"}])]
+    assert not [d for _, d in objects() if d["kind"] == "Role"]
+
+
+# ---- the DRA driver (dra/, examples/) ------------------------------------------------------
+
+def cel(expression: str, **activation: Any) -> Any:
+    """Evaluate a CEL expression (cel-python) with JSON-like values bound to names."""
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    return program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+
+
+def test_the_dra_plugin_runs_with_its_documented_flags_and_the_node_s_paths():
+    """The flags are the plugin's own parser's; each dir it uses is the node's, at the
+    node's path (the kubelet dials the socket path the plugin reports)."""
+    from vgpu_k8s.dra.main import ENV_NODE_NAME, parse_args
+    ds = find("DaemonSet", "vgpu-dra-plugin")
+    (plugin,) = containers(ds).values()
+    argv = plugin["command"]
+    assert argv[0] == f"/opt/vgpu/{VERSION}/bin/vgpu-dra-plugin" and "vgpu-dra-plugin" in SCRIPTS
+    assert plugin["image"] == f"vgpu:{VERSION}"
+    assert ds["metadata"]["labels"]["app.kubernetes.io/version"] == VERSION
+    # The node's name from the downward API, as the parser reads it.
+    env = {e["name"]: e for e in plugin["env"]}
+    assert env[ENV_NODE_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    settings = parse_args(argv[1:], {ENV_NODE_NAME: "node-a"})
+    assert settings.node == "node-a"
+    assert settings.vgpud_socket == str(defaults.DEFAULT_SOCKET)
+    assert settings.kubeconfig is None   # the pod's own token (access.yaml)
+    mounts = mounted(plugin, ds)
+    for path in (settings.kubelet_dir / "plugins", settings.kubelet_dir / "plugins_registry",
+                 settings.cdi_dir, defaults.DEFAULT_RUN_DIR):
+        assert mounts.get(str(path)) == str(path), f"{path} is not the node's {path}"
+    # Read-only /dev: the GPUs' device numbers for the specs' deviceNodes, nothing more.
+    (dev,) = [m for m in plugin["volumeMounts"] if m["mountPath"] == "/dev"]
+    assert dev.get("readOnly") is True and mounts["/dev"] == "/dev"
+    assert "privileged" not in plugin["securityContext"]
+    # On the nodes vgpud runs on.
+    node = find("DaemonSet", "vgpu-node")["spec"]["template"]["spec"]
+    spec = ds["spec"]["template"]["spec"]
+    assert (spec["nodeSelector"], spec["tolerations"]) == (node["nodeSelector"],
+                                                           node["tolerations"])
+
+
+def test_vgpud_finds_the_specs_the_dra_plugin_writes(tmp_path):
+    """containerd 1.6: vgpud (runtime-create) applies a claim's spec from its CDI dirs,
+    which must hold the plugin's --cdi-dir, mounted from the same node dir."""
+    from vgpu_k8s.dra.main import parse_args
+    ds = find("DaemonSet", "vgpu-dra-plugin")
+    (plugin,) = containers(ds).values()
+    cdi_dir = parse_args(plugin["command"][1:], {"NODE_NAME": "n"}).cdi_dir
+    assert cdi_dir in shipped_config(tmp_path).cdi_spec_dirs
+    node = find("DaemonSet", "vgpu-node")
+    assert mounted(containers(node)["vgpud"], node)[str(cdi_dir)] == \
+        mounted(plugin, ds)[str(cdi_dir)]
+
+
+#: A CustomObjectsApi method -> the RBAC verb of its request.
+VERBS = {"get": "get", "list": "list", "create": "create", "replace": "update",
+         "patch": "patch", "delete": "delete"}
+
+
+def test_the_cluster_role_grants_exactly_the_calls_the_plugin_makes():
+    """Every call of vgpu_k8s/dra/apiserver.py is allowed, and nothing else (no watch,
+    no patch, nothing on nodes: the plugin sets no ownerReferences)."""
+    source = (ROOT / "vgpu_k8s" / "dra" / "apiserver.py").read_text()
+    calls = re.findall(r"self\._api\.(\w+?)_(?:namespaced|cluster)_custom_object,"
+                       r"[^\"]*\"(\w+)\"", source)
+    assert calls, "no API call found in vgpu_k8s/dra/apiserver.py"
+    used = {("resource.k8s.io", resource, VERBS[method]) for method, resource in calls}
+    role = find("ClusterRole", "vgpu-dra-plugin")
+    granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
+               for r in rule["resources"] for v in rule["verbs"]}
+    assert granted == used
+    binding = find("ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                  "kind": "ClusterRole", "name": "vgpu-dra-plugin"}
+
+
+def admission(policy: dict[str, Any], operation: str, user: str, extra: dict[str, list[str]],
+              new: dict[str, Any] | None, old: dict[str, Any] | None) -> list[str]:
+    """What the API server does with the policy for one request: [] admitted, else the
+    messages of the validations that failed. Its match conditions first; its variables in
+    order (each sees the ones before)."""
+    spec = policy["spec"]
+    request = {"operation": operation,
+               "userInfo": {"username": user, "groups": [], "extra": extra}}
+    names = {"request": request, "object": new, "oldObject": old}
+    if not all(cel(c["expression"], **names) for c in spec.get("matchConditions", [])):
+        return []
+    variables: dict[str, Any] = {}
+    for v in spec.get("variables", []):
+        variables[v["name"]] = cel(v["expression"], **names, variables=variables)
+    failed = []
+    for check in spec["validations"]:
+        if not cel(check["expression"], **names, variables=variables):
+            failed.append(str(cel(check["messageExpression"], **names, variables=variables))
+                          if "messageExpression" in check else check["message"])
+    return failed
+
+
+def test_the_admission_policy_lets_the_plugin_write_only_its_own_node_s_slices():
+    from vgpu_k8s.dra.resourceslice import resource_slice
+    policy = find("ValidatingAdmissionPolicy", "vgpu-dra-plugin-own-node")
+    binding = find("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"],
+                               "validationActions": ["Deny"]}
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], sorted(rule["operations"])) == (
+        ["resource.k8s.io"], ["resourceslices"], ["CREATE", "DELETE", "UPDATE"])
+    plugin = find("DaemonSet", "vgpu-dra-plugin")
+    account = plugin["spec"]["template"]["spec"]["serviceAccountName"]
+    me = f"system:serviceaccount:{plugin['metadata']['namespace']}:{account}"
+    on_a = {"authentication.kubernetes.io/node-name": ["node-a"]}
+    mine, theirs = resource_slice("node-a", [], 1), resource_slice("node-b", [], 1)
+    every_node = json.loads(json.dumps(mine))
+    del every_node["spec"]["nodeName"]
+    every_node["spec"]["allNodes"] = True
+    own = "vgpu-dra-plugin on node node-a may write only ResourceSlices whose " \
+          "spec.nodeName is node-a"
+
+    def check(op: str, new: Any, old: Any, user: str = me, extra: Any = None) -> list[str]:
+        return admission(policy, op, user, on_a if extra is None else extra, new, old)
+    # Its own node's slice: create, replace, delete.
+    assert check("CREATE", mine, None) == []
+    assert check("UPDATE", mine, mine) == []
+    assert check("DELETE", None, mine) == []
+    # Another node's, or a slice for no single node: refused, one line that says why.
+    assert check("CREATE", theirs, None) == [own]
+    assert check("UPDATE", theirs, theirs) == [own]
+    assert check("UPDATE", mine, theirs) == [own]      # taking another node's slice over
+    assert check("DELETE", None, theirs) == [own]
+    assert check("CREATE", every_node, None) == [own]
+    # A token bound to no node (not from the DaemonSet's pod) writes nothing.
+    (no_node, also) = check("CREATE", mine, None, extra={})
+    assert no_node.startswith("vgpu-dra-plugin's token names no node") and "node-a" not in also
+    # Other users (the scheduler, an admin) are not this policy's business.
+    assert check("CREATE", theirs, None, user="system:admin", extra={}) == []
+
+
+def test_the_device_class_selects_exactly_the_plugin_s_devices():
+    from vgpu_k8s.deviceplugin.ids import COMPUTE, MEMORY
+    from vgpu_k8s.dra.resourceslice import DRIVER
+    dc = find("DeviceClass")
+    assert dc["metadata"]["name"] == DRIVER
+    (selector,) = dc["spec"]["selectors"]
+    expression = selector["cel"]["expression"]
+    assert cel(expression, device={"driver": DRIVER, "attributes": {}, "capacity": {}})
+    assert not cel(expression, device={"driver": "gpu.nvidia.com", "attributes": {},
+                                       "capacity": {}})
+    # A whole GPU for pods that ask for an extended resource; never the device plugin's.
+    assert dc["spec"]["extendedResourceName"] not in (MEMORY, COMPUTE)
+
+
+def test_the_example_claim_asks_for_what_the_plugin_publishes():
+    from kubernetes.utils import parse_quantity
+
+    from vgpu_k8s.dra import resourceslice as rs
+    from vgpu_k8s.dra.vgpud import Gpu
+    template = find("ResourceClaimTemplate")
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == find("DeviceClass")["metadata"]["name"]
+    asked = request["exactly"]["capacity"]["requests"]
+    device = rs.resource_slice("n", [Gpu(index=0, uuid="GPU-0", name="sim", memory=16 << 30)],
+                               1)["spec"]["devices"][0]
+    assert asked.keys() == device["capacity"].keys() == {rs.MEMORY, rs.COMPUTE}
+    memory, compute = parse_quantity(asked[rs.MEMORY]), parse_quantity(asked[rs.COMPUTE])
+    assert memory >= rs.MEMORY_STEP and memory % rs.MEMORY_STEP == 0
+    assert rs.COMPUTE_MIN <= compute <= rs.COMPUTE_MAX and compute == int(compute)
+    # The pod names the template, and its container the pod's claim.
+    pod = find("Pod")["spec"]
+    (claim,) = pod["resourceClaims"]
+    assert claim["resourceClaimTemplateName"] == template["metadata"]["name"]
+    assert [c["resources"]["claims"] for c in pod["containers"]] == [[{"name": claim["name"]}]]
+    assert "runtimeClassName" not in pod   # CDI engines need none (the comment says 1.6's)
 
 
 # ---- the dashboard -----------------------------------------------------------------------
