@@ -142,6 +142,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("install", "register vgpu with docker, containerd or podman (edits their config)")
     install.add_arguments(p)
+
+    from vgpu_cli import upgrade
+
+    p = add("upgrade", "switch this host to this package's version: install it beside the "
+                       "old, switch engines, restart vgpud, roll back on failure")
+    upgrade.add_arguments(p)
     return parser
 
 

@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from shim import install
 
             return install.run(args, out)
+        if args.command == "upgrade":
+            from vgpu_cli.upgrade import cmd_upgrade
+
+            return cmd_upgrade(args, env, out)
         with connect(resolve_socket(args, env), args.timeout) as c:
             return HANDLERS[args.command](args, c, out)
     except VgpuError as e:
