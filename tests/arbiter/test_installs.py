@@ -265,3 +265,44 @@ def test_collect_keeps_an_install_a_runtimes_container_state_names(tmp_path, thr
     shutil.rmtree(cdir)   # `runc delete` ran the hook and removed the state
     assert collect(root, cur.name, [], target=TARGET, runtime_state_roots=[state_root]) == \
         [old]
+
+
+def test_a_stopped_runc_container_keeps_the_install_its_poststop_hook_runs_from(tmp_path):
+    """Real runc: the container's init is gone (a reconciler would release its slice) but
+    `runc delete` has not run its poststop hook yet, from an install's program: collection
+    keeps the install until the delete, and the hook then runs."""
+    from support.images import make_bundle
+    from support.prereq import require
+
+    require(shutil.which("runc") is not None and os.geteuid() == 0, "needs runc and root")
+    root = tmp_path / "lib"
+    src = tmp_path / "src"
+    (src / "bin").mkdir(parents=True)
+    (src / "libvgpu.so").write_bytes(b"old")
+    marker = tmp_path / "poststop-ran"
+    (src / "bin" / "vgpu-hook").write_text(f"#!/bin/sh\ntouch {marker}\n")
+    old = install(root, "0.1.0", {"libvgpu.so": src / "libvgpu.so",
+                                  "bin/vgpu-hook": src / "bin" / "vgpu-hook"})
+    serving = install(root, "0.2.0", _files(tmp_path))
+    state_root = tmp_path / "runc"
+    cid = f"vgpu-installs-{os.getpid()}"
+    bundle = make_bundle(tmp_path / "bundle", args=["/bin/sh", "-c", "exit 0"], hooks={
+        "poststop": [{"path": str(old.program("vgpu-hook")), "args": ["vgpu-hook"]}]})
+    runc = ["runc", "--root", str(state_root)]
+    subprocess.run([*runc, "create", "--bundle", str(bundle), cid], check=True, timeout=60,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    try:
+        subprocess.run([*runc, "kill", cid, "KILL"], check=True, timeout=30)
+        for _ in range(100):   # the init is gone; the state stays until `runc delete`
+            st = subprocess.run([*runc, "state", cid], capture_output=True, text=True)
+            if json.loads(st.stdout)["status"] == "stopped":
+                break
+            time.sleep(0.05)
+        assert collect(root, serving.name, [], target=TARGET,
+                       runtime_state_roots=[state_root]) == []
+        assert old.program("vgpu-hook").is_file() and not marker.exists()
+    finally:
+        subprocess.run([*runc, "delete", "--force", cid], check=False, timeout=60)
+    assert marker.exists()   # the poststop hook ran from the install
+    assert collect(root, serving.name, [], target=TARGET,
+                   runtime_state_roots=[state_root]) == [old]
