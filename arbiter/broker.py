@@ -84,8 +84,13 @@ class BrokerSupervisor:
             p = self._proc
         if p is not None and p.poll() is None:
             p.terminate()
+            deadline = time.monotonic() + 2
+            if self._thread is not None:
+                # The watcher is blocked in p.wait() and returns the moment the broker
+                # exits; wait(timeout) here would poll, up to 50 ms late at every stop.
+                self._thread.join(timeout=2)
             try:
-                p.wait(timeout=2)
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 import grpc
 from prometheus_client import CollectorRegistry
@@ -73,7 +73,7 @@ from arbiter.service import ArbiterService
 from arbiter.state import Store
 from arbiter.statelock import StateDirInUseError, StateLock
 
-__all__ = ["Attachment", "AttachmentFactory", "Daemon", "DaemonError", "main"]
+__all__ = ["Attachment", "AttachmentFactory", "Daemon", "DaemonError", "exit_process", "main"]
 
 log = logging.getLogger("vgpud")
 
@@ -617,5 +617,17 @@ def main(argv: list[str] | None = None,
     return 0
 
 
+def exit_process(status: int) -> NoReturn:
+    """End vgpud's process with `status` once main() returned: logs and stdio flushed, the
+    interpreter's teardown skipped. Daemon.close() already stopped every thread and child
+    and closed every socket, lock and file; the teardown (modules, grpc's and the thread
+    pool's exit hooks) took ~115 ms of every restart's stop and does nothing vgpud needs."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

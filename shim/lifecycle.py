@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import socket
 import socketserver
 import struct
@@ -243,6 +244,18 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
             self.slots.release()
             raise
 
+    def accept_one(self) -> None:
+        """Accept the waiting connection and hand it to a thread (serve_forever's step)."""
+        try:
+            request, client_address = self.get_request()
+        except OSError:
+            return
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
@@ -260,6 +273,7 @@ class LifecycleServer:
         self.paths = {"lifecycle_socket": str(self.path)}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None  # close() writes to [1]: the loop stops
         #: A listening socket a service manager passed (vgpud restarts keep it).
         self._inherited: socket.socket | None = None
 
@@ -305,8 +319,8 @@ class LifecycleServer:
                 os.umask(old)
         server.owner = self
         self._server = server
-        # A short poll: shutdown() at a restart waits for it.
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+        self._wake = os.pipe2(os.O_CLOEXEC)
+        self._thread = threading.Thread(target=_accept_loop, args=(server, self._wake[0]),
                                         name="vgpud-lifecycle", daemon=True)
         self._thread.start()
 
@@ -317,9 +331,15 @@ class LifecycleServer:
         if self._server is None:
             return
         server, self._server = self._server, None
-        server.shutdown()
-        server.server_close()
         deadline = time.monotonic() + _DRAIN_S
+        # The loop wakes at once (socketserver's shutdown() would wait for its poll).
+        assert self._wake is not None and self._thread is not None
+        os.write(self._wake[1], b"x")
+        self._thread.join(_DRAIN_S)
+        server.server_close()
+        for fd in self._wake:
+            os.close(fd)
+        self._wake = None
         taken = 0
         while taken < server.max_concurrent and server.slots.acquire(
                 timeout=max(0.0, deadline - time.monotonic())):
@@ -327,6 +347,18 @@ class LifecycleServer:
         if self._inherited is None:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+
+
+def _accept_loop(server: _Server, wake: int) -> None:
+    """Accept and hand each connection to a thread until `wake` is readable."""
+    poller = select.poll()
+    poller.register(server.fileno(), select.POLLIN)
+    poller.register(wake, select.POLLIN)
+    while True:
+        ready = {fd for fd, _ in poller.poll()}
+        if wake in ready:
+            return
+        server.accept_one()
 
 
 def request(path: str | Path, items: Sequence[tuple[str, str]], timeout: float = 10.0) -> Fields:

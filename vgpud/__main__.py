@@ -1,7 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
 """`python -m vgpud`: the same as the `vgpud` command."""
-import sys
+from vgpud.command import run
 
-from vgpud.main import main
-
-sys.exit(main())
+run()

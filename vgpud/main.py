@@ -6,8 +6,6 @@ reaches the domain only through oci_hook.slices.Slices. This module joins the tw
 """
 from __future__ import annotations
 
-import sys
-
 from arbiter import daemon
 from arbiter.config import Config
 from arbiter.core import Arbiter
@@ -44,4 +42,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    daemon.exit_process(main())

@@ -143,6 +143,54 @@ def test_a_flood_of_connections_does_not_become_a_flood_of_threads(tmp_path):
         server.close()
 
 
+def test_close_answers_what_is_in_flight_and_leaves_later_connections_queued(tmp_path):
+    """A restart's stop: the answer being worked out reaches its client before close()
+    returns; a connection made after it waits in the inherited socket for the next server."""
+    import threading
+    import time
+
+    path = tmp_path / "l.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(16)
+    started, release = threading.Event(), threading.Event()
+
+    def slow(req: Fields) -> Reply:
+        started.set()
+        release.wait(10)
+        return Reply.of("ok", ("by", "first"))
+
+    first = LifecycleServer(path, {"slow": slow})
+    first.serve_on(listener.dup())  # the server closes its copy, the "manager" keeps one
+    first.start()
+    answers: list[Fields] = []
+    client = threading.Thread(target=lambda: answers.append(request(path, [("op", "slow")])))
+    client.start()
+    assert started.wait(10)
+    closing = threading.Thread(target=first.close)
+    closing.start()
+    time.sleep(0.3)
+    assert closing.is_alive()  # waits for the answer in flight
+    release.set()
+    closing.join(10)
+    client.join(10)
+    assert not closing.is_alive()
+    assert [a.get("by") for a in answers] == ["first"]
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as late:
+        late.settimeout(10)
+        late.connect(str(path))
+        lifecycle.write_frame(late, [("v", VERSION), ("op", "slow")])
+        second = LifecycleServer(path, {"slow": lambda req: Reply.of("ok", ("by", "second"))})
+        second.serve_on(listener)
+        second.start()
+        try:
+            assert lifecycle.read_frame(late).get("by") == "second"
+        finally:
+            second.close()
+    assert path.exists()  # inherited: never unlinked
+
+
 # --- on a real vgpud ---------------------------------------------------------------------------
 
 @pytest.fixture
