@@ -13,16 +13,17 @@ key path, the value and the reason, e.g.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import jsonschema
 import yaml
 
 from arbiter.defaults import (
@@ -38,13 +39,18 @@ from arbiter.errors import ConfigError, QuantityError
 from arbiter.quantity import MEMORY_FORMS, parse_memory
 from arbiter.shipped import shipped_file
 
+if TYPE_CHECKING:
+    import jsonschema
+
 __all__ = [
     "DEFAULT_CDI_SPEC_DIRS",
     "DEFAULT_CONFIG_PATH",
     "DEFAULT_DEVICE_NODES",
     "RELOADABLE",
+    "Accepted",
     "Config",
     "config_path",
+    "document_digest",
     "load_config",
     "schema_path",
 ]
@@ -159,8 +165,28 @@ def schema_path() -> Path:
     return shipped_file(_SCHEMA_NAME)
 
 
+class Accepted(Protocol):
+    """Digests of documents the schema accepted before (arbiter.configmemo keeps vgpud's):
+    load_config skips jsonschema for those."""
+
+    def __contains__(self, digest: object) -> bool: ...
+
+    def add(self, digest: str) -> None:
+        """Record a digest whose document the schema accepted."""
+
+
+def document_digest(document: Any) -> str:
+    """What a config document's schema check depends on: the schema file and the document."""
+    h = hashlib.sha256(schema_path().read_bytes())
+    h.update(b"\0" + json.dumps(document, sort_keys=True).encode())
+    return h.hexdigest()
+
+
 @cache
 def _validator() -> jsonschema.protocols.Validator:
+    # Imported here: ~90 ms that a vgpud restart with an accepted config never pays.
+    import jsonschema
+
     path = schema_path()
     try:
         schema = json.loads(path.read_text(encoding="utf-8"))
@@ -175,7 +201,8 @@ def _validator() -> jsonschema.protocols.Validator:
 
 def load_config(path: Path | None, overrides: Mapping[str, object] = {},
                 *, required: bool | None = None,
-                default_path: Path = DEFAULT_CONFIG_PATH) -> Config:
+                default_path: Path = DEFAULT_CONFIG_PATH,
+                accepted: Accepted | None = None) -> Config:
     """Load and validate `path` (None: built-in defaults) and apply overrides.
 
     `overrides` maps Config field names to values that win over the file (vgpud's
@@ -185,6 +212,8 @@ def load_config(path: Path | None, overrides: Mapping[str, object] = {},
     passed on by the compiled runtime), and silently running on defaults would hide
     the typo. `required` True or False makes a missing file an error or the defaults
     whatever its path; `default_path` is the path that stands for the defaults.
+    A document whose digest is in `accepted` is not checked against the schema again;
+    one that passes the check is added to it.
     """
     document: Any = {}
     tree: yaml.Node | None = None
@@ -201,7 +230,7 @@ def load_config(path: Path | None, overrides: Mapping[str, object] = {},
             reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
             raise ConfigError(path, f"cannot read the file: {reason}") from e
         document, tree = _parse_yaml(path, text)
-    return _build(path, document, tree, overrides)
+    return _build(path, document, tree, overrides, accepted)
 
 
 def _parse_yaml(path: Path, text: str) -> tuple[Any, yaml.Node | None]:
@@ -313,6 +342,8 @@ def _schema_problems(document: Any, lines: _Lines) -> Iterator[tuple[int | None,
 def _problem(error: jsonschema.ValidationError,
              lines: _Lines) -> Iterator[tuple[int | None, str, str]]:
     """Turn one jsonschema error into (line, key path, reason) lines a user can act on."""
+    import jsonschema
+
     path = tuple(error.absolute_path)
     if error.validator in ("anyOf", "oneOf") and error.context:
         # A value of the right type that fails a finer check (an empty list where a
@@ -353,7 +384,7 @@ def _memory(value: int | str) -> int:
 
 
 def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
-           overrides: Mapping[str, object]) -> Config:
+           overrides: Mapping[str, object], accepted: Accepted | None = None) -> Config:
     lines = _Lines(tree)
     if lines.duplicates:
         dup_path, dup_line = lines.duplicates[0]
@@ -362,7 +393,12 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
     document = _jsonable(document)
     # An empty document is valid by construction: defaults work even where the
     # schema file was not installed.
-    problems = sorted(_schema_problems(document, lines) if document else (),
+    digest = None
+    if accepted is not None and document:
+        with contextlib.suppress(OSError):  # an unreadable schema: the check says so
+            digest = document_digest(document)
+    known = accepted is not None and digest is not None and digest in accepted
+    problems = sorted(_schema_problems(document, lines) if document and not known else (),
                       key=lambda p: (p[0] if p[0] is not None else 0, p[1]))
     if problems:
         first_line, key, reason = problems[0]
@@ -370,6 +406,8 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         if more:
             reason += f" (and {more} more problem{'s' if more > 1 else ''})"
         raise ConfigError(path, reason, key=key, line=first_line)
+    if accepted is not None and digest is not None:
+        accepted.add(digest)
 
     def get(section: str, key: str) -> Any:
         return document.get(section, {}).get(key, _MISSING)

@@ -48,7 +48,9 @@ from arbiter.activation import Listeners
 from arbiter.attribution import SlicePids
 from arbiter.broker import BrokerSupervisor
 from arbiter.config import Config, config_path, load_config
+from arbiter.configmemo import AcceptedConfigs
 from arbiter.core import Arbiter, Settings
+from arbiter.defaults import DEFAULT_RUN_DIR
 from arbiter.errors import ConfigError, VgpuError
 from arbiter.events import EventLog
 from arbiter.freezer import Freezer, find_root
@@ -587,8 +589,11 @@ def main(argv: list[str] | None = None,
     path = config_path(args.config)
     overrides: dict[str, object] = {"socket": args.socket, "state_dir": args.state_dir,
                                     "run_dir": args.run_dir}
+    # The run dir's record of accepted configs (the flag's, else the default one): the same
+    # config as at the last start skips jsonschema (arbiter.configmemo).
+    accepted = AcceptedConfigs(Path(args.run_dir) if args.run_dir else DEFAULT_RUN_DIR)
     try:
-        config = load_config(path, overrides)
+        config = load_config(path, overrides, accepted=accepted)
     except ConfigError as e:
         print(f"vgpud: {e}", file=sys.stderr)
         return 2
@@ -609,6 +614,8 @@ def main(argv: list[str] | None = None,
         except Exception:
             log.debug("close after a failed start", exc_info=True)
         return 1
+    if config.run_dir == accepted.run_dir:  # prepared by start(): vgpud's own, 0711
+        accepted.save()
     try:
         daemon.run()
     finally:

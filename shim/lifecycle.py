@@ -266,9 +266,12 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 class LifecycleServer:
     """The lifecycle socket, served by threads of vgpud's process."""
 
-    def __init__(self, path: Path, ops: Mapping[str, Op]) -> None:
+    def __init__(self, path: Path, ops: Mapping[str, Op],
+                 warm: Callable[[], None] | None = None) -> None:
         self.path = Path(path)
         self.ops = dict(ops)
+        #: Run in a thread once serving: what the ops need, made before the first asks.
+        self.warm = warm
         #: What vgpud's Health reports of it (`vgpu info`).
         self.paths = {"lifecycle_socket": str(self.path)}
         self._server: _Server | None = None
@@ -323,6 +326,9 @@ class LifecycleServer:
         self._thread = threading.Thread(target=_accept_loop, args=(server, self._wake[0]),
                                         name="vgpud-lifecycle", daemon=True)
         self._thread.start()
+        if self.warm is not None:
+            threading.Thread(target=_warm, args=(self.warm,), name="vgpud-lifecycle-warm",
+                             daemon=True).start()
 
     def close(self) -> None:
         """Stop accepting, let the answers in flight finish (a restart must not cut a
@@ -347,6 +353,14 @@ class LifecycleServer:
         if self._inherited is None:
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+
+
+def _warm(warm: Callable[[], None]) -> None:
+    """Run `warm`; a failure is one log line (the op that needs it fails with its own)."""
+    try:
+        warm()
+    except Exception as e:
+        log.warning("lifecycle: preparing the ops failed: %s", e)
 
 
 def _accept_loop(server: _Server, wake: int) -> None:

@@ -143,6 +143,35 @@ def test_a_flood_of_connections_does_not_become_a_flood_of_threads(tmp_path):
         server.close()
 
 
+def test_warm_runs_once_serving_and_a_failing_one_is_one_line(tmp_path, caplog):
+    """What the ops need (the request schema) is made once the socket serves, not before."""
+    import threading
+    import time
+
+    warmed = threading.Event()
+
+    def warm() -> None:
+        warmed.set()
+        raise OSError("request.schema.json: no such file")
+
+    server = LifecycleServer(tmp_path / "l.sock", {"ok": lambda req: Reply.of("ok")}, warm=warm)
+    assert not warmed.is_set()
+    server.start()
+    try:
+        assert warmed.wait(10)
+        assert request(tmp_path / "l.sock", [("op", "ok")], timeout=10).get("status") == "ok"
+    finally:
+        server.close()
+
+    def logged() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "preparing" in r.getMessage()]
+
+    deadline = time.monotonic() + 10   # the warm thread logs right after it raised
+    while not logged() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert logged() == ["lifecycle: preparing the ops failed: request.schema.json: no such file"]
+
+
 def test_close_answers_what_is_in_flight_and_leaves_later_connections_queued(tmp_path):
     """A restart's stop: the answer being worked out reaches its client before close()
     returns; a connection made after it waits in the inherited socket for the next server."""
