@@ -77,6 +77,10 @@ MAX_FRAME = 1 << 20
 _READ_TIMEOUT_S = 5.0
 #: How long close() waits for answers in flight.
 _DRAIN_S = 5.0
+#: The warm-up waits this long after start: a restart's first answers (Health, the calls
+#: queued in the backlog) come first, not sharing vgpud's one Python core with it; an op
+#: that needs it before makes what it needs itself.
+_WARM_AFTER_S = 1.0
 _HEADER = struct.Struct(">I")
 
 
@@ -270,8 +274,10 @@ class LifecycleServer:
                  warm: Callable[[], None] | None = None) -> None:
         self.path = Path(path)
         self.ops = dict(ops)
-        #: Run in a thread once serving: what the ops need, made before the first asks.
+        #: Run in a thread once serving (_WARM_AFTER_S later): what the ops need, made
+        #: before most requests ask.
         self.warm = warm
+        self._closing = threading.Event()
         #: What vgpud's Health reports of it (`vgpu info`).
         self.paths = {"lifecycle_socket": str(self.path)}
         self._server: _Server | None = None
@@ -327,8 +333,8 @@ class LifecycleServer:
                                         name="vgpud-lifecycle", daemon=True)
         self._thread.start()
         if self.warm is not None:
-            threading.Thread(target=_warm, args=(self.warm,), name="vgpud-lifecycle-warm",
-                             daemon=True).start()
+            threading.Thread(target=_warm, args=(self.warm, self._closing),
+                             name="vgpud-lifecycle-warm", daemon=True).start()
 
     def close(self) -> None:
         """Stop accepting, let the answers in flight finish (a restart must not cut a
@@ -337,6 +343,7 @@ class LifecycleServer:
         if self._server is None:
             return
         server, self._server = self._server, None
+        self._closing.set()
         deadline = time.monotonic() + _DRAIN_S
         # The loop wakes at once (socketserver's shutdown() would wait for its poll).
         assert self._wake is not None and self._thread is not None
@@ -355,8 +362,11 @@ class LifecycleServer:
                 self.path.unlink()
 
 
-def _warm(warm: Callable[[], None]) -> None:
-    """Run `warm`; a failure is one log line (the op that needs it fails with its own)."""
+def _warm(warm: Callable[[], None], closing: threading.Event) -> None:
+    """Run `warm` _WARM_AFTER_S after start unless closing by then; a failure is one log
+    line (an op that needs it fails with its own)."""
+    if closing.wait(_WARM_AFTER_S):
+        return
     try:
         warm()
     except Exception as e:

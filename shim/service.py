@@ -146,6 +146,6 @@ def serve(slices: Slices, config: Config, install: Install | None = None) -> Lif
         ops = LifecycleOps(slices, config, hook=lambda: install.program("vgpu-hook"),
                            libvgpu=lambda: install.libvgpu, libvgpu_version=install.name,
                            cdi_dirs=config.cdi_spec_dirs)
-    # The request schema (jsonschema: ~90 ms) is compiled once serving, not before: a
-    # restart answers sooner, and the first container start does not compile it either.
+    # The request schema (jsonschema: ~90 ms) is compiled shortly after the socket serves
+    # (LifecycleServer's warm-up), not before: a restart answers sooner.
     return LifecycleServer(lifecycle_socket(config.socket), ops.ops(), warm=preload_schema)
