@@ -116,6 +116,8 @@ class Config:
     runtime_state_roots: tuple[Path, ...] = (
         Path("/run/runc"), Path("/run/containerd/runc"), Path("/run/docker/runtime-runc"))
     hook_wait_s: float = DEFAULT_WAIT_S
+    #: How long vgpu-broker keeps serving without a live vgpud (0: for good).
+    broker_orphan_s: float = 300.0
     allow_env_requests: bool = True
     nvml_library: Path | None = None
     #: OCI runtime vgpu-runtime execs: a name searched on PATH, or an absolute path.
@@ -438,7 +440,7 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         key_path = ("metrics", "address")
         raise ConfigError(path, f"{address!r} has a port above 65535",
                           key=_dotted(key_path), line=lines.value(key_path))
-    for name in ("reconcile_interval_s", "hook_wait_s", "guard_interval_s"):
+    for name in ("reconcile_interval_s", "hook_wait_s", "guard_interval_s", "broker_orphan_s"):
         if name in values:
             values[name] = float(values[name])
     if values.get("devices_include") is not None:
@@ -498,6 +500,7 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("devices", "include"): "devices_include",
     ("devices", "nodes"): "device_nodes",
     ("hook", "wait_s"): "hook_wait_s",
+    ("broker", "orphan_s"): "broker_orphan_s",
     ("hook", "allow_env_requests"): "allow_env_requests",
     ("nvml", "library"): "nvml_library",
     ("runtime", "lower"): "runtime_lower",

@@ -165,6 +165,7 @@ class Daemon:
         self.guard: ComputeGuard | None = None
         self.sched_files: dict[str, Path] = {}  # GPU uuid -> its scheduling region
         self.broker: BrokerSupervisor | None = None
+        self.serving = False  # start() finished: the broker is left serving at close()
         self._factories = tuple(attachments)
         self.attachments: list[Attachment] = []  # made at start; those that serve
         #: Sockets a service manager passed (none: vgpud binds its own).
@@ -285,7 +286,8 @@ class Daemon:
         if broker is None:
             raise DaemonError("vgpu-broker not found (arbiter/native/bin or build/bin): "
                               "compute shares cannot be enforced; build it with make")
-        self.broker = BrokerSupervisor(broker, c.run_dir / SCHED_DIR_NAME)
+        self.broker = BrokerSupervisor(broker, c.run_dir / SCHED_DIR_NAME, c.run_dir,
+                                       orphan_s=c.broker_orphan_s, proc=self.proc)
         self.broker.start()
         self.store = Store(c.state_dir)
         self.events = EventLog(c.event_log)
@@ -353,6 +355,7 @@ class Daemon:
             # A taken or unresolvable address is one warning and retries: the
             # containers vgpud serves do not depend on being scraped.
             self.metrics.start(c.metrics_address, key="metrics.address")
+        self.serving = True
         log.info("vgpud serving on unix:%s%s with %d GPU(s), %d slice(s)", c.socket,
                  " (inherited)" if self._relay is not None else "", len(gpus),
                  len(self.arbiter.slices()))
@@ -513,7 +516,12 @@ class Daemon:
             if self.guard is not None:  # thaws every cgroup it throttles
                 self.guard.stop()
             if self.broker is not None:
-                self.broker.stop()
+                # Served slices keep their broker through a restart; a failed start
+                # leaves nothing it started behind (an adopted broker served before it).
+                if self.serving or self.broker.how == "adopted":
+                    self.broker.stop()
+                else:
+                    self.broker.terminate()
             if self.metrics is not None:
                 self.metrics.close()
             if self.store is not None:

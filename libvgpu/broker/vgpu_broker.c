@@ -4,13 +4,19 @@
  * scheduling file is in DIR (vgpu_sched.h, broker.c). vgpud runs one and
  * restarts it if it exits; slices never write anything it trusts.
  *
- *   vgpu-broker --dir DIR [--standalone]
+ *   vgpu-broker --dir DIR [--standalone] [--orphan-s N --owner PIDFILE]
  *
  * One thread per GPU file; a GPU file is served by whoever holds its flock,
  * so a second broker (or a standalone process) waits instead of competing.
  * With vgpud a slice's settings come from its .conf files only; --standalone
  * takes them from the slices' own .req files (cooperative processes).
  * New GPU files are picked up within 100 ms. SIGTERM/SIGINT end it.
+ *
+ * It outlives vgpud: throttled slices wait on its grants, and workloads never depend
+ * on vgpud being up (a restart or an upgrade). The vgpud that owns DIR names itself in
+ * PIDFILE (a new vgpud adopts a running broker of its own program, or starts its own
+ * and stops this one); with --orphan-s N > 0 the broker exits once no vgpud named
+ * there has been alive for N seconds (0: never).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -23,6 +29,7 @@
 #include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../src/broker.h"
@@ -32,6 +39,8 @@
 static volatile int g_stop;
 static const char *g_dir;
 static int g_confs = 1;
+static long g_orphan_s;
+static const char *g_owner; /* vgpud's pidfile */
 
 struct served {
     char name[VGPU_SCHED_UUID_LEN];
@@ -56,7 +65,7 @@ static void *serve(void *arg)
         return NULL;
     }
     while (!g_stop && flock(fd, LOCK_EX | LOCK_NB) != 0)
-        usleep(50000); /* another broker serves it; take over when it is gone */
+        usleep(10000); /* another broker serves it (an upgrade's hand-over): take over at once */
     if (g_stop) {
         close(fd);
         return NULL;
@@ -74,6 +83,26 @@ static void *serve(void *arg)
     return NULL;
 }
 
+/* Is the vgpud named in the owner pidfile alive? (A pid, written by vgpud at its start.) */
+static int owner_alive(void)
+{
+    char buf[32] = {0};
+    int fd = open(g_owner, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    long pid = n > 0 ? strtol(buf, NULL, 10) : 0;
+    return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static int is_gpu_file(const char *n)
 {
     return n[0] && n[0] != '.' && !strchr(n, '.');
@@ -86,13 +115,25 @@ int main(int argc, char **argv)
             g_dir = argv[++i];
         else if (!strcmp(argv[i], "--standalone"))
             g_confs = 0;
+        else if (!strcmp(argv[i], "--orphan-s") && i + 1 < argc) {
+            char *end;
+            g_orphan_s = strtol(argv[++i], &end, 10);
+            if (*end || g_orphan_s < 0) {
+                fprintf(stderr, "vgpu-broker: --orphan-s: '%s' is not a number of seconds\n",
+                        argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--owner") && i + 1 < argc)
+            g_owner = argv[++i];
         else {
-            fprintf(stderr, "usage: vgpu-broker --dir DIR [--standalone]\n");
+            fprintf(stderr, "usage: vgpu-broker --dir DIR [--standalone] "
+                            "[--orphan-s N --owner PIDFILE]\n");
             return 2;
         }
     }
-    if (!g_dir) {
-        fprintf(stderr, "usage: vgpu-broker --dir DIR [--standalone]\n");
+    if (!g_dir || (g_orphan_s > 0 && !g_owner)) {
+        fprintf(stderr, "usage: vgpu-broker --dir DIR [--standalone] "
+                        "[--orphan-s N --owner PIDFILE]\n");
         return 2;
     }
     struct sigaction sa = {0};
@@ -100,12 +141,23 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     prctl(PR_SET_TIMERSLACK, 1UL); /* hand-overs wait on our sleeps */
-    prctl(PR_SET_PDEATHSIG, SIGTERM); /* vgpud's child: not an orphan that keeps the locks */
     static struct served sv[MAX_GPUS];
     pthread_t th[MAX_GPUS];
     int n = 0;
     int said = 0;
+    double orphan_since = 0;
     while (!g_stop) {
+        if (g_orphan_s > 0) {
+            if (owner_alive())
+                orphan_since = 0;
+            else if (orphan_since == 0)
+                orphan_since = now_s();
+            else if (now_s() - orphan_since > (double)g_orphan_s) {
+                fprintf(stderr, "vgpu-broker: no vgpud for %ld s; exiting\n", g_orphan_s);
+                g_stop = 1;
+                break;
+            }
+        }
         /* The directory or a file deleted under us (vgpud makes them again): what we
          * serve goes on (running containers have the old files mounted). */
         DIR *d = opendir(g_dir);

@@ -379,3 +379,24 @@ def test_a_second_vgpud_under_activation_does_not_take_a_running_ones_sockets(ac
     assert p.returncode == 1 and "holds the state dir" in p.stderr
     assert [x.stat().st_ino for x in act.paths] == inodes
     assert act.health().status == "ok"
+
+
+# ---- the broker outlives vgpud -----------------------------------------------------------
+
+def test_the_broker_keeps_serving_through_restarts_and_the_next_vgpud_adopts_it(act):
+    v = act.vgpud
+    sched = v.run_dir / "sched"
+    [broker] = _broker_pids(sched)
+    for _ in range(3):
+        act.restart()
+        # The same process served throughout (throttled slices wait on its grants).
+        assert _broker_pids(sched) == [broker]
+        assert f"vgpu-broker {broker} adopted" in v.log()
+    # Killed, it is started again by the vgpud that adopted it (not its parent).
+    os.kill(broker, signal.SIGKILL)
+    v.wait_for(lambda: _broker_pids(sched) not in ([], [broker]), what="a new broker")
+    [new] = _broker_pids(sched)
+    # Without a vgpud it goes after broker.orphan_s (the harness: 2 s), not at once.
+    act.down()
+    assert _broker_pids(sched) == [new]
+    v.wait_for(lambda: _broker_pids(sched) == [], timeout=10, what="the orphan broker exiting")

@@ -2,7 +2,9 @@
 """A real vgpud for tests: a subprocess on simgpu with every path in a temporary tree."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -51,6 +53,8 @@ class Vgpud:
             "metrics": {"address": "127.0.0.1:0"},
             "devices": {"nodes": {"*": ["/dev/null"]}},
             "reconcile": {"interval_s": 3600, "runtime_state_roots": [str(self.runc)]},
+            # The broker outlives vgpud (restarts); a test's goes soon after its vgpud.
+            "broker": {"orphan_s": 2},
         }
         for section, values in config.items():
             doc.setdefault(section, {}).update(values)
@@ -131,6 +135,18 @@ class Vgpud:
             self.proc.kill()
             self.proc.wait()
         self._close_channel()
+        self.stop_broker()
+
+    def stop_broker(self) -> None:
+        """SIGTERM the vgpu-broker vgpud left serving (it outlives vgpud by design)."""
+        try:
+            pid = int((self.run_dir / "vgpu-broker.pid").read_text().strip())
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return
+        if b"vgpu-broker" in argv and os.fsencode(str(self.run_dir)) in argv:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
 
 
 def env_without(env: dict[str, str], *names: str) -> dict[str, str]:
