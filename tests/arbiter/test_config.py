@@ -205,7 +205,8 @@ SAD = [
                  "line 2: placement.polcy: unknown key (expected one of: allow_preemption, "
                  "policy)", id="unknown-key"),
     pytest.param("# top\nbogus: 1\n", "line 2: bogus: unknown key (expected one of: broker, "
-                 "defaults, devices, guard, hook, metrics, nvml, paths, placement, reconcile, runtime)",
+                 "defaults, devices, guard, hook, metrics, nvml, paths, placement, reconcile, "
+                 "runtime)",
                  id="unknown-section"),
     pytest.param("placement: [binpack]\n", "line 1: placement: ['binpack'] is not a mapping of "
                  "keys", id="section-not-mapping"),
@@ -438,8 +439,8 @@ def test_replace_reloadable(tmp_path: Path) -> None:
     assert merged.state_dir == tmp_path                 # not reloadable: kept
     assert merged.metrics_address == "127.0.0.1:9400"
     assert merged.context_reserve == 0
-    assert set(old.unreloadable_changes(new)) == {"state_dir", "event_log", "lib_dir", "metrics_address",
-                                                  "context_reserve"}
+    assert set(old.unreloadable_changes(new)) == {"state_dir", "event_log", "lib_dir",
+                                                  "metrics_address", "context_reserve"}
     assert set(old.changed(new)) == RELOADABLE | set(old.unreloadable_changes(new))
 
 

@@ -147,7 +147,7 @@ def test_inherited_sockets_served_kept_across_restarts_and_never_unlinked(act):
     v = act.vgpud
     before = [p.stat().st_ino for p in act.paths]
     s = alloc(v, "c1", 256 * MiB).slice
-    assert "(inherited)" in v.log()
+    v.wait_for(lambda: "(inherited)" in v.log(), what="vgpud serving inherited sockets")
     reply = request(act.paths[1], [("op", "release"), ("id", "nobody")])
     assert reply.get("status") == "ok"
     # Children of vgpud (the broker) are not told they were passed sockets.
@@ -246,7 +246,8 @@ def test_the_real_systemd_socket_activate_passes_sockets_vgpud_serves(tmp_path, 
             from arbiter.proto import vgpu_pb2_grpc
             assert vgpu_pb2_grpc.ArbiterStub(ch).Health(pb.HealthRequest(),
                                                         timeout=10).status == "ok"
-        assert "(inherited)" in v.log()
+        # Logged as start() ends, after the sockets already answer.
+        v.wait_for(lambda: "(inherited)" in v.log(), what="vgpud serving inherited sockets")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
         assert v.socket.exists() and lifecycle.exists()  # never vgpud's to remove

@@ -13,6 +13,7 @@ every container gets --ulimit at 1024.
 """
 from __future__ import annotations
 
+import filecmp
 import json
 import shutil
 import subprocess
@@ -96,7 +97,10 @@ def slices_of(vgpud: Vgpud, cid: str) -> list:
 
 def test_the_installed_hook_runs_at_prestart_and_poststop(world) -> None:
     _, _, hook = world
-    assert hook["hook"]["path"] == str(ROOT / "build" / "bin" / "vgpu-hook")
+    # The stable path of the versioned install `vgpu install` made (docs/upgrading.md).
+    path = Path(hook["hook"]["path"])
+    assert path.parts[-4:] == ("install-lib", "current", "bin", "vgpu-hook")
+    assert filecmp.cmp(path, ROOT / "build" / "bin" / "vgpu-hook", shallow=False)
     assert hook["stages"] == ["prestart", "poststop"]
 
 

@@ -8,6 +8,7 @@ would read it).
 """
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import subprocess
@@ -170,10 +171,14 @@ def test_annotation_request_modifies_spec_and_execs_lower(tmp_path, vgpud, recor
         {"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"}]
     hooks = spec["hooks"]
     assert set(hooks) == {"prestart", "poststop"}
+    # The compiled hook of vgpud's versioned install (never the package's, which a
+    # pip install may replace), asking the vgpud that decided; no Python anywhere.
+    installed_hook = vgpud.stub.Health(pb.HealthRequest()).paths["hook"]
+    assert installed_hook.startswith(str(vgpud.state_dir / "lib"))
+    assert filecmp.cmp(installed_hook, NATIVE_BIN / "vgpu-hook", shallow=False)
     for phase in ("prestart", "poststop"):
         [h] = hooks[phase]
-        # The compiled hook, asking the vgpud that decided; no Python anywhere.
-        assert h["path"] == str(NATIVE_BIN / "vgpu-hook")
+        assert h["path"] == installed_hook
         assert h["args"] == [h["path"], phase]
         assert f"VGPU_CONFIG={vgpud.config_file}" in h["env"]
         assert f"VGPU_SOCKET={vgpud.socket}" in h["env"]
