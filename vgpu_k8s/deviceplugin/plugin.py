@@ -2,11 +2,8 @@
 """One resource's DevicePlugin service (kubelet API v1beta1) on its own unix socket."""
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from collections.abc import Iterator
-from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +15,7 @@ from vgpu_k8s.deviceplugin.ids import COMPUTE, MEMORY
 from vgpu_k8s.errors import AllocationError
 from vgpu_k8s.proto import deviceplugin_v1beta1_pb2 as api
 from vgpu_k8s.proto import deviceplugin_v1beta1_pb2_grpc as api_grpc
+from vgpu_k8s.unixserver import UnixGrpcServer
 
 __all__ = ["ENDPOINTS", "Endpoint", "PluginServer", "Servicer"]
 
@@ -103,40 +101,11 @@ def _response(devices: tuple[tuple[str, str], ...]) -> api.ListAndWatchResponse:
     return api.ListAndWatchResponse(devices=[api.Device(ID=i, health=h) for i, h in devices])
 
 
-class PluginServer:
+class PluginServer(UnixGrpcServer):
     """A gRPC server for one Servicer on its socket; start() replaces a stale socket file."""
 
     def __init__(self, servicer: Servicer) -> None:
         self.servicer = servicer
-        self.socket = servicer.endpoint.socket
-        self._server: grpc.Server | None = None
-        self._inode = 0
-
-    def start(self) -> None:
-        """Serve on the socket (a file left there by a previous plugin is removed first)."""
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=_WORKERS,
-                                                        thread_name_prefix="dp"))
-        api_grpc.add_DevicePluginServicer_to_server(self.servicer, server)
-        server.add_insecure_port(f"unix:{self.socket}")
-        server.start()
-        self._server = server
-        self._inode = os.stat(self.socket).st_ino
-
-    def serving(self) -> bool:
-        """Whether our socket file is still there (a kubelet restart removes it)."""
-        try:
-            return self._server is not None and os.stat(self.socket).st_ino == self._inode
-        except FileNotFoundError:
-            return False
-
-    def stop(self, grace_s: float = 1.0) -> None:
-        """Stop serving and remove our socket file (not one another process made since)."""
-        if self._server is None:
-            return
-        self._server.stop(grace_s).wait()
-        self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(self.socket).st_ino == self._inode:
-                self.socket.unlink()
+        super().__init__(servicer.endpoint.socket,
+                         lambda server: api_grpc.add_DevicePluginServicer_to_server(
+                             servicer, server), workers=_WORKERS, name="dp")

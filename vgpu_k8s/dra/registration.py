@@ -9,17 +9,15 @@ a socket removed from the dir (by hand, or by a cleanup) is made again by the ag
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
-from concurrent import futures
 from pathlib import Path
 
 import grpc
 
 from vgpu_k8s.proto import pluginregistration_v1_pb2 as reg
 from vgpu_k8s.proto import pluginregistration_v1_pb2_grpc as reg_grpc
+from vgpu_k8s.unixserver import UnixGrpcServer
 
 __all__ = ["PLUGIN_TYPE", "SUPPORTED_VERSIONS", "RegistrationServer"]
 
@@ -52,43 +50,17 @@ class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
         return reg.RegistrationStatusResponse()
 
 
-class RegistrationServer:
+class RegistrationServer(UnixGrpcServer):
     """Registration on `<registry dir>/<driver>-reg.sock`."""
 
     def __init__(self, registry_dir: Path, driver: str, endpoint: Path) -> None:
-        self.socket = registry_dir / f"{driver}-reg.sock"
         self.servicer = _Servicer(reg.PluginInfo(
             type=PLUGIN_TYPE, name=driver, endpoint=str(endpoint),
             supported_versions=list(SUPPORTED_VERSIONS)))
-        self._server: grpc.Server | None = None
-        self._inode = 0
-
-    def start(self) -> None:
-        """Serve (a file a previous plugin left at the path is replaced)."""
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2,
-                                                        thread_name_prefix="dra-reg"))
-        reg_grpc.add_RegistrationServicer_to_server(self.servicer, server)
-        server.add_insecure_port(f"unix:{self.socket}")
-        server.start()
-        self._server = server
-        self._inode = os.stat(self.socket).st_ino
-
-    def serving(self) -> bool:
-        """Whether our socket file is still the one we made."""
-        try:
-            return self._server is not None and os.stat(self.socket).st_ino == self._inode
-        except FileNotFoundError:
-            return False
+        super().__init__(registry_dir / f"{driver}-reg.sock",
+                         lambda server: reg_grpc.add_RegistrationServicer_to_server(
+                             self.servicer, server), workers=2, name="dra-reg")
 
     def stop(self, grace_s: float = 0.5) -> None:
-        """Stop and remove our socket file (not one another process made since)."""
-        if self._server is None:
-            return
-        self._server.stop(grace_s).wait()
-        self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(self.socket).st_ino == self._inode:
-                self.socket.unlink()
+        """Stop and remove our socket file."""
+        super().stop(grace_s)

@@ -3,9 +3,6 @@
 messages; the kubelet picks the newest both sides speak)."""
 from __future__ import annotations
 
-import contextlib
-import os
-from concurrent import futures
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,6 +12,7 @@ import grpc
 from vgpu_k8s.dra.claims import ClaimRef
 from vgpu_k8s.dra.prepare import Preparer
 from vgpu_k8s.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from vgpu_k8s.unixserver import UnixGrpcServer
 
 __all__ = ["DraServer"]
 
@@ -53,38 +51,19 @@ class _Servicer:
             for c in request.claims})
 
 
-class DraServer:
+class DraServer(UnixGrpcServer):
     """The DRA socket: both API versions, one Preparer."""
 
     def __init__(self, socket: Path, preparer: Preparer) -> None:
-        self.socket = socket
         self.preparer = preparer
-        self._server: grpc.Server | None = None
 
-    def start(self) -> None:
-        """Serve (a file a previous plugin left at the path is replaced)."""
-        self.socket.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=_WORKERS,
-                                                        thread_name_prefix="dra"))
-        dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _Servicer(dra_v1_pb2, self.preparer), server)
-        dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
-            _Servicer(dra_v1beta1_pb2, self.preparer), server)
-        server.add_insecure_port(f"unix:{self.socket}")
-        server.start()
-        self._server = server
-
-    def serving(self) -> bool:
-        """Whether the socket file is there."""
-        return self._server is not None and os.path.exists(self.socket)
+        def add(server: grpc.Server) -> None:
+            dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(
+                _Servicer(dra_v1_pb2, preparer), server)
+            dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+                _Servicer(dra_v1beta1_pb2, preparer), server)
+        super().__init__(socket, add, workers=_WORKERS, name="dra")
 
     def stop(self, grace_s: float = 2.0) -> None:
         """Finish the calls in flight (up to grace_s), stop, remove the socket."""
-        if self._server is None:
-            return
-        self._server.stop(grace_s).wait()
-        self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            self.socket.unlink()
+        super().stop(grace_s)

@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A gRPC server on a unix socket file it owns: the kubelet's plugin sockets.
+
+The kubelet removes (device plugins) or rescans (plugin registry) these files when it
+restarts, and a previous plugin may have left one behind: start() replaces a stale file,
+serving() says whether the file at the path is still the one this server made, and
+stop() removes it only then (never a file another process made since).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+__all__ = ["UnixGrpcServer"]
+
+
+class UnixGrpcServer:
+    """One gRPC server on `socket`; `add` registers its servicers."""
+
+    def __init__(self, socket: Path, add: Callable[[grpc.Server], None], *,
+                 workers: int, name: str) -> None:
+        self.socket = Path(socket)
+        self._add = add
+        self._workers = workers
+        self._name = name
+        self._server: grpc.Server | None = None
+        self._inode = 0
+
+    def start(self) -> None:
+        """Serve (a file a previous plugin left at the path is replaced)."""
+        self.socket.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            self.socket.unlink()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self._workers,
+                                                        thread_name_prefix=self._name))
+        self._add(server)
+        server.add_insecure_port(f"unix:{self.socket}")
+        server.start()
+        self._server = server
+        self._inode = os.stat(self.socket).st_ino
+
+    def serving(self) -> bool:
+        """Whether the socket file is still the one this server made."""
+        try:
+            return self._server is not None and os.stat(self.socket).st_ino == self._inode
+        except FileNotFoundError:
+            return False
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Finish the calls in flight (up to grace_s), stop, remove our socket file."""
+        if self._server is None:
+            return
+        self._server.stop(grace_s).wait()
+        self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.socket).st_ino == self._inode:
+                self.socket.unlink()
