@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,22 +40,12 @@ from pathlib import Path
 import grpc
 from vgpud_proc import ROOT, simgpu_env
 
+sys.path.insert(0, str(ROOT / "tests"))
+from support.socket_activation import listening_socket
+
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.proto import vgpu_pb2_grpc
 from shim.lifecycle import request
-
-BACKLOG = 512
-
-
-def listen(path: Path) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        s.bind(str(path))
-    finally:
-        os.umask(old)
-    s.listen(BACKLOG)
-    return s
 
 
 class Activated:
@@ -66,7 +55,7 @@ class Activated:
         self.tmp = tmp
         self.sock = tmp / "vgpud.sock"
         self.lifecycle = Path(f"{self.sock}.lifecycle")
-        self.listeners = [listen(self.sock), listen(self.lifecycle)]
+        self.listeners = [listening_socket(self.sock), listening_socket(self.lifecycle)]
         self.fds = [os.dup(s.fileno()) for s in self.listeners]
         for fd in self.fds:
             os.set_inheritable(fd, True)
