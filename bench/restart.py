@@ -68,6 +68,8 @@ class Activated:
             self.env["PYTHONDONTWRITEBYTECODE"] = "1"
         config = tmp / "config.yaml"
         config.write_text("metrics:\n  address: ''\nreconcile:\n  interval_s: 3600\n"
+                          # The broker outlives vgpud; a bench's goes soon after.
+                          "broker:\n  orphan_s: 5\n"
                           "devices:\n  nodes: {'*': [/dev/null]}\n")
         moves = " ".join(f"{3 + i}<&{fd} {fd}<&-" for i, fd in enumerate(self.fds))
         self.cmd = ["bash", "-c", f'exec {moves}; LISTEN_PID=$$ exec "$@"', "vgpud",

@@ -36,6 +36,8 @@ def start_vgpud(tmp: Path, run_dir: Path,
     config = tmp / "config.yaml"
     # The reconciler's interval stays long: it must not take the bench's slices for dead.
     config.write_text("metrics:\n  address: ''\nreconcile:\n  interval_s: 3600\n"
+                      # The broker outlives vgpud (restarts); a bench's goes soon after.
+                      "broker:\n  orphan_s: 1\n"
                       "devices:\n  nodes: {'*': [/dev/null]}\n")
     sock = tmp / "vgpud.sock"
     log = open(tmp / "vgpud.log", "wb")  # noqa: SIM115 - lives as long as vgpud
