@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""End to end with Podman and CDI: a claim's slice in vgpud (gRPC Allocate, owner kind
+"""End to end with Podman and CDI. The last test runs the whole DRA path through the
+plugin; the first two make what it makes by hand, to pin the spec's parts: a claim's slice in vgpud (gRPC Allocate, owner kind
 `claim`, what the DRA plugin's NodePrepareResources makes), its CDI spec written with
 oci_hook.cdi into /var/run/cdi (where Podman reads specs), `podman run --device
 vgpu.io/claim=<name>`: no hooks.d, no runtime, no annotation: Podman applies the spec
@@ -16,15 +17,21 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import grpc
 import pytest
 from support.engines import require, simulated_host
+from support.fake_apiserver import FakeApiServer, result
+from support.fake_apiserver import claim as fake_claim
+from support.fake_kubelet_dra import DraKubelet
 from support.images import build_tarball
-from support.paths import LIBVGPU, NATIVE_BIN
+from support.paths import LIBVGPU, NATIVE_BIN, ROOT
 from support.prereq import require as require_that
+from support.process import clean_env
 from support.vgpud_harness import Vgpud, pb
 from test_e2e_podman import IMAGE, Podman
 
@@ -124,3 +131,51 @@ def test_after_the_release_the_device_fails_cleanly(world, claim):
     p = run(podman, sim, cdi.device_id(c.name), "true", check=False)
     assert p.returncode != 0
     assert cdi.device_id(c.name) in p.stderr and "unresolvable" in p.stderr.lower(), p.stderr
+
+
+def test_the_dra_plugin_s_prepared_claim_under_podman(world, tmp_path):
+    """The whole DRA path: the plugin (a real process, registered with a fake kubelet,
+    reading the claim from a fake API server) prepares the claim into vgpud and the CDI
+    dir Podman reads; `podman run --device <the id it answered>` gets exactly the claim's
+    limit; Unprepare releases the slice and the spec, and the device then fails cleanly."""
+    podman, vgpud, sim = world
+    api = FakeApiServer().start()
+    kubelet = DraKubelet(tmp_path / "kubelet").start()
+    env = clean_env()
+    env["PYTHONPATH"] = str(ROOT)
+    log = tmp_path / "plugin.log"
+    with open(log, "wb") as out:
+        plugin = subprocess.Popen(
+            [sys.executable, "-m", "vgpu_k8s.dra.main", "--node-name", "node-a",
+             "--kubelet-dir", str(kubelet.dir), "--cdi-dir", str(CDI_DIR),
+             "--socket", str(vgpud.socket), "--kubeconfig",
+             str(api.kubeconfig(tmp_path / "kubeconfig")), "--poll-interval", "0.2"],
+            env=env, cwd=ROOT, stdout=out, stderr=out)
+    uid = ""
+    try:
+        registered = kubelet.wait_registered("vgpu.io")
+        obj = api.add_claim(fake_claim("default", "podman-claim", [
+            result("gpu", "gpu-0", "node-a", memory="320Mi", compute="30")], node="node-a"))
+        uid = obj["metadata"]["uid"]
+        ref = [("default", "podman-claim", uid)]
+        answer = registered.prepare(ref)[uid]
+        assert answer.error == "", log.read_text()
+        [device] = answer.devices
+        assert list(device.request_names) == ["gpu"] and device.device_name == "gpu-0"
+        [cdi_id] = device.cdi_device_ids
+        p = run(podman, sim, cdi_id, "vgpu_probe info")
+        info = next(json.loads(x) for x in p.stdout.splitlines()
+                    if x.startswith("{") and '"info"' in x)
+        assert info["total"] == 320 * MI
+        assert registered.unprepare(ref)[uid].error == ""
+        assert not [s for s in vgpud.stub.List(pb.ListRequest(), timeout=5).slices
+                    if s.owner_kind == "claim"]
+        p = run(podman, sim, cdi_id, "true", check=False)
+        assert p.returncode != 0 and cdi_id in p.stderr, p.stderr
+    finally:
+        plugin.terminate()
+        plugin.wait(timeout=30)
+        kubelet.stop()
+        api.stop()
+        for spec in CDI_DIR.glob(f"vgpu.io-claim_{uid or 'none'}*.json"):
+            spec.unlink()
