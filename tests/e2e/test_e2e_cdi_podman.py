@@ -1,12 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""End to end with Podman and CDI. The last test runs the whole DRA path through the
-plugin; the first two make what it makes by hand, to pin the spec's parts: a claim's slice in vgpud (gRPC Allocate, owner kind
-`claim`, what the DRA plugin's NodePrepareResources makes), its CDI spec written with
-oci_hook.cdi into /var/run/cdi (where Podman reads specs), `podman run --device
-vgpu.io/claim=<name>`: no hooks.d, no runtime, no annotation: Podman applies the spec
-(mounts, device nodes, env) and runs its createRuntime hook, `vgpu-hook claim`. A CUDA
-client inside sees exactly the claim's memory limit. After the release (the spec removed,
-the slice released, as Unprepare does) a new run with that device fails cleanly.
+"""End to end with Podman and CDI.
+
+The last test runs the whole DRA path through the plugin. The first two make by hand what
+it makes, to pin the spec's parts: a claim's slice in vgpud (gRPC Allocate, owner kind
+`claim`), its CDI spec written with oci_hook.cdi into /var/run/cdi (where Podman reads
+specs), `podman run --device vgpu.io/claim=<name>`: no hooks.d, no runtime, no
+annotation: Podman applies the spec (mounts, device nodes, env) and runs its
+createRuntime hook, `vgpu-hook claim`. A CUDA client inside sees exactly the claim's
+memory limit. After the release (the spec removed, the slice released, as Unprepare
+does) a new run with that device fails cleanly.
 
 Podman runs as in test_e2e_podman.py (private storage, cgroupfs, runc). Specs and slices
 are removed even when a test fails.
