@@ -178,7 +178,11 @@ def test_hook_killed_half_way_leaves_no_slice(tmp_path):
         # gone: after a few reconcile passes no slice is left.
         time.sleep(2)
         host.vgpud.wait_for(lambda: host.slices() == [], timeout=20, what="no slice left")
-        assert len(host.vgpud.events("allocate")) == len(host.vgpud.events("release"))
+        # The release's event is written once the release is durable, just after the
+        # slice leaves the list.
+        host.vgpud.wait_for(lambda: len(host.vgpud.events("allocate"))
+                            == len(host.vgpud.events("release")), timeout=10,
+                            what="a release event for each allocate")
     finally:
         host.close()
 
