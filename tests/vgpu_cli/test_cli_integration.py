@@ -38,6 +38,7 @@ class Vgpud:
         self.config.write_text(
             "metrics:\n  address: ''\n"
             f"reconcile:\n  interval_s: {RECONCILE_S}\n"
+            "broker:\n  orphan_s: 2\n"   # it outlives vgpud; a test's goes soon after
             "devices:\n  nodes: {'*': [/dev/null]}\n")
         self.log = tmp / "vgpud.log"
         self.proc: subprocess.Popen[bytes] | None = None
