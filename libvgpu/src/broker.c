@@ -17,7 +17,8 @@
  * which no other slice waited, so no claim moves time onto another slice.
  * A holder that stays past its quantum while others wait, runs out of credit
  * or is outranked loses the token; the work it had queued is charged to it
- * until it reports the drain. A tail never reported costs TAIL_MAX and does not
+ * until it reports the drain (latched per hold when first seen: a later report of
+ * its own cannot hide it). A tail never reported costs TAIL_MAX and does not
  * hold back the next holder's clock; a grant no process takes within TAKE_NS
  * (a made-up request) is taken back.
  */
@@ -89,6 +90,8 @@ struct seg {
     uint64_t idle;     /* idle time it may deduct (fixed when the hold ends) */
     uint64_t penalty;  /* charged on top: a tail never reported */
     int taken;         /* a process of the slice took the grant (seen once: latched) */
+    int drained;       /* its slice reported this hold's drain (seen once: latched) ... */
+    uint64_t drain_claim, drain_seen; /* ... dated this, seen then */
 };
 
 struct vg_bgpu {
@@ -520,9 +523,32 @@ static void settle(struct vg_bgpu *g, uint64_t fin)
     }
 }
 
+/* Latch each revoked hold's drain report the first time it is seen. A slice reports
+ * only its latest drain, and a hold queued behind another's unsettled tail may wait
+ * for it up to TAIL_MAX_NS: by then a later hold of its own may have reported over it,
+ * and a slice that scrambles its reports would make its neighbours pay missing tails. */
+static void note_drains(struct vg_bgpu *g, uint64_t now)
+{
+    for (int k = 0; k < g->nseg; k++) {
+        struct seg *c = &g->seg[k];
+        if (!c->end || !c->revoked || c->slice < 0 || c->drained)
+            continue;
+        const struct vgpu_sched_req *r = &g->sl[c->slice].req;
+        /* A slice gives a hold back only with its queue empty: one that gave it back as we
+         * took it (the two crossed) has nothing left to drain and reports no drain. */
+        int drain = r->drain_seq == c->seq, release = r->release_seq == c->seq;
+        if (drain || release) {
+            c->drained = 1;
+            c->drain_claim = drain ? r->drain_ns : r->release_ns;
+            c->drain_seen = now;
+        }
+    }
+}
+
 /* Settle what can be: segments whose work is known to have ended. */
 static void settle_ready(struct vg_bgpu *g, uint64_t now)
 {
+    note_drains(g, now);
     while (g->nseg) {
         struct seg *s0 = &g->seg[0];
         if (!s0->end)
@@ -532,9 +558,8 @@ static void settle_ready(struct vg_bgpu *g, uint64_t now)
             fin = s0->end; /* released drained, or revoked before any process took it */
         } else {
             uint64_t from = s0->start > s0->end ? s0->start : s0->end;
-            const struct vgpu_sched_req *r = &g->sl[s0->slice].req;
-            if (r->drain_seq == s0->seq) {
-                fin = believed(r->drain_ns, s0->start, now);
+            if (s0->drained) {
+                fin = believed(s0->drain_claim, s0->start, s0->drain_seen);
                 if (!fin)
                     fin = from; /* an impossible date: nothing was queued */
                 else if (fin < s0->end)
