@@ -22,6 +22,13 @@ containerPath, options) and hooks; 0.4.0 added a mount `type`, 0.5.0 `hostPath` 
 nodes, 0.6.0 annotations: none is used, so Podman 4.x (reads up to 0.5.0) and every newer
 engine read it. Engines refuse a spec with a field its version does not have.
 
+Who may use a claim's device on that path (check_claim_use): containerd 1.6 passes pod
+annotations `cdi.k8s.io/*` on to the container, so any pod can name any claim's device; the
+device is given only to a container of the claim's namespace, which containerd itself
+writes (`io.kubernetes.cri.sandbox-namespace`, a key no pod annotation can set through
+the handler's `vgpu.io/*`, `cdi.k8s.io/*` patterns), checked against the namespace the DRA
+plugin labels the claim's slice with.
+
 Pure but for write_spec / remove_spec / find_edits (files) and the stat of device nodes
 (a parameter).
 """
@@ -52,12 +59,19 @@ __all__ = [
     "HOOK_COMMAND",
     "HOOK_PHASE",
     "KIND",
+    "LABEL_CLAIM",
+    "LABEL_NODE",
+    "LABEL_UID",
+    "SANDBOX_NAMESPACE",
     "SPEC_DIRS",
     "CdiError",
     "DeviceNode",
+    "check_claim_use",
     "claim_devices",
+    "claim_requests",
     "claim_spec",
     "device_id",
+    "edits_slice_id",
     "find_edits",
     "remove_spec",
     "spec_path",
@@ -82,6 +96,13 @@ SPEC_DIRS = DEFAULT_CDI_SPEC_DIRS
 #: The OCI hook phase: in the runtime's namespaces before pivot_root, like prestart
 #: (which CDI does not offer), and what vgpu-hook's mount code needs.
 HOOK_PHASE = "createRuntime"
+#: Labels the DRA plugin gives a claim's vgpud slice (`vgpu slices` shows them): whose it
+#: is, `<namespace>/<name>` (check_claim_use reads the namespace), its UID, its node.
+LABEL_CLAIM = "dra.vgpu.io/claim"
+LABEL_UID = "dra.vgpu.io/claim-uid"
+LABEL_NODE = "dra.vgpu.io/node"
+#: The pod's namespace on each of its containers, written by containerd's CRI plugin.
+SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
 
 # CDI SPEC.md: a device name is letters and digits with `_ - . :` inside.
 _NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
@@ -224,18 +245,66 @@ def remove_spec(cdi_dir: Path, name: str) -> bool:
     return True
 
 
-def claim_devices(annotations: Mapping[str, str]) -> tuple[str, ...]:
-    """The `vgpu.io/claim=<name>` devices that CDI annotations request, in key order,
-    each once (other kinds are another driver's: left alone)."""
-    found: dict[str, None] = {}
+def claim_requests(annotations: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """(annotation key, `vgpu.io/claim=<name>` device) for each claim device that CDI
+    annotations request, in key order, each device once under its first key (other kinds
+    are another driver's: left alone)."""
+    found: dict[str, str] = {}
     for key in sorted(annotations):
         if not key.startswith(ANNOTATION_PREFIX) or not isinstance(annotations[key], str):
             continue
         for item in annotations[key].split(","):
             item = item.strip()
             if item.startswith(f"{KIND}="):
-                found.setdefault(item, None)
-    return tuple(found)
+                found.setdefault(item, key)
+    return tuple((key, ident) for ident, key in found.items())
+
+
+def claim_devices(annotations: Mapping[str, str]) -> tuple[str, ...]:
+    """The `vgpu.io/claim=<name>` devices that CDI annotations request (claim_requests)."""
+    return tuple(ident for _, ident in claim_requests(annotations))
+
+
+def edits_slice_id(edits: Mapping[str, Any]) -> str:
+    """The slice a device's containerEdits give: the one their `vgpu-hook claim <slice id>`
+    hook names (claim_spec); "" when no hook of theirs names one."""
+    for h in edits.get("hooks") or []:
+        args = h.get("args") if isinstance(h, Mapping) else None
+        if isinstance(args, list) and len(args) == 3 and args[1] == HOOK_COMMAND \
+                and isinstance(args[2], str):
+            return args[2]
+    return ""
+
+
+def check_claim_use(key: str, ident: str, labels: Mapping[str, str],
+                    annotations: Mapping[str, str]) -> None:
+    """May the container with OCI `annotations` use claim device `ident` (requested by
+    annotation `key`), whose slice carries `labels`? CdiError with the one line why not.
+
+    A Kubernetes claim's slice (label LABEL_CLAIM, `<namespace>/<name>`) goes only to a
+    container of that namespace (SANDBOX_NAMESPACE, which containerd writes): a pod may name
+    any device in its annotations, but Kubernetes lets it use only the claims of its own
+    namespace. A container with no namespace (not a pod's: `ctr`, a host tool) gets no
+    Kubernetes claim, and a pod's container no slice the plugin did not label (the host
+    made it, for the host's containers)."""
+    claim = labels.get(LABEL_CLAIM, "")
+    pod_ns = annotations.get(SANDBOX_NAMESPACE, "")
+    pod_ns = pod_ns if isinstance(pod_ns, str) else ""
+    why = ""
+    if claim:
+        claim_ns, sep, name = claim.partition("/")
+        if not sep or not claim_ns or not name:
+            why = f"its slice's label {LABEL_CLAIM}={claim!r} is not <namespace>/<name>"
+        elif not pod_ns:
+            why = (f"claim {claim} is a Kubernetes claim and the container is no pod's "
+                   f"(it has no {SANDBOX_NAMESPACE} annotation)")
+        elif pod_ns != claim_ns:
+            why = f"claim {claim} is not this pod's (the pod is in namespace {pod_ns})"
+    elif pod_ns:
+        why = (f"its slice is no Kubernetes claim's (no {LABEL_CLAIM} label), so no pod "
+               f"may use it (the pod is in namespace {pod_ns})")
+    if why:
+        raise CdiError("use", f"the CDI device {ident} of annotation {key}", why)
 
 
 def find_edits(dirs: Sequence[Path], ident: str) -> dict[str, Any]:

@@ -17,13 +17,20 @@ import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from arbiter.defaults import ENV_CONFIG, ENV_SOCKET
-from arbiter.errors import VgpuError
-from oci_hook.cdi import SPEC_DIRS, claim_devices, find_edits
+from arbiter.errors import NotFoundError, VgpuError
+from oci_hook.cdi import (
+    SPEC_DIRS,
+    CdiError,
+    check_claim_use,
+    claim_requests,
+    edits_slice_id,
+    find_edits,
+)
 from oci_hook.mounts import slice_env
-from oci_hook.phases import release
+from oci_hook.phases import CLAIM_KIND, release
 from oci_hook.request import (
     ANNOTATION_PREFIX,
     INTERNAL_ANNOTATIONS,
@@ -41,7 +48,7 @@ if TYPE_CHECKING:
     from arbiter.config import Config
     from oci_hook.slices import Slices
 
-__all__ = ["HOOK_PATH", "give_vgpu", "hook_settings"]
+__all__ = ["HOOK_PATH", "claim_edits", "give_vgpu", "hook_settings"]
 
 #: The hooks' PATH: an engine may run them with an empty environment.
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -61,24 +68,50 @@ def hook_settings(hook: Path | None, config: Config) -> HookSettings:
                         timeout=math.ceil(config.hook_wait_s) + _HOOK_MARGIN_S)
 
 
+def claim_edits(key: str, ident: str, annotations: Mapping[str, str],
+                cdi_dirs: Sequence[Path], slices: Slices) -> dict[str, Any]:
+    """The containerEdits of claim device `ident` (annotation `key`) for the container
+    with `annotations`: the slice they give must be a claim's, and the container may use
+    it (oci_hook.cdi.check_claim_use); CdiError with one line otherwise."""
+    edits = find_edits(cdi_dirs, ident)
+    what = f"the CDI device {ident} of annotation {key}"
+    slice_id = edits_slice_id(edits)
+    if not slice_id:
+        raise CdiError("use", what, "its spec's hook names no slice")
+    try:
+        s = slices.get(slice_id)
+    except NotFoundError:
+        raise CdiError("use", what, f"slice {slice_id} does not exist "
+                       f"(is the claim prepared?)") from None
+    if s.owner_kind != CLAIM_KIND:
+        raise CdiError("use", what, f"slice {slice_id} belongs to {s.owner_kind} {s.owner}, "
+                       "not to a claim")
+    check_claim_use(key, ident, dict(s.labels), annotations)
+    return edits
+
+
 def give_vgpu(store: SpecStore, spec: Spec, container_id: str, bundle: Path, config: Config,
               slices: Slices, hook: Path | None, cdi_dirs: Sequence[Path] = SPEC_DIRS
               ) -> Callable[[], None] | None:
     """The vGPU path: validate, allocate, modify and flush `spec` (loaded from `store`).
 
     A container whose CDI annotations name `vgpu.io/claim` devices (containerd 1.6, which
-    has no CDI) gets those devices' container edits from their spec files in `cdi_dirs`.
+    has no CDI) gets those devices' container edits from their spec files in `cdi_dirs`,
+    each only if it may use that claim (claim_edits): nothing is applied otherwise.
 
     Returns a function that releases the slice again (the runtime could not be told, or
     its exec failed); None, with the spec untouched, when the exact request test finds
     no request. On any failure after the allocation, releases the slice first.
     """
     annotations: Mapping[str, str] = spec.get("annotations") or {}
-    claims = claim_devices(annotations)
+    claims = claim_requests(annotations)
     if claims and container_type(annotations) != SANDBOX:
-        # containerd 1.6 has no CDI: apply the claim's spec here, as a CDI engine would.
-        # The claim holds the slice; nothing is allocated, nothing to undo.
-        CdiEditsModifier(tuple(find_edits(cdi_dirs, d) for d in claims)).modify(spec)
+        # containerd 1.6 has no CDI: apply the claim's spec here, as a CDI engine would,
+        # once every device is this container's to use (a pod sets these annotations
+        # itself). The claim holds the slice; nothing is allocated, nothing to undo.
+        edits = tuple(claim_edits(key, ident, annotations, cdi_dirs, slices)
+                      for key, ident in claims)
+        CdiEditsModifier(edits).modify(spec)
         store.flush(spec)
         return None
     process = spec.get("process") or {}

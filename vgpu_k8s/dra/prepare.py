@@ -33,10 +33,12 @@ __all__ = ["LABEL_CLAIM", "LABEL_NODE", "LABEL_UID", "Answer", "Preparer"]
 
 log = logging.getLogger("vgpu-dra-plugin")
 
-#: Labels of a claim's vgpud slice: whose it is (`vgpu slices` shows them).
-LABEL_CLAIM = "dra.vgpu.io/claim"      # namespace/name
-LABEL_UID = "dra.vgpu.io/claim-uid"
-LABEL_NODE = "dra.vgpu.io/node"
+#: Labels of a claim's vgpud slice: whose it is (`vgpu slices` shows them). One definition,
+#: oci_hook.cdi's: containerd 1.6's runtime handler gives a claim's device only to a pod
+#: of the namespace in LABEL_CLAIM (namespace/name).
+LABEL_CLAIM = cdi.LABEL_CLAIM
+LABEL_UID = cdi.LABEL_UID
+LABEL_NODE = cdi.LABEL_NODE
 
 
 @dataclass(frozen=True)
