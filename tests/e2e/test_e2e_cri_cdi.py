@@ -14,7 +14,11 @@ the CRI v1 API as the kubelet drives it, and a vgpud on two simulated GPUs. Chec
 container's CUDA client sees exactly the claim's limits; the pod's sandbox, which carries
 the same annotation at pod level, gets nothing; the claim keeps its slice after the pod
 is removed (only the plugin releases it); after the release a container naming the
-device fails with one line. Pods, slice and spec are removed even when a test fails.
+device fails with one line. A pod sets `cdi.k8s.io/*` annotations itself, so a pod of
+another namespace that names the claim's device fails to start with one line naming the
+annotation and the claim, and the claim records no user for it (its slice is labelled as
+the plugin labels it: `dra.vgpu.io/claim` = namespace/name). Pods, slice and spec are
+removed even when a test fails.
 """
 from __future__ import annotations
 
@@ -44,6 +48,9 @@ AMOUNTS = ((192 * MI, 30, "0"), (320 * MI, 20, "1"))
 #: Prints what the container sees of both vGPUs, then keeps it (and its use) alive.
 PROBE_THEN_WAIT = ("cat /etc/ld.so.preload; vgpu_probe info device:1 info && "
                    "exec sleep 600")
+#: The claims' namespace (their pods'), and another tenant's.
+NAMESPACE = "team-a"
+OTHER_NAMESPACE = "team-b"
 
 
 class World:
@@ -80,13 +87,14 @@ class World:
         self.containerd.stop()
         self.vgpud.close()
 
-    def pod(self, name: str, annotations: dict[str, str]) -> Pod:
+    def pod(self, name: str, annotations: dict[str, str], namespace: str = NAMESPACE) -> Pod:
         uid = str(uuid.uuid4())
         log_dir = self.tmp / "logs" / uid
         log_dir.mkdir(parents=True)
         assert self.cri is not None
-        return self.cri.run_pod(PodSpec(name, uid, annotations=annotations,
-                                        runtime_handler="vgpu", log_directory=str(log_dir)))
+        return self.cri.run_pod(PodSpec(name, uid, namespace=namespace,
+                                        annotations=annotations, runtime_handler="vgpu",
+                                        log_directory=str(log_dir)))
 
     def container(self, name: str, script: str, annotations: dict[str, str]) -> ContainerSpec:
         """A container of the test image that sees the simulated GPUs."""
@@ -108,11 +116,14 @@ class World:
 class Claim:
     """A claim prepared as vgpu-dra-plugin's NodePrepareResources prepares one."""
 
-    def __init__(self, world: World, uid: str) -> None:
+    def __init__(self, world: World, uid: str, name: str = "train") -> None:
         self.world = world
         self.uid = uid
+        #: namespace/name, as the plugin labels the slice (dra.vgpu.io/claim).
+        self.ref = f"{NAMESPACE}/{name}"
         self.slice = world.vgpud.stub.Allocate(pb.AllocateRequest(
             owner=f"vgpu.io/claim/{uid}", owner_kind="claim",
+            labels={cdi.LABEL_CLAIM: self.ref, cdi.LABEL_UID: uid, cdi.LABEL_NODE: "node-1"},
             vgpus=[pb.VGpuRequest(memory_bytes=m, compute_percent=c, device=d)
                    for m, c, d in AMOUNTS]), timeout=10).slice
         spec = cdi.claim_spec(cdi.view_of_message(self.slice), name=uid, libvgpu=LIBVGPU,
@@ -121,7 +132,8 @@ class Claim:
                                         "VGPU_CONFIG": str(world.vgpud.config_file)})
         self.path = cdi.write_spec(world.cdi_dir, uid, spec)
         #: What a kubelet up to 1.30 puts on the container (and a pod may set itself).
-        self.annotation = {f"{cdi.ANNOTATION_PREFIX}vgpu.io_{uid}": cdi.device_id(uid)}
+        self.key = f"{cdi.ANNOTATION_PREFIX}vgpu.io_{uid}"
+        self.annotation = {self.key: cdi.device_id(uid)}
 
     def release(self) -> None:
         """What Unprepare does: the spec goes, then the slice (idempotent)."""
@@ -151,6 +163,14 @@ def claim(world):
     world.cri.remove_all()
     for c in made:
         c.release()
+
+
+def users_of(world: World, c: Claim) -> list[dict[str, Any]]:
+    """The containers vgpud recorded as users of the claim's slice (once there is one)."""
+    found: list[dict[str, Any]] = world.vgpud.wait_for(
+        lambda: [u for u in world.vgpud.events("user.add") if u["slice"] == c.slice.id],
+        what="the claim's user")
+    return found
 
 
 def infos(world: World, cid: str) -> tuple[list[str], list[dict[str, Any]]]:
@@ -186,10 +206,8 @@ def test_a_cdi_annotation_gives_the_container_the_claim_s_slice_and_the_sandbox_
     assert [h["args"] for h in app["hooks"]["createRuntime"]
             if h["path"] == str(NATIVE_BIN / "vgpu-hook")] == [
         ["vgpu-hook", cdi.HOOK_COMMAND, c.slice.id]]
-    users = world.vgpud.wait_for(
-        lambda: [u for u in world.vgpud.events("user.add") if u["slice"] == c.slice.id],
-        what="the claim's user")
-    assert [(u["slice"], Path(u["bundle"]).name) for u in users] == [(c.slice.id, cid)]
+    assert [(u["slice"], Path(u["bundle"]).name) for u in users_of(world, c)] == [
+        (c.slice.id, cid)]
     # The sandbox carries the pod's annotation and is left as containerd made it.
     sandbox = world.bundle_spec(pod.id)
     assert sandbox["annotations"].items() >= c.annotation.items()
@@ -217,3 +235,30 @@ def test_after_the_release_a_container_naming_the_claim_fails_with_one_line(worl
     assert "\n" not in details
     assert world.cri.container_status(cid).state != api.CONTAINER_RUNNING
     assert world.slices() == []
+
+
+def test_a_pod_of_another_namespace_naming_the_claim_fails_with_one_line(world, claim):
+    """The claim's pod runs; a pod in another namespace that sets the claim's CDI annotation
+    itself (a pod annotation: containerd passes `cdi.k8s.io/*` on) fails to start with one
+    line, the claim records no user for it, and the claim's own container runs on."""
+    c = claim()
+    assert world.cri is not None
+    pod = world.pod("claim", c.annotation)
+    cid = world.cri.create_container(pod, world.container("app", PROBE_THEN_WAIT,
+                                                          c.annotation))
+    world.cri.start_container(cid)
+    infos(world, cid)
+    thief = world.pod("thief", c.annotation, namespace=OTHER_NAMESPACE)
+    tid = world.cri.create_container(thief, world.container("app", "echo must-not-run", {}))
+    with pytest.raises(grpc.RpcError) as err:
+        world.cri.start_container(tid)
+    details = err.value.details()
+    assert (f"vgpu: failed to use the CDI device {cdi.device_id(c.uid)} of annotation "
+            f"{c.key}: claim {c.ref} is not this pod's (the pod is in namespace "
+            f"{OTHER_NAMESPACE})") in details, details
+    assert "\n" not in details
+    assert world.cri.container_status(tid).state != api.CONTAINER_RUNNING
+    # Refused before runc ran: no hook, so the claim's one user is its own container.
+    assert [Path(u["bundle"]).name for u in users_of(world, c)] == [cid]
+    assert world.cri.container_status(cid).state == api.CONTAINER_RUNNING
+    assert [(s.id, s.owner_kind) for s in world.slices()] == [(c.slice.id, "claim")]
