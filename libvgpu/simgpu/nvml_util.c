@@ -67,13 +67,26 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlU
 /* NVML's sample timestamps are CPU time in microseconds since the epoch;
  * the ring is CLOCK_MONOTONIC. Offset = realtime - monotonic, rounded to the
  * millisecond so that every call and every process converts one kernel's end
- * to the same stamp (a client passes the stamp back as lastSeenTimeStamp). */
-static uint64_t realtime_offset_ns(uint64_t mono_now)
+ * to the same stamp (a client passes the stamp back as lastSeenTimeStamp).
+ * The realtime read is bracketed by two monotonic reads, tightest of a few
+ * tries: a caller descheduled between the reads (a loaded machine) would
+ * otherwise skew the offset by a millisecond or more and hand out new stamps
+ * for samples already seen. */
+static uint64_t realtime_offset_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t real = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-    uint64_t off = real > mono_now ? real - mono_now : 0;
+    uint64_t off = 0, best_gap = UINT64_MAX;
+    for (int i = 0; i < 8 && best_gap > 20000; i++) {
+        struct timespec ts;
+        uint64_t m0 = simgpu_now_ns();
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t m1 = simgpu_now_ns();
+        if (m1 - m0 >= best_gap)
+            continue;
+        best_gap = m1 - m0;
+        uint64_t real = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+        uint64_t mid = m0 + best_gap / 2;
+        off = real > mid ? real - mid : 0;
+    }
     return (off + 500000ull) / 1000000ull * 1000000ull;
 }
 
@@ -99,7 +112,7 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         return NVML_ERROR_INVALID_ARGUMENT;
 
     uint64_t now = simgpu_now_ns();
-    uint64_t off = realtime_offset_ns(now);
+    uint64_t off = realtime_offset_ns();
     uint64_t from = now > NVML_SIM_WINDOW_NS ? now - NVML_SIM_WINDOW_NS : 0;
     uint64_t seen_ns = (uint64_t)lastSeenTimeStamp * 1000ull;
     if (lastSeenTimeStamp && seen_ns > off && seen_ns - off > from)
