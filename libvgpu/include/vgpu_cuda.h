@@ -345,6 +345,10 @@ CUresult cuEventDestroy_v2(CUevent hEvent);
 CUresult cuStreamBeginCapture(CUstream hStream);
 CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph);
+typedef struct CUgraphEdgeData_st CUgraphEdgeData; /* opaque to vgpu: only passed through */
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+                                     const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                     CUstreamCaptureMode mode);
 CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags);
 CUresult cuGraphAddKernelNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
                               size_t numDependencies, const CUDA_KERNEL_NODE_PARAMS_v1 *nodeParams);
@@ -395,6 +399,12 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
                                         unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
                                         void **kernelParams);
 CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream);
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode *dependencies,
+                                          const CUgraphEdgeData *dependencyData, size_t numDependencies,
+                                          CUstreamCaptureMode mode);
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,

@@ -74,6 +74,8 @@ struct bslice {
     uint64_t credit_ts, last_active, used, registered;
     uint64_t last_seen;            /* last request, hold or report: "present" within PRESENT_NS */
     uint32_t holds;
+    uint32_t late_seq;             /* a hold whose tail was settled unreported ... */
+    uint64_t late_from;            /* ... charged until then: a later drain report pays the rest */
     struct vgpu_sched_req req;     /* this step's snapshot; zeros when unreadable */
     int waiting, seen;
 };
@@ -219,6 +221,7 @@ static void take_on(struct vg_bgpu *g, int i, uint64_t key, uint64_t now)
     b->credit_ts = b->last_active = b->registered = b->last_seen = now;
     b->used = 0;
     b->holds = 0;
+    b->late_seq = 0;
     b->waiting = 0;
     memset(&b->req, 0, sizeof(b->req));
     b->key = key;
@@ -570,6 +573,10 @@ static void settle_ready(struct vg_bgpu *g, uint64_t now)
                  * its own grant, not behind what may be a made-up tail. */
                 s0->penalty = TAIL_MAX_NS;
                 fin = from;
+                if (s0->slice >= 0) {
+                    g->sl[s0->slice].late_seq = s0->seq;
+                    g->sl[s0->slice].late_from = from + TAIL_MAX_NS;
+                }
             } else {
                 return;
             }
@@ -734,6 +741,14 @@ static uint64_t step(struct vg_bgpu *g)
             b->last_active = a > now ? now : a;
         if (b->waiting && (int)i != g->holder)
             others_wait = 1;
+        if (b->late_seq && r->drain_seq == b->late_seq) {
+            /* A tail longer than TAIL_MAX (one long launch) drained at last: its slice
+             * pays the rest of it (a false date costs only itself). */
+            uint64_t end = believed(r->drain_ns, b->late_from, now);
+            if (end)
+                charge(g, (int)i, end - b->late_from, 0);
+            b->late_seq = 0;
+        }
     }
     /* Holds before the current one: settled as their queued work reports its end. */
     settle_ready(g, now);

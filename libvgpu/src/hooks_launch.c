@@ -78,3 +78,69 @@ VG_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s)
 {
     SCHEDULED(PTSZ(s), REAL(cuGraphLaunch_ptsz)(exec, s));
 }
+
+/* ---- stream capture: counted so that launches ask the driver only while one is open ---- */
+
+#define CAPTURE_BEGIN(call)                                    \
+    do {                                                       \
+        vg_boot();                                             \
+        CUresult rc_ = call;                                   \
+        if (rc_ == CUDA_SUCCESS)                               \
+            atomic_fetch_add(&vg_captures_open, 1);            \
+        return rc_;                                            \
+    } while (0)
+
+/* Ended, whatever the result (an invalidated capture ends with an error): by the
+ * stream's state before and after. */
+#define CAPTURE_END(stream, call)                              \
+    do {                                                       \
+        vg_boot();                                             \
+        int was_ = vg_stream_capturing(stream);                \
+        CUresult rc_ = call;                                   \
+        if (was_ && !vg_stream_capturing(stream))              \
+            vg_capture_closed();                               \
+        return rc_;                                            \
+    } while (0)
+
+VG_EXPORT CUresult cuStreamBeginCapture(CUstream s)
+{
+    CAPTURE_BEGIN(REAL(cuStreamBeginCapture)(s));
+}
+
+VG_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream s)
+{
+    CAPTURE_BEGIN(REAL(cuStreamBeginCapture_ptsz)(s));
+}
+
+VG_EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode mode)
+{
+    CAPTURE_BEGIN(REAL(cuStreamBeginCapture_v2)(s, mode));
+}
+
+VG_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode mode)
+{
+    CAPTURE_BEGIN(REAL(cuStreamBeginCapture_v2_ptsz)(s, mode));
+}
+
+VG_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                               const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode)
+{
+    CAPTURE_BEGIN(REAL(cuStreamBeginCaptureToGraph)(s, g, deps, data, n, mode));
+}
+
+VG_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                                    const CUgraphEdgeData *data, size_t n,
+                                                    CUstreamCaptureMode mode)
+{
+    CAPTURE_BEGIN(REAL(cuStreamBeginCaptureToGraph_ptsz)(s, g, deps, data, n, mode));
+}
+
+VG_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph)
+{
+    CAPTURE_END(s, REAL(cuStreamEndCapture)(s, graph));
+}
+
+VG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
+{
+    CAPTURE_END(PTSZ(s), REAL(cuStreamEndCapture_ptsz)(s, graph));
+}

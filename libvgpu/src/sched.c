@@ -119,7 +119,6 @@ static CUresult (*p_event_query)(CUevent);
 static CUresult (*p_event_sync)(CUevent);
 static CUresult (*p_event_destroy)(CUevent);
 static CUresult (*p_ctx_current)(CUcontext *);
-static CUresult (*p_is_capturing)(CUstream, CUstreamCaptureStatus *);
 
 /* The kernel's tick-granular clock: a few ns, for the 100% path's stamps. */
 static uint64_t coarse_ns(void)
@@ -414,7 +413,6 @@ static int look_up_driver(void)
     p_event_sync = (CUresult(*)(CUevent))vg_driver_sym("cuEventSynchronize");
     p_event_destroy = (CUresult(*)(CUevent))vg_driver_sym("cuEventDestroy_v2");
     p_ctx_current = (CUresult(*)(CUcontext *))vg_driver_sym("cuCtxGetCurrent");
-    p_is_capturing = (CUresult(*)(CUstream, CUstreamCaptureStatus *))vg_driver_sym("cuStreamIsCapturing");
     return p_event_create && p_event_record && p_event_query && p_event_sync && p_event_destroy && p_ctx_current;
 }
 
@@ -563,6 +561,10 @@ static unsigned depth(const struct sdev *d, int contended)
     if (!d->per_ns)
         return 4;
     uint64_t n = q / d->per_ns;
+    /* Launches longer than the queue we keep (a big graph): one at a time, so that a
+     * revoked hold's tail is one launch, which the broker can wait for and charge. */
+    if (n == 0)
+        return 1;
     return n < 2 ? 2 : n > 100000 ? 100000 : (unsigned)n;
 }
 
@@ -826,8 +828,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         await_entry(d);
     if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED) && full_share(d))
         return t;
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (p_is_capturing && p_is_capturing(stream, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE)
+    if (atomic_load_explicit(&vg_captures_open, memory_order_relaxed) && vg_stream_capturing(stream))
         return t; /* recorded into a graph, not run: the graph's launch is charged */
     t.dev = dev;
     if (admit_fast(d))
@@ -894,6 +895,26 @@ struct vg_ticket vg_sched_admit(CUstream stream)
     __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_lock);
     return t;
+}
+
+/* ---- stream capture (hooks_launch.c counts the captures) ---- */
+
+_Atomic int vg_captures_open;
+
+int vg_stream_capturing(CUstream s)
+{
+    static CUresult (*is_capturing)(CUstream, CUstreamCaptureStatus *);
+    if (!is_capturing)
+        is_capturing = (CUresult(*)(CUstream, CUstreamCaptureStatus *))vg_driver_sym("cuStreamIsCapturing");
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    return is_capturing && is_capturing(s, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+void vg_capture_closed(void)
+{
+    int n = atomic_load(&vg_captures_open);
+    while (n > 0 && !atomic_compare_exchange_weak(&vg_captures_open, &n, n - 1))
+        ;
 }
 
 /* An event for the current context: reused when one is free. */

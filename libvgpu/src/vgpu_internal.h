@@ -143,6 +143,13 @@ struct vg_ticket {
 struct vg_ticket vg_sched_admit(CUstream s);
 /* After the launch: rc is what the driver returned. */
 void vg_sched_done(struct vg_ticket t, CUresult rc);
+/* Stream captures open in this process (hooks_launch.c counts them as they begin and
+ * end): while there are none, no stream is capturing and a launch need not ask the
+ * driver (the question is most of a throttled launch's cost). A capture that ends
+ * unseen leaves the count high: the launch asks, never a wrong answer. */
+extern _Atomic int vg_captures_open;
+int vg_stream_capturing(CUstream s);
+void vg_capture_closed(void);
 
 /* ---- helpers shared by hooks ---- */
 /* Regions ready (retried until the driver is initialised); CUDA_SUCCESS or

@@ -3,7 +3,7 @@
  * gpu_load.c - a GPU workload for the compute tests and benchmark.
  *
  *   gpu_load [--kernel busy_2000us | --kernels busy_50us,busy_500us,...]
- *            [--device N[,N...]] [--path kernel|ex|coop|graph] [--graph-kernels N]
+ *            [--device N[,N...]] [--path kernel|ex|coop|graph|graph-procaddr] [--graph-kernels N]
  *            [--threads N] [--queue N] [--sync-every N] [--cpu-gap-us U]
  *            [--gap spin|sleep] [--start-at NS] [--until NS | --seconds S] [--trace FILE]
  *
@@ -123,15 +123,24 @@ static void *work(void *arg)
     CHECK("cuStreamCreate", cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CUgraphExec exec = NULL;
     uint64_t graph_ns = 0;
-    if (strcmp(o->path, "graph") == 0) {
+    if (strncmp(o->path, "graph", 5) == 0) {
         CUgraph g;
-        CHECK("cuStreamBeginCapture", cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+        /* graph-procaddr: capture through the pointers cuGetProcAddress hands out, as the
+         * CUDA runtime does (libvgpu must see the capture either way) */
+        CUresult (*begin)(CUstream, CUstreamCaptureMode) = cuStreamBeginCapture_v2;
+        CUresult (*end)(CUstream, CUgraph *) = cuStreamEndCapture;
+        if (strcmp(o->path, "graph-procaddr") == 0) {
+            CUdriverProcAddressQueryResult st;
+            CHECK("cuGetProcAddress", cuGetProcAddress_v2("cuStreamBeginCapture", (void **)&begin, 12000, 0, &st));
+            CHECK("cuGetProcAddress", cuGetProcAddress_v2("cuStreamEndCapture", (void **)&end, 12000, 0, &st));
+        }
+        CHECK("cuStreamBeginCapture", begin(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
         for (int i = 0; i < o->graph_kernels; i++) {
             int j = i % o->nkernels;
             CHECK("captured launch", cuLaunchKernel(w->f[j], 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
             graph_ns += o->kernel_ns[j];
         }
-        CHECK("cuStreamEndCapture", cuStreamEndCapture(s, &g));
+        CHECK("cuStreamEndCapture", end(s, &g));
         CHECK("cuGraphInstantiate", cuGraphInstantiateWithFlags(&exec, g, 0));
     }
     CUevent *ring = calloc((size_t)o->queue, sizeof(*ring));
