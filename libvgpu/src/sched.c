@@ -47,6 +47,7 @@
 #define GAP_HOLD_NS (150 * US)     /* contended: ... this long (a step loop's sync gap, not its CPU work) */
 #define QUEUE_NS (4 * MS)          /* queued work a holder keeps ahead of the GPU */
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
+#define TAIL_QUEUE_NS (40 * MS)    /* ... and never two launches longer than this together */
 #define EVENT_EVERY_NS (100 * US)   /* one event per this much launched work */
 #define PER_SAMPLES 15             /* completions the kernel-length estimate looks at */
 #define WANT_RENEW_NS (1 * MS)     /* waiters renew their request this often */
@@ -561,9 +562,9 @@ static unsigned depth(const struct sdev *d, int contended)
     if (!d->per_ns)
         return 4;
     uint64_t n = q / d->per_ns;
-    /* Launches longer than the queue we keep (a big graph): one at a time, so that a
-     * revoked hold's tail is one launch, which the broker can wait for and charge. */
-    if (n == 0)
+    /* Long launches (a big graph): one at a time once two would make a revoked hold's
+     * tail longer than the broker waits for a drain report (TAIL_MAX, 50 ms). */
+    if (d->per_ns > TAIL_QUEUE_NS / 2)
         return 1;
     return n < 2 ? 2 : n > 100000 ? 100000 : (unsigned)n;
 }

@@ -17,13 +17,8 @@ from support.process import clean_env
 from support.vgpud_harness import Vgpud, pb
 
 from arbiter.config import Config
-from arbiter.core import Arbiter
 from arbiter.errors import LibraryNotFoundError
-from arbiter.events import EventLog
 from arbiter.installs import installed
-from arbiter.model import Gpu
-from arbiter.regions import Regions
-from arbiter.state import Store
 from arbiter.version import version
 from shim import lifecycle
 from shim.lifecycle import (
@@ -528,16 +523,6 @@ def test_a_v1_client_is_told_both_versions_over_the_socket(vgpud, tmp_path):
 
 
 # --- the decision with the domain in process (real SQLite and region files) ------------------
-
-@pytest.fixture
-def domain(tmp_path):
-    """arbiter.core.Arbiter on one simulated GPU: the Slices the ops are given in vgpud."""
-    store = Store(tmp_path / "state")
-    arbiter = Arbiter(gpus=[Gpu(0, "GPU-0", "sim", 16 << 30, 0, ("/dev/null",))], store=store,
-                      regions=Regions(tmp_path / "run"), events=EventLog(tmp_path / "ev.jsonl"))
-    arbiter.start()
-    yield arbiter
-    store.close()
 
 
 def test_runtime_create_without_the_compiled_hook_fails_and_allocates_nothing(domain, tmp_path):

@@ -17,10 +17,7 @@ import pytest
 
 from arbiter.config import Config
 from arbiter.core import Arbiter
-from arbiter.events import EventLog
-from arbiter.model import Gpu, Request, VGpuAsk
-from arbiter.regions import Regions
-from arbiter.state import Store
+from arbiter.model import Request, VGpuAsk
 from oci_hook import cdi
 from oci_hook.request import CONTAINER_TYPE_KEYS
 from oci_hook.slices import view_of
@@ -33,16 +30,6 @@ KEY = f"{cdi.ANNOTATION_PREFIX}vgpu.io_{UID}"
 DEV = cdi.device_id(UID)
 SPEC = {"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": ["PATH=/bin"], "cwd": "/"},
         "root": {"path": "rootfs"}}
-
-
-@pytest.fixture
-def domain(tmp_path):
-    store = Store(tmp_path / "state")
-    arbiter = Arbiter(gpus=[Gpu(0, "GPU-0", "sim", 16 << 30, 0, ("/dev/null",))], store=store,
-                      regions=Regions(tmp_path / "run"), events=EventLog(tmp_path / "ev.jsonl"))
-    arbiter.start()
-    yield arbiter
-    store.close()
 
 
 def prepare(domain: Arbiter, tmp: Path, uid: str, labels: dict[str, str],
