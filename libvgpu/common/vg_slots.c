@@ -267,6 +267,40 @@ int vg_slots_charge(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx
     return -1;
 }
 
+static uint64_t used_by_others(const struct vg_slot *slots, const _Atomic uint32_t *high_water, int idx)
+{
+    uint32_t hw = high_water_of(high_water);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < hw; i++)
+        if ((int)i != idx)
+            sum += atomic_load(&slots[i].used);
+    return sum;
+}
+
+/* Our slot is published for the others (they count it), but our own check never reads
+ * it back: a process that zeroes it between our write and our sum must not make our
+ * memory vanish from the total (tests/e2e/test_hostile_limits.py). */
+int vg_slots_charge_own(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx, uint64_t bytes,
+                        uint64_t limit, _Atomic uint64_t *own)
+{
+    struct vg_slot *mine = &slots[idx];
+    for (int attempt = 0; attempt < 4; attempt++) {
+        uint64_t total = atomic_fetch_add(own, bytes) + bytes;
+        atomic_store(&mine->used, total);
+        if (used_by_others(slots, high_water, idx) + total <= limit)
+            return 0;
+        uint64_t back = atomic_fetch_sub(own, bytes) - bytes;
+        atomic_store(&mine->used, back);
+        /* Over: maybe a dead process still holds memory. */
+        if (attempt == 0 && vg_slots_reap(slots, high_water) > 0)
+            continue;
+        if (used_by_others(slots, high_water, idx) + back + bytes > limit)
+            return -1;
+        sched_yield(); /* another charger was in flight; try again */
+    }
+    return -1;
+}
+
 void vg_slots_uncharge(struct vg_slot *slots, int idx, uint64_t bytes)
 {
     struct vg_slot *mine = &slots[idx];

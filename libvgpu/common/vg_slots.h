@@ -57,6 +57,11 @@ uint64_t vg_slots_used_live(struct vg_slot *slots, _Atomic uint32_t *high_water)
  * Returns 0 on success, -1 (nothing charged) when it would pass the limit. */
 int vg_slots_charge(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx, uint64_t bytes,
                     uint64_t limit);
+/* As vg_slots_charge, for a table others may write (a tenant's usage file): this
+ * process's part of the total is *own, its private tally (reserved first, so threads
+ * of one process see each other's charges), whatever slot idx says meanwhile. */
+int vg_slots_charge_own(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx, uint64_t bytes,
+                        uint64_t limit, _Atomic uint64_t *own);
 /* Give bytes back from slot idx (never below zero). */
 void vg_slots_uncharge(struct vg_slot *slots, int idx, uint64_t bytes);
 

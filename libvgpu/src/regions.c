@@ -373,10 +373,8 @@ int vg_charge(int dev, uint64_t bytes)
     if (slot < 0)
         return -1; /* every slot held by a live process: refuse rather than go unaccounted */
     reassert_slot(d, slot);
-    int rc = vg_slots_charge(d->u->slots, &d->u->slot_high_water, slot, bytes, atomic_load(&r->memory_limit));
-    if (rc == 0)
-        atomic_fetch_add(&d->mine, bytes);
-    return rc;
+    return vg_slots_charge_own(d->u->slots, &d->u->slot_high_water, slot, bytes, atomic_load(&r->memory_limit),
+                               &d->mine);
 }
 
 void vg_uncharge(int dev, uint64_t bytes)

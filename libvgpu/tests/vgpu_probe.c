@@ -8,7 +8,7 @@
  *   vgpu_probe [--via direct|dlsym|procaddr] [--device N] OP...
  *   OP: alloc:KIND:BYTES  free  freeall  info  count  fill:KIND:BYTES
  *       churn:KIND:BYTES:N  ctx:create  ctx:destroy  device:N  nvml
- *       hold  sleep:MS  launch:KERNEL:N  bench_launch:N  bench_alloc:BYTES:N
+ *       hold  sleep:MS  launch:KERNEL:N  bench_launch:N  bench_alloc:BYTES:N  over_alloc:BYTES:N
  *   KIND: mem pitch managed vmm async pool array array3d mipmap
  */
 #include <dlfcn.h>
@@ -421,6 +421,17 @@ int main(int argc, char **argv)
             double cpu = (double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec);
             printf("{\"op\":\"bench_launch\",\"n\":%llu,\"ns_per_call\":%.1f,\"cpu_ns_per_call\":%.1f}\n", n,
                    (double)wall / n, cpu / n);
+        } else if (sscanf(op, "over_alloc:%llu:%llu", &bytes, &n) == 2) {
+            /* over_alloc:BYTES:N: N tries at an allocation that must not fit; how many did */
+            CUdeviceptr p;
+            unsigned long long fit = 0;
+            for (unsigned long long j = 0; j < n; j++) {
+                if (cu.MemAlloc(&p, bytes) == CUDA_SUCCESS) {
+                    fit++;
+                    cu.MemFree(p);
+                }
+            }
+            printf("{\"op\":\"over_alloc\",\"n\":%llu,\"fit\":%llu}\n", n, fit);
         } else if (sscanf(op, "bench_alloc:%llu:%llu", &bytes, &n) == 2) {
             CUdeviceptr p;
             uint64_t t0 = now_ns();

@@ -74,6 +74,27 @@ def test_a_tenant_cannot_raise_its_limits_or_hide_its_usage(host):
     assert not usage["mount_ro"] and usage["writes_ok"] > 0  # its own: it did write there
 
 
+def test_zeroing_the_usage_as_fast_as_it_can_never_lets_an_allocation_through(host):
+    """The race the test above can only hit now and then, tried 20000 times: scribble
+    zeroes every slot with no pause while a process that holds 150 MiB asks for 150 MiB
+    more. libvgpu publishes its own slot for the others but counts its own part from its
+    private tally, so a zero written between its write and its sum changes nothing."""
+    script = (
+        "scribble limits 2 --gap-us 0 > /sim/scribble.json 2> /sim/scribble.err & "
+        f"vgpu_probe alloc:mem:{150 * MiB} sleep:300 over_alloc:{150 * MiB}:20000 "
+        "> /sim/probe.out 2> /sim/probe.err; wait; echo done")
+    p, _ = host.start(script, {"vgpu.io/memory": "256Mi"}, extra_bin=SCRIBBLE)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0 and "done" in out, (out, err)
+    results = probe_results(host.sim / "probe.out")
+    assert [r["result"] for r in results if r.get("op") == "alloc"] == ["CUDA_SUCCESS"]
+    [over] = [r for r in results if r.get("op") == "over_alloc"]
+    assert over == {"op": "over_alloc", "n": 20000, "fit": 0}, over
+    report = json.loads((host.sim / "scribble.json").read_text())
+    usage = {f["kind"]: f for f in report["files"]}["usage"]
+    assert usage["writes_ok"] > 0, usage  # the attack ran meanwhile
+
+
 def _scrape(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return str(r.read().decode())
