@@ -276,9 +276,18 @@ SIMGPU_API CUresult cuEventSynchronize(CUevent hEvent)
 {
     struct sg_event *e;
     CUresult rc = event_get(hEvent, &e);
-    if (rc == CUDA_SUCCESS)
-        simgpu_wait_until(atomic_load(&e->t_ns)); /* never recorded: 0, returns at once */
-    return rc;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    uint64_t t = atomic_load(&e->t_ns); /* never recorded: 0, returns at once */
+    if (e->flags & CU_EVENT_BLOCKING_SYNC) {
+        simgpu_wait_until(t);
+    } else {
+        /* As the driver does without CU_EVENT_BLOCKING_SYNC: the calling thread busy-waits
+         * (a CPU's worth of time, which tests of a waiter's CPU use must see). */
+        while (simgpu_now_ns() < t)
+            ;
+    }
+    return CUDA_SUCCESS;
 }
 
 SIMGPU_API CUresult cuEventQuery(CUevent hEvent)

@@ -195,6 +195,7 @@ struct broker_job {
 static void *broker_thread(void *arg)
 {
     struct broker_job *job = arg;
+    prctl(PR_SET_NAME, "vgpu-broker");
     vg_bgpu_run(job->g, &g_broker_stop);
     if (job->running)
         __atomic_store_n(job->running, 0, __ATOMIC_RELEASE);
@@ -581,6 +582,7 @@ static unsigned every(const struct sdev *d)
 static void *holder_thread(void *arg)
 {
     (void)arg;
+    prctl(PR_SET_NAME, "vgpu-holder");  /* what `top -H` shows an operator */
     prctl(PR_SET_TIMERSLACK, 1UL); /* hand-overs wait on this thread's sleeps */
     pthread_mutex_lock(&g_lock);
     for (;;) {
@@ -932,7 +934,9 @@ static int take_event(struct sdev *d, struct ev *out)
         }
     }
     out->ctx = ctx;
-    return p_event_create(&out->ev, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS ? 0 : -1;
+    /* Blocking: the holder thread waits on these; without the flag the driver busy-waits,
+     * a CPU core for every throttled process with work queued. */
+    return p_event_create(&out->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC) == CUDA_SUCCESS ? 0 : -1;
 }
 
 void vg_sched_done(struct vg_ticket t, CUresult rc)

@@ -145,7 +145,8 @@ static void *work(void *arg)
     }
     CUevent *ring = calloc((size_t)o->queue, sizeof(*ring));
     for (int i = 0; i < o->queue; i++)
-        CHECK("cuEventCreate", cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING));
+        /* blocking: a load that spun while it waits would take the CPU the others need */
+        CHECK("cuEventCreate", cuEventCreate(&ring[i], CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC));
     sleep_until(o->start_at);
     /* k counts launches since the last sync: no event waits on what a sync drained. */
     uint64_t n = 0;

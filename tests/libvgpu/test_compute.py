@@ -174,6 +174,35 @@ def test_a_dead_or_stopped_holder_does_not_stall_the_gpu(tmp_path: Path, sig: in
     assert survivor.share(r.at(at + 0.5), r.at(seconds)) >= 85
 
 
+def _thread_cpu_s(pid: int, name: str) -> float:
+    """CPU seconds (user + system) the threads of pid called `name` have used."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if (task / "comm").read_text().strip() == name:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])    # utime, stime (stat fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def test_the_holder_thread_sleeps_while_its_work_runs(tmp_path: Path) -> None:
+    """libvgpu's holder thread waits for its queued work with blocking events: without
+    CU_EVENT_BLOCKING_SYNC the driver busy-waits (simgpu too), which would cost every
+    throttled process a CPU core for as long as it has work on the GPU."""
+    seconds = 2.0
+
+    cpu: list[float] = []
+
+    def sample(procs: list[subprocess.Popen], r) -> None:
+        time.sleep(max(0.0, (r.at(seconds - 0.3) - time.monotonic_ns()) / 1e9))
+        cpu.append(_thread_cpu_s(procs[0].pid, "vgpu-holder"))
+
+    r = run_loads(tmp_path, [Load(fixed(50), kernel="busy_2000us")], seconds, on_started=sample)
+    assert r.traces[0].summary["returncode"] == 0, r.traces[0].stderr
+    assert r.traces[0].share(r.at(WARM), r.at(seconds)) >= 25  # it did hold, with work queued
+    [used] = cpu
+    assert used < 0.1 * seconds, f"the holder thread used {used:.2f} s of CPU in {seconds} s"
+
+
 def test_slices_started_together_both_run(tmp_path: Path) -> None:
     """Two processes that start at the same instant on a fresh file both elect a broker
     at times; the loser must wait for the winner, and grants of two overlapping brokers
