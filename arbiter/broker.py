@@ -11,6 +11,11 @@ not stop when vgpud does (a restart, an upgrade: workloads never depend on vgpud
   the same program file; a broker of another program (an upgrade) is replaced: the new
   one starts, waits for each GPU file's lock, and takes it within ~10 ms of the old one
   going (SIGTERM), which a broker that starts afresh would not (its threads start first).
+- A vgpud that waits for another's state lock (a DaemonSet update: `--wait-lock`) starts a
+  standby broker first. It waits for each GPU file's lock, so it serves within ~10 ms of the
+  old pod's broker dying with its pod, not once the new vgpud has the state lock; the new
+  vgpud then keeps it (or adopts the old broker, if that one lives on and is the same
+  program, and stops the standby).
 - vgpud watches the broker (a pidfd: it may not be vgpud's child) and starts a new one
   when it exits: immediately the first time, backing off to at most 5 s if it keeps
   failing. A broker that dies loses nothing a slice needs: the slices' requests and
@@ -59,8 +64,15 @@ class BrokerSupervisor:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.restarts = 0
-        #: "adopted" (a running broker of this program), "replaced" or "started".
+        #: "adopted" (a running broker of this program), "standby", "replaced" or "started".
         self.how = ""
+        self._standby: subprocess.Popen[bytes] | None = None
+
+    def start_standby(self) -> None:
+        """Start a broker that waits for the GPU files' locks, before waiting for another
+        vgpud's state lock (its pid goes in the pidfile only once start() keeps it)."""
+        self._standby = self._popen()
+        log.info("vgpu-broker %d standing by for %s", self._standby.pid, self.sched_dir)
 
     @property
     def pid(self) -> int:
@@ -71,7 +83,19 @@ class BrokerSupervisor:
         """Adopt the running broker or start one, then watch it."""
         _write_atomic(self.pid_dir / OWNER_PIDFILE, f"{os.getpid()}\n")
         old = self._running_broker()
-        if old and self._same_program(old):
+        standby, self._standby = self._standby, None
+        if standby is not None and (standby.poll() is not None or
+                                    (old and self._same_program(old))):
+            _end(standby)  # gone, or not needed: the old broker lives on and is ours
+            standby = None
+        if standby is not None:
+            self._keep(standby)
+            self.how = "standby"
+            if old:  # it has waited for each GPU file's lock: let the old one go
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(old, signal.SIGTERM)
+            log.info("vgpu-broker %d (standby) serves %s", standby.pid, self.sched_dir)
+        elif old and self._same_program(old):
             self._watch_pid(old)
             self.how = "adopted"
             log.info("vgpu-broker %d adopted for %s", old, self.sched_dir)
@@ -102,19 +126,25 @@ class BrokerSupervisor:
         except OSError:
             return False
 
+    def _popen(self) -> subprocess.Popen[bytes]:
+        # Its own session: a signal to vgpud's process group does not reach it.
+        return subprocess.Popen([str(self.program), "--dir", str(self.sched_dir),
+                                 "--orphan-s", str(math.ceil(self.orphan_s)),
+                                 "--owner", str(self.pid_dir / OWNER_PIDFILE)],
+                                stdin=subprocess.DEVNULL, close_fds=True,
+                                start_new_session=True)
+
+    def _keep(self, p: subprocess.Popen[bytes]) -> None:
+        self._child = p
+        self._watch_pid(p.pid)
+        _write_atomic(self.pid_dir / BROKER_PIDFILE, f"{p.pid}\n")
+
     def _spawn(self) -> None:
         with self._lock:
             if self._stop.is_set():
                 return
-            # Its own session: a signal to vgpud's process group does not reach it.
-            p = subprocess.Popen([str(self.program), "--dir", str(self.sched_dir),
-                                  "--orphan-s", str(math.ceil(self.orphan_s)),
-                                  "--owner", str(self.pid_dir / OWNER_PIDFILE)],
-                                 stdin=subprocess.DEVNULL, close_fds=True,
-                                 start_new_session=True)
-            self._child = p
-            self._watch_pid(p.pid)
-            _write_atomic(self.pid_dir / BROKER_PIDFILE, f"{p.pid}\n")
+            p = self._popen()
+            self._keep(p)
             log.info("vgpu-broker started (pid %d) for %s", p.pid, self.sched_dir)
 
     def _watch_pid(self, pid: int) -> None:
@@ -163,6 +193,9 @@ class BrokerSupervisor:
     def terminate(self) -> None:
         """Stop the broker too (SIGTERM, then SIGKILL after 2 s): tests and teardown."""
         self.stop()
+        if self._standby is not None:  # a start that never got the state lock
+            _end(self._standby)
+            self._standby = None
         pid = self.pid
         if not pid:
             return
@@ -180,6 +213,17 @@ class BrokerSupervisor:
                 os.kill(pid, signal.SIGKILL)
         if self._child is not None and self._child.pid == pid:
             self._child.wait()
+
+
+def _end(p: subprocess.Popen[bytes]) -> None:
+    """SIGTERM a child broker and reap it (SIGKILL after 2 s)."""
+    with contextlib.suppress(ProcessLookupError):
+        p.terminate()
+    try:
+        p.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
 
 
 def _alive(pid: int) -> bool:

@@ -252,6 +252,15 @@ class Daemon:
             except OSError as e:
                 raise DaemonError(f"cannot prepare {d}: {e.strerror or e}") from e
 
+    def _broker_supervisor(self) -> BrokerSupervisor:
+        broker = program_path("vgpu-broker")
+        if broker is None:
+            raise DaemonError("vgpu-broker not found (arbiter/native/bin or build/bin): "
+                              "compute shares cannot be enforced; build it with make")
+        c = self.config
+        return BrokerSupervisor(broker, c.run_dir / SCHED_DIR_NAME, c.run_dir,
+                                orphan_s=c.broker_orphan_s, proc=self.proc)
+
     def start(self) -> None:
         """Bring every part up; raise VgpuError with a one-line reason on failure."""
         c = self.config
@@ -268,6 +277,9 @@ class Daemon:
             self.metrics = self._make_metrics()
             if c.metrics_address:
                 self.metrics.start(c.metrics_address, key="metrics.address")
+            # The old vgpud's broker may die with its pod: ours waits to serve at once.
+            self.broker = self._broker_supervisor()
+            self.broker.start_standby()
 
         self._lock_state_dir(get_ready)  # first: a second vgpud must touch nothing
         self._grpc_listener = self.listeners.take("socket", c.socket)
@@ -282,12 +294,8 @@ class Daemon:
         self.sched_files = prepare_sched_dir(c.run_dir / SCHED_DIR_NAME, [g.uuid for g in gpus])
         regions.sched_gpus = list(self.sched_files)
         # The token broker: without it no throttled slice could ever launch work.
-        broker = program_path("vgpu-broker")
-        if broker is None:
-            raise DaemonError("vgpu-broker not found (arbiter/native/bin or build/bin): "
-                              "compute shares cannot be enforced; build it with make")
-        self.broker = BrokerSupervisor(broker, c.run_dir / SCHED_DIR_NAME, c.run_dir,
-                                       orphan_s=c.broker_orphan_s, proc=self.proc)
+        if self.broker is None:
+            self.broker = self._broker_supervisor()
         self.broker.start()
         self.store = Store(c.state_dir)
         self.events = EventLog(c.event_log)

@@ -368,6 +368,10 @@ def test_wait_lock_gives_up_with_one_line(tmp_path, simgpu_env):
         assert lines == [f"vgpud: another vgpud (pid {old.proc.pid}, serving {old.socket}) "
                          f"holds the state dir {old.state_dir}"], p.stderr
         assert old.stub.Health(pb.HealthRequest(), timeout=5).status == "ok"
+        # The broker it stood by with went with it; the old one serves on.
+        assert "standing by" in p.stderr
+        assert _broker_pids(old.run_dir / "sched") == [
+            int((old.run_dir / "vgpu-broker.pid").read_text())]
     finally:
         old.close()
 
