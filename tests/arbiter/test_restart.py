@@ -20,7 +20,7 @@ import pytest
 from support.paths import LIBVGPU, NATIVE_BIN, TEST_BIN
 from support.process import clean_env
 from support.socket_activation import activated_vgpud, listening_socket
-from support.vgpud_harness import Vgpud, pb
+from support.vgpud_harness import Takeover, Vgpud, pb
 
 from arbiter.activation import ActivationError, from_environ
 from shim.lifecycle import lifecycle_socket, request
@@ -312,47 +312,32 @@ def test_the_hook_gives_up_after_wait_s_with_one_line_naming_the_socket(tmp_path
 def test_a_takeover_waits_for_the_lock_and_serves_once_the_old_one_exits(tmp_path, simgpu_env):
     (tmp_path / "d").mkdir()
     old = Vgpud(tmp_path / "d", simgpu_env)
-    new: subprocess.Popen[bytes] | None = None
     try:
         old.start()
         s = alloc(old, "c1", 256 * MiB).slice
-        log = open(tmp_path / "new.log", "wb")  # noqa: SIM115 - the child owns it
-        new = subprocess.Popen([*old.command(), "--wait-lock", "60"], env=old.env,
-                               stdout=log, stderr=log)
-        log.close()
-
-        def new_log() -> str:
-            return (tmp_path / "new.log").read_text()
-
-        deadline = time.monotonic() + 30
-        while "waiting up to 60s" not in new_log():
-            assert new.poll() is None and time.monotonic() < deadline, new_log()
-            time.sleep(0.05)
-        time.sleep(0.5)
-        assert new.poll() is None and "serving on" not in new_log()
-        # Ready meanwhile (a DaemonSet's readiness probe reads /metrics).
-        assert "serving metrics on http://" in new_log()
-        # The old one still serves meanwhile.
-        assert old.stub.Get(pb.GetRequest(id=s.id), timeout=5).owner == "c1"
-        t0 = time.monotonic()
-        assert old.stop() == 0
-        with grpc.insecure_channel(f"unix:{old.socket}") as ch:
-            from arbiter.proto import vgpu_pb2_grpc
-            stub = vgpu_pb2_grpc.ArbiterStub(ch)
-            got = None
-            while got is None:
-                assert new.poll() is None and time.monotonic() - t0 < 30, new_log()
-                try:
-                    got = stub.Get(pb.GetRequest(id=s.id), timeout=1)
-                except grpc.RpcError:
-                    time.sleep(0.02)
-        assert got.owner == "c1"
-        new.send_signal(signal.SIGTERM)
-        assert new.wait(timeout=30) == 0
+        with Takeover(old, tmp_path / "new.log") as new:
+            new.wait_waiting()
+            time.sleep(0.5)
+            assert new.proc.poll() is None and "serving on" not in new.log()
+            # Ready meanwhile (a DaemonSet's readiness probe reads /metrics).
+            assert "serving metrics on http://" in new.log()
+            # The old one still serves meanwhile.
+            assert old.stub.Get(pb.GetRequest(id=s.id), timeout=5).owner == "c1"
+            t0 = time.monotonic()
+            assert old.stop() == 0
+            with grpc.insecure_channel(f"unix:{old.socket}") as ch:
+                from arbiter.proto import vgpu_pb2_grpc
+                stub = vgpu_pb2_grpc.ArbiterStub(ch)
+                got = None
+                while got is None:
+                    assert new.proc.poll() is None and time.monotonic() - t0 < 30, new.log()
+                    try:
+                        got = stub.Get(pb.GetRequest(id=s.id), timeout=1)
+                    except grpc.RpcError:
+                        time.sleep(0.02)
+            assert got.owner == "c1"
+            assert new.stop() == 0
     finally:
-        if new is not None and new.poll() is None:
-            new.kill()
-            new.wait()
         old.close()
 
 

@@ -15,12 +15,12 @@ import itertools
 import os
 import shutil
 import signal
-import subprocess
 import time
 
 import pytest
 from support.gpu_loads import read_trace
 from support.hostile import Host
+from support.vgpud_harness import Takeover
 
 pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
                                 reason="needs runc and root (real containers)")
@@ -33,43 +33,29 @@ PAUSE_MAX_NS = 150_000_000   # a sanity bound: measured 26-36 ms with the standb
 
 def test_a_standby_broker_serves_the_moment_the_old_pods_broker_dies(tmp_path):
     host = Host(tmp_path)
-    new: subprocess.Popen[bytes] | None = None
     try:
         old = host.vgpud
         [old_broker] = host.broker_pids()
-        log = open(tmp_path / "new.log", "wb")  # noqa: SIM115 - the child owns it
-        new = subprocess.Popen([*old.command(), "--wait-lock", "60"], env=old.env,
-                               stdout=log, stderr=log)
-        log.close()
-        deadline = time.monotonic() + 30
-        while len(host.broker_pids()) < 2 or "waiting up to 60s" not in \
-                (tmp_path / "new.log").read_text():
-            assert new.poll() is None and time.monotonic() < deadline, \
-                (tmp_path / "new.log").read_text()
-            time.sleep(0.05)
-        start = time.monotonic_ns() + 2_000_000_000   # the container is up by then
-        until = start + 3_000_000_000
-        p, _ = host.start(f"gpu_load --kernel busy_1000us --start-at {start} --until {until} "
-                          f"--trace /sim/trace > /sim/out 2> /sim/err",
-                          {"vgpu.io/memory": "256Mi", "vgpu.io/compute": "30",
-                           "vgpu.io/policy": "fixed"})
-        time.sleep(max(0.0, (start - time.monotonic_ns()) / 1e9 + 1.0))
-        assert p.poll() is None, p.communicate()
-        for pid in (old.proc.pid, old_broker):   # the kubelet kills the old pod
-            os.kill(pid, signal.SIGKILL)
-        out, err = p.communicate(timeout=60)
-        assert p.returncode == 0, (out, err, (host.sim / "err").read_text())
-        t = sorted(read_trace(host.sim / "trace").t)
-        assert t and t[0] < start + 500_000_000, "the load started late"
-        pauses = [b - a for a, b in itertools.pairwise(t)]
-        assert max(pauses) < PAUSE_MAX_NS, f"the load paused {max(pauses) / 1e6:.0f} ms"
-        new_log = (tmp_path / "new.log").read_text()
-        assert "(standby) serves" in new_log, new_log
-        assert old_broker not in host.broker_pids()
-        new.send_signal(signal.SIGTERM)
-        assert new.wait(timeout=30) == 0
+        with Takeover(old, tmp_path / "new.log") as new:
+            new.wait_waiting(also=lambda: len(host.broker_pids()) == 2)
+            start = time.monotonic_ns() + 2_000_000_000   # the container is up by then
+            until = start + 3_000_000_000
+            p, _ = host.start(f"gpu_load --kernel busy_1000us --start-at {start} "
+                              f"--until {until} --trace /sim/trace > /sim/out 2> /sim/err",
+                              {"vgpu.io/memory": "256Mi", "vgpu.io/compute": "30",
+                               "vgpu.io/policy": "fixed"})
+            time.sleep(max(0.0, (start - time.monotonic_ns()) / 1e9 + 1.0))
+            assert p.poll() is None, p.communicate()
+            for pid in (old.proc.pid, old_broker):   # the kubelet kills the old pod
+                os.kill(pid, signal.SIGKILL)
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, (out, err, (host.sim / "err").read_text())
+            t = sorted(read_trace(host.sim / "trace").t)
+            assert t and t[0] < start + 500_000_000, "the load started late"
+            pauses = [b - a for a, b in itertools.pairwise(t)]
+            assert max(pauses) < PAUSE_MAX_NS, f"the load paused {max(pauses) / 1e6:.0f} ms"
+            assert "(standby) serves" in new.log(), new.log()
+            assert old_broker not in host.broker_pids()
+            assert new.stop() == 0
     finally:
-        if new is not None and new.poll() is None:
-            new.kill()
-            new.wait()
         host.close()

@@ -168,3 +168,37 @@ def simgpu_vgpud(tmp: Path, config: dict[str, Any], devices: str = "16Gi") -> tu
     env["SIMGPU_STATE"] = str(sim / "simgpu.state")
     config = {"nvml": {"library": str(SIMGPU_DIR / "libnvidia-ml.so.1")}, **config}
     return sim, Vgpud(tmp, env, config, devices=devices).start()
+
+
+class Takeover:
+    """A second vgpud on the same dirs with `--wait-lock` (a DaemonSet's new pod), its
+    output in `log_path`; a context manager that kills it if a test left it running."""
+
+    def __init__(self, old: Vgpud, log_path: Path, wait_s: float = 60) -> None:
+        self.log_path = log_path
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen([*old.command(), "--wait-lock", f"{wait_s:g}"],
+                                         env=old.env, stdout=log, stderr=log)
+        self.waiting_line = f"waiting up to {wait_s:g}s"
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_waiting(self, also: Any = lambda: True, timeout: float = 30) -> None:
+        """Until it says it waits for the lock (and `also()` holds)."""
+        deadline = time.monotonic() + timeout
+        while self.waiting_line not in self.log() or not also():
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.log()
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=30)
+
+    def __enter__(self) -> Takeover:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
