@@ -241,32 +241,6 @@ uint64_t vg_slots_used_live(struct vg_slot *slots, _Atomic uint32_t *high_water)
     return vg_slots_used(slots, high_water);
 }
 
-/*
- * Optimistic charge: publish the bytes in our own slot first, then check the
- * total. Two processes racing at the limit may both back off (a spurious OOM
- * that the retry below mostly absorbs) but the limit is never passed, and no
- * process ever waits on another.
- */
-int vg_slots_charge(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx, uint64_t bytes,
-                    uint64_t limit)
-{
-    struct vg_slot *mine = &slots[idx];
-    for (int attempt = 0; attempt < 4; attempt++) {
-        atomic_fetch_add(&mine->used, bytes);
-        uint64_t total = vg_slots_used(slots, high_water);
-        if (total <= limit)
-            return 0;
-        atomic_fetch_sub(&mine->used, bytes);
-        /* Over: maybe a dead process still holds memory. */
-        if (attempt == 0 && vg_slots_reap(slots, high_water) > 0)
-            continue;
-        if (vg_slots_used(slots, high_water) + bytes > limit)
-            return -1;
-        sched_yield(); /* another charger was in flight; try again */
-    }
-    return -1;
-}
-
 static uint64_t used_by_others(const struct vg_slot *slots, const _Atomic uint32_t *high_water, int idx)
 {
     uint32_t hw = high_water_of(high_water);
@@ -277,20 +251,31 @@ static uint64_t used_by_others(const struct vg_slot *slots, const _Atomic uint32
     return sum;
 }
 
-/* Our slot is published for the others (they count it), but our own check never reads
- * it back: a process that zeroes it between our write and our sum must not make our
- * memory vanish from the total (tests/e2e/test_hostile_limits.py). */
+/*
+ * Optimistic charge: publish the bytes in our own slot first, then check the
+ * total. Two processes racing at the limit may both back off (a spurious OOM
+ * that the retry below mostly absorbs) but the limit is never passed, and no
+ * process ever waits on another.
+ *
+ * Our own part of the total is *own, never our slot read back: with a private
+ * tally (a table others may write), a process that zeroes our slot between our
+ * write and our sum must not make our memory vanish from the total
+ * (tests/e2e/test_hostile_limits.py). own NULL: the slot is its own tally.
+ */
 int vg_slots_charge_own(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx, uint64_t bytes,
                         uint64_t limit, _Atomic uint64_t *own)
 {
     struct vg_slot *mine = &slots[idx];
+    _Atomic uint64_t *tally = own ? own : &mine->used;
     for (int attempt = 0; attempt < 4; attempt++) {
-        uint64_t total = atomic_fetch_add(own, bytes) + bytes;
-        atomic_store(&mine->used, total);
+        uint64_t total = atomic_fetch_add(tally, bytes) + bytes;
+        if (own)
+            atomic_store(&mine->used, total); /* published for the others */
         if (used_by_others(slots, high_water, idx) + total <= limit)
             return 0;
-        uint64_t back = atomic_fetch_sub(own, bytes) - bytes;
-        atomic_store(&mine->used, back);
+        uint64_t back = atomic_fetch_sub(tally, bytes) - bytes;
+        if (own)
+            atomic_store(&mine->used, back);
         /* Over: maybe a dead process still holds memory. */
         if (attempt == 0 && vg_slots_reap(slots, high_water) > 0)
             continue;
@@ -299,6 +284,12 @@ int vg_slots_charge_own(struct vg_slot *slots, _Atomic uint32_t *high_water, int
         sched_yield(); /* another charger was in flight; try again */
     }
     return -1;
+}
+
+int vg_slots_charge(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx, uint64_t bytes,
+                    uint64_t limit)
+{
+    return vg_slots_charge_own(slots, high_water, idx, bytes, limit, NULL);
 }
 
 void vg_slots_uncharge(struct vg_slot *slots, int idx, uint64_t bytes)

@@ -59,7 +59,8 @@ int vg_slots_charge(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx
                     uint64_t limit);
 /* As vg_slots_charge, for a table others may write (a tenant's usage file): this
  * process's part of the total is *own, its private tally (reserved first, so threads
- * of one process see each other's charges), whatever slot idx says meanwhile. */
+ * of one process see each other's charges), whatever slot idx says meanwhile; own
+ * NULL is vg_slots_charge. */
 int vg_slots_charge_own(struct vg_slot *slots, _Atomic uint32_t *high_water, int idx, uint64_t bytes,
                         uint64_t limit, _Atomic uint64_t *own);
 /* Give bytes back from slot idx (never below zero). */

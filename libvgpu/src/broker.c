@@ -573,10 +573,8 @@ static void settle_ready(struct vg_bgpu *g, uint64_t now)
                  * its own grant, not behind what may be a made-up tail. */
                 s0->penalty = TAIL_MAX_NS;
                 fin = from;
-                if (s0->slice >= 0) {
-                    g->sl[s0->slice].late_seq = s0->seq;
-                    g->sl[s0->slice].late_from = from + TAIL_MAX_NS;
-                }
+                g->sl[s0->slice].late_seq = s0->seq;
+                g->sl[s0->slice].late_from = from + TAIL_MAX_NS;
             } else {
                 return;
             }
