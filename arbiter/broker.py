@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from arbiter.proc import stat_fields
+
 __all__ = ["BROKER_PIDFILE", "OWNER_PIDFILE", "BrokerSupervisor"]
 
 log = logging.getLogger(__name__)
@@ -199,20 +201,18 @@ class BrokerSupervisor:
         pid = self.pid
         if not pid:
             return
+        if self._child is not None and self._child.pid == pid:
+            _end(self._child)  # ours: reaped too
+            return
+        # An adopted broker is not our child: signalled and watched by pid.
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 2
         while _alive(pid) and time.monotonic() < deadline:
-            if self._child is not None and self._child.pid == pid:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._child.wait(timeout=0.05)
-            else:
-                time.sleep(0.01)
+            time.sleep(0.01)
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if self._child is not None and self._child.pid == pid:
-            self._child.wait()
 
 
 def _end(p: subprocess.Popen[bytes]) -> None:
@@ -234,11 +234,8 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     # A zombie child of ours counts as gone.
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return False
+    state = stat_fields(pid)[:1]
+    return bool(state) and state[0] != b"Z"
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -67,7 +67,6 @@ __all__ = [
     "CdiError",
     "DeviceNode",
     "check_claim_use",
-    "claim_devices",
     "claim_requests",
     "claim_spec",
     "device_id",
@@ -258,11 +257,6 @@ def claim_requests(annotations: Mapping[str, str]) -> tuple[tuple[str, str], ...
             if item.startswith(f"{KIND}="):
                 found.setdefault(item, key)
     return tuple((key, ident) for ident, key in found.items())
-
-
-def claim_devices(annotations: Mapping[str, str]) -> tuple[str, ...]:
-    """The `vgpu.io/claim=<name>` devices that CDI annotations request (claim_requests)."""
-    return tuple(ident for _, ident in claim_requests(annotations))
 
 
 def edits_slice_id(edits: Mapping[str, Any]) -> str:

@@ -70,8 +70,6 @@ def test_claim_requests_name_each_device_once_with_its_first_key():
     }
     assert cdi.claim_requests(annotations) == (  # type: ignore[arg-type]
         ("cdi.k8s.io/b", "vgpu.io/claim=b"), ("cdi.k8s.io/b", "vgpu.io/claim=a"))
-    assert cdi.claim_devices(annotations) == (  # type: ignore[arg-type]
-        "vgpu.io/claim=b", "vgpu.io/claim=a")
 
 
 def test_the_edits_name_the_slice_their_claim_hook_asks_for():
