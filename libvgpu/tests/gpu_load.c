@@ -123,7 +123,7 @@ static void *work(void *arg)
     CHECK("cuStreamCreate", cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CUgraphExec exec = NULL;
     uint64_t graph_ns = 0;
-    if (strncmp(o->path, "graph", 5) == 0) {
+    if (strcmp(o->path, "graph") == 0 || strcmp(o->path, "graph-procaddr") == 0) {
         CUgraph g;
         /* graph-procaddr: capture through the pointers cuGetProcAddress hands out, as the
          * CUDA runtime does (libvgpu must see the capture either way) */
