@@ -151,7 +151,7 @@ class VgpuSchedReq(ctypes.Structure):
         ("release_seq", ctypes.c_uint32),
         ("release_ns", ctypes.c_uint64),
         ("drain_seq", ctypes.c_uint32),
-        ("pad2", ctypes.c_uint32),
+        ("yield_seq", ctypes.c_uint32),
         ("drain_ns", ctypes.c_uint64),
         ("idle_ns", ctypes.c_uint64),
         ("active_ns", ctypes.c_uint64),

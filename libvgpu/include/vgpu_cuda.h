@@ -405,6 +405,7 @@ CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, cons
                                           const CUgraphEdgeData *dependencyData, size_t numDependencies,
                                           CUstreamCaptureMode mode);
 CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,

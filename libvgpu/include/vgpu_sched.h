@@ -112,7 +112,9 @@ struct vgpu_sched_req {
     _Atomic uint32_t release_seq;    /* the grant seq given back (its queue drained) */
     _Atomic uint64_t release_ns;     /* when it was given back */
     _Atomic uint32_t drain_seq;      /* the grant seq whose queued work completed */
-    uint32_t pad2;
+    _Atomic uint32_t yield_seq;      /* the grant seq it offers back: it syncs, and its queued
+                                      * work then runs out with nothing after it for a while
+                                      * (was padding: a slice that never writes it yields nothing) */
     _Atomic uint64_t drain_ns;       /* when it completed (after a revocation) */
     _Atomic uint64_t idle_ns;        /* GPU-queue-empty time within the grant owner_seq */
     _Atomic uint64_t active_ns;      /* holders and 100% slices renew it: alive and using the GPU */

@@ -48,6 +48,7 @@
 #define MIN_HOLD_NS (2 * MS)       /* a fixed slice waits for this much credit: fewer hand-overs */
 #define MIN_HOLD_ALONE_NS (1000 * US)/* ... or this much while no other slice waits (no hand-over) */
 #define CREDIT_CAP_NS (20 * MS)    /* the most credit an idle slice keeps */
+#define CAP_MARGIN_NS (2 * MS)     /* ... and a waiter this close to it loses credit: it goes next */
 #define DEBT_CAP_NS (20 * MS)      /* burst: idle time used beyond the share is not owed past this */
 #define ACTIVE_NS (5 * MS)         /* "active": requested, held or reported within this */
 #define TAIL_MAX_NS (50 * MS)      /* a revoked holder's queued work charged to it at most this long */
@@ -602,6 +603,14 @@ static void end_hold(struct vg_bgpu *g, uint64_t end, uint64_t now, int revoked)
     settle_ready(g, now);
 }
 
+/* Credit this close to the cap is lost while its slice waits (a step loop that cannot
+ * spend it for the holder's credit-backed hold): such a waiter goes before a holder that
+ * is not so close, or its share drains away into the cap. */
+static int capped(int64_t credit)
+{
+    return credit >= (int64_t)(CREDIT_CAP_NS - CAP_MARGIN_NS);
+}
+
 static int should_revoke(struct vg_bgpu *g, uint64_t now)
 {
     int h = g->holder;
@@ -622,8 +631,10 @@ static int should_revoke(struct vg_bgpu *g, uint64_t now)
     uint64_t beat = believed(b->req.active_ns, g->granted, now);
     if ((beat ? beat : g->granted) + LEASE_NS < now)
         return 1; /* its processes died or stopped: the lease lapsed */
-    if (best_waiter(g, h, now, &other) >= 0 && better(&other, &me))
-        return other.prio > me.prio || other.floor_due || !me.credit || quantum;
+    int w = best_waiter(g, h, now, &other);
+    if (w >= 0 && better(&other, &me))
+        return other.prio > me.prio || other.floor_due || !me.credit || quantum ||
+               capped(g->sl[w].credit) > capped(live);
     /* Other processes of this slice take turns too. */
     return quantum && b->waiting;
 }
@@ -761,6 +772,10 @@ static uint64_t step(struct vg_bgpu *g)
             uint64_t lo = now > RELEASE_SLACK_NS ? now - RELEASE_SLACK_NS : 0;
             uint64_t end = believed(r->release_ns, lo > g->granted ? lo : g->granted, now);
             end_hold(g, end ? (end > now ? now : end) : now, now, 0);
+        } else if (r->yield_seq == g->seq && best_waiter(g, g->holder, now, &(struct standing){0}) >= 0) {
+            /* It syncs with its CPU work to follow: its tail runs out with the next
+             * holder's work queued behind it (charged to it until it reports the drain). */
+            end_hold(g, now, now, 1);
         } else if (should_revoke(g, now)) {
             end_hold(g, now, now, 1);
         }

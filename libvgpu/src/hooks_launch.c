@@ -144,3 +144,41 @@ VG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
 {
     CAPTURE_END(PTSZ(s), REAL(cuStreamEndCapture_ptsz)(s, graph));
 }
+
+/* ---- syncs: the app waits for its queued work (a step loop's step ends here) ---- */
+
+#define SYNC(call)                                                             \
+    do {                                                                       \
+        vg_boot();                                                             \
+        if (!atomic_load_explicit(&vg_active, memory_order_relaxed))           \
+            return call;                                                       \
+        vg_sched_sync();                                                       \
+        CUresult rc_ = call;                                                   \
+        vg_sched_synced();                                                     \
+        return rc_;                                                            \
+    } while (0)
+
+VG_EXPORT CUresult cuStreamSynchronize(CUstream s)
+{
+    SYNC(REAL(cuStreamSynchronize)(s));
+}
+
+VG_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
+{
+    SYNC(REAL(cuStreamSynchronize_ptsz)(s));
+}
+
+VG_EXPORT CUresult cuCtxSynchronize(void)
+{
+    SYNC(REAL(cuCtxSynchronize)());
+}
+
+VG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
+{
+    SYNC(REAL(cuCtxSynchronize_v2)(ctx));
+}
+
+VG_EXPORT CUresult cuEventSynchronize(CUevent ev)
+{
+    SYNC(REAL(cuEventSynchronize)(ev));
+}

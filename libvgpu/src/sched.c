@@ -94,6 +94,10 @@ struct sdev {
     CUstream ev_stream;
     uint64_t last_launch, idle_from, idle_total, last_active, last_beat;
     uint64_t hold_from;          /* when this process took the current hold */
+    uint64_t gave_from;          /* our queue ran empty then and the hold ended (0: none since) */
+    int long_gaps;               /* our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's
+                                  * CPU work after its sync): the next sync offers the token back */
+    uint32_t yielded;            /* the seq we offered back */
     uint64_t busy_from;          /* our queue has not been empty since (for the slot's busy time) */
     uint64_t per_ns;             /* GPU time per launch (estimate()); 0 = not known yet */
     uint64_t per_samples[PER_SAMPLES];
@@ -527,6 +531,7 @@ static void reap(struct sdev *d)
 
 static void report_drained(struct sdev *d, uint64_t now)
 {
+    d->gave_from = now;
     atomic_store(&d->q->drain_ns, now);
     atomic_store(&d->q->drain_seq, d->drain_seq);
     d->draining = 0;
@@ -541,6 +546,7 @@ static void give_back(struct sdev *d, uint64_t now)
     atomic_store(&d->q->release_ns, now);
     atomic_store(&d->q->release_seq, d->seq);
     __atomic_store_n(&d->holding, 0, __ATOMIC_SEQ_CST);
+    d->gave_from = d->idle_from ? d->idle_from : now;
     d->idle_from = 0;
     vg_broker_ring(d->s);
     pthread_cond_broadcast(&g_cond);
@@ -820,7 +826,7 @@ static int admit_fast(struct sdev *d)
 
 struct vg_ticket vg_sched_admit(CUstream stream)
 {
-    struct vg_ticket t = {-1, stream, 0};
+    struct vg_ticket t = {-1, stream, 0, 0, 0};
     int dev = device_of(), refused = 0;
     struct sdev *d = sdev_get(dev, &refused);
     if (!d) {
@@ -845,6 +851,12 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         } else if (!d->holding && !d->acquiring && !d->draining) {
             /* (One hold at a time: a revoked hold's drain is reported before the next request.) */
             d->acquiring = 1;
+            if (d->gave_from) {
+                /* How long the app let its queue stay empty: until it asked again (the wait
+                 * for a grant is the broker's, not a gap in its work). */
+                d->long_gaps = vg_broker_now() - d->gave_from > GAP_HOLD_NS;
+                d->gave_from = 0;
+            }
             pthread_mutex_unlock(&g_lock);
             uint32_t g = 0;
             acquire(d, &g);
@@ -876,6 +888,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         /* The queue was empty: the GPU starts on our work now. */
         uint64_t now = vg_broker_now();
         if (d->idle_from) {
+            d->long_gaps = now - d->idle_from > GAP_HOLD_NS;
             /* (idle_since first: the broker may count a spell short, never twice) */
             atomic_store(&d->q->idle_since, 0);
             d->idle_total += now - d->idle_from;
@@ -885,17 +898,20 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             /* A gap shorter than the holder thread's look (a sync, then the next step):
              * empty since its last work was seen complete, within this hold. */
             uint64_t from = d->last_done > d->hold_from ? d->last_done : d->hold_from;
+            if (d->last_done > d->hold_from)
+                d->long_gaps = 0; /* a gap in this hold, too short for the holder thread to see */
             if (now > from) {
                 d->idle_total += now - from;
                 atomic_store(&d->q->idle_ns, d->idle_total);
             }
         }
         d->last_launch = now;
+        t.idle_to = now;
         if (!d->busy_from)
             d->busy_from = now;
     }
     __atomic_add_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
-    __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
+    t.nth = __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_lock);
     return t;
 }
@@ -952,12 +968,17 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
     /* An event closes ~EVENT_EVERY_NS of launches, a stream change, or the first launch
      * on an empty queue; launches in between take no lock. */
     uint64_t since = __atomic_load_n(&d->launches, __ATOMIC_RELAXED) - __atomic_load_n(&d->ev_mark, __ATOMIC_RELAXED);
-    if (since < __atomic_load_n(&d->every, __ATOMIC_RELAXED) && t.stream == d->ev_stream &&
+    if (!t.idle_to && since < __atomic_load_n(&d->every, __ATOMIC_RELAXED) && t.stream == d->ev_stream &&
         __atomic_load_n(&d->npend, __ATOMIC_SEQ_CST)) {
         __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
         return;
     }
     pthread_mutex_lock(&g_lock);
+    if (t.idle_to && d->holding && d->last_launch == t.idle_to && __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST) == t.nth) {
+        uint64_t now = vg_broker_now();
+        d->idle_total += now - t.idle_to;
+        atomic_store(&d->q->idle_ns, d->idle_total);
+    }
     struct ev ev;
     uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
     if (n > d->ev_mark && d->npend < PEND_MAX && take_event(d, &ev) == 0) {
@@ -975,6 +996,43 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
         }
     }
     __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* The app waits for its queued work. If its queue's last empty spell outlasted GAP_HOLD_NS
+ * (a step loop's CPU work after its sync), the GPU would sit idle through the next one
+ * while another slice waits: offer the hold back now. The broker revokes it if anyone
+ * waits; our queued work runs out as a revoked hold's tail, charged to us, with the next
+ * holder's work queued behind it, so the hand-over leaves the GPU no idle gap. Lock-free
+ * reads: a stale one offers a hold back once too often or too few, nothing worse. */
+void vg_sched_sync(void)
+{
+    int dev = device_of();
+    if (dev < 0 || dev >= VG_MAX_DEVICES)
+        return;
+    struct sdev *d = &g_dev[dev];
+    if (d->state != ST_ON || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !d->long_gaps ||
+        !atomic_load(&d->s->contended) || !queued_of(d) || d->yielded == d->seq)
+        return;
+    d->yielded = d->seq;
+    atomic_store(&d->q->yield_seq, d->seq);
+    vg_broker_ring(d->s);
+}
+
+/* The app's wait ended: what it waited for is done now, and if that was all we queued,
+ * our queue is empty from now (not from when the holder thread next looks: a step loop
+ * that launches again first would be charged its whole sync gap as GPU time). */
+void vg_sched_synced(void)
+{
+    int dev = device_of();
+    if (dev < 0 || dev >= VG_MAX_DEVICES)
+        return;
+    struct sdev *d = &g_dev[dev];
+    if (d->state != ST_ON || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !queued_of(d) ||
+        !__atomic_load_n(&d->npend, __ATOMIC_RELAXED) || pthread_mutex_trylock(&g_lock) != 0)
+        return;
+    if (d->holding)
+        reap(d);
     pthread_mutex_unlock(&g_lock);
 }
 

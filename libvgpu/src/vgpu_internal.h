@@ -139,10 +139,16 @@ struct vg_ticket {
     int dev;       /* -1: not throttled, nothing to do after the launch */
     CUstream stream;
     int refused;   /* no scheduling file where one must be: the launch is refused */
+    uint64_t idle_to; /* the launch ends an empty spell claimed to this time: the GPU is idle
+                       * until the driver has it, so the rest up to vg_sched_done is claimed too */
+    uint64_t nth;     /* ... if no other launch came meanwhile: this was launch number nth */
 };
 struct vg_ticket vg_sched_admit(CUstream s);
 /* After the launch: rc is what the driver returned. */
 void vg_sched_done(struct vg_ticket t, CUresult rc);
+/* Before and after the app waits for its queued work (a stream, context or event sync). */
+void vg_sched_sync(void);
+void vg_sched_synced(void);
 /* Stream captures open in this process (hooks_launch.c counts them as they begin and
  * end): while there are none, no stream is capturing and a launch need not ask the
  * driver (the question is most of a throttled launch's cost). A capture that ends

@@ -23,13 +23,16 @@ from pathlib import Path
 import pytest
 from support.paths import BUILD
 
-from arbiter.sched import VgpuSchedReq, create_sched, open_sched, write_slice_files
+from arbiter.sched import VgpuSched, VgpuSchedReq, create_sched, open_sched, write_slice_files
 
 BROKER = BUILD / "bin" / "vgpu-broker"
 UUID = "GPU-5eed0000-0000-0000-0000-00000000b0b0"
 MS = 1_000_000
 TAIL_MAX_NS = 50 * MS   # broker.c: an unreported tail costs this
-FIXED, NORMAL = 0, 1
+FIXED, BURST, NORMAL = 0, 1, 1
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98}[os.uname().machine]
+FUTEX_WAKE = 1
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def now_ns() -> int:
@@ -39,8 +42,8 @@ def now_ns() -> int:
 class HandSlice:
     """One slice's .req, written by hand as its processes would (sched.c)."""
 
-    def __init__(self, root: Path, key: int, share: int) -> None:
-        write_slice_files(root, UUID, key, share=share, priority=NORMAL, policy=FIXED, floor=0)
+    def __init__(self, root: Path, key: int, share: int, policy: int = FIXED) -> None:
+        write_slice_files(root, UUID, key, share=share, priority=NORMAL, policy=policy, floor=0)
         self.key = key
         fd = os.open(root / f"{UUID}.{key:016x}.req", os.O_RDWR)
         try:
@@ -77,6 +80,16 @@ class Gpu:
     def __init__(self, root: Path) -> None:
         self.path = root / UUID
         assert create_sched(self.path, UUID)
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            self._mm = mmap.mmap(fd, ctypes.sizeof(VgpuSched))
+        finally:
+            os.close(fd)
+        self._bell = ctypes.c_uint32.from_buffer(self._mm, VgpuSched.doorbell.offset)
+
+    def ring(self) -> None:
+        """Wake the broker as a slice does after it writes a request (vg_broker_ring)."""
+        LIBC.syscall(SYS_FUTEX, ctypes.byref(self._bell), FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
     def snapshot(self):  # type: ignore[no-untyped-def]
         with open_sched(self.path) as s:
@@ -199,3 +212,90 @@ def test_a_hold_given_back_as_it_was_revoked_needs_no_drain_report(tmp_path: Pat
         time.sleep(3 * TAIL_MAX_NS / 1e9)
         used = gpu.used_ns(s.key)
     assert 0 < used < TAIL_MAX_NS / 2, used
+
+
+def _grant_seq(gpu: Gpu) -> int:
+    return int(gpu.snapshot().grant) >> 8
+
+
+def _a_holds_b_waits_owed_less(gpu: Gpu, root: Path) -> tuple[HandSlice, HandSlice, int]:
+    """a: burst 98 with its credit at the cap (it lasts a 1 s hold), holding; b: burst 2,
+    in debt from a hold of its own. b may wait behind a for good: only a yield of a's
+    own hold hands the token over."""
+    a, b = HandSlice(root, 0xA, 98, BURST), HandSlice(root, 0xB, 2, BURST)
+    poll("both listed", lambda: gpu.entry_of(b.key) >= 0 and gpu.entry_of(a.key) >= 0)
+    seq_b, _ = hold(gpu, b)
+    for _ in range(6):
+        b.req.active_ns = now_ns()
+        time.sleep(0.001)
+    b.released(seq_b)
+    gpu.ring()
+    time.sleep(0.03)
+    seq, _ = hold(gpu, a)
+    return a, b, seq
+
+
+def _keep(gpu: Gpu, a: HandSlice, b: HandSlice | None, ms: int) -> None:
+    """Renew a's lease (and b's request) for ms."""
+    for _ in range(ms):
+        a.req.active_ns = now_ns()
+        if b:
+            b.want()
+        time.sleep(0.001)
+
+
+def test_a_yield_hands_the_token_to_a_waiter_and_its_tail_stays_its_own(tmp_path: Path) -> None:
+    """A holder that syncs with CPU work to follow offers its hold back (yield_seq): the
+    broker revokes it at once for a slice that waits, and the work it had queued is
+    charged to it until it reports the drain."""
+    with serving(tmp_path / "gpu") as gpu:
+        a, b, seq = _a_holds_b_waits_owed_less(gpu, tmp_path / "gpu")
+        b.want()
+        gpu.ring()
+        _keep(gpu, a, b, 5)
+        assert _grant_seq(gpu) == seq, "a lost its hold before it yielded"
+        used_before = gpu.used_ns(a.key)
+        a.req.yield_seq = seq
+        gpu.ring()
+        poll("the yield to be taken", lambda: _grant_seq(gpu) != seq, timeout=0.005,
+             between=b.want)
+        assert gpu.snapshot().grant & 0xFF == gpu.entry_of(b.key) + 1   # to the waiter
+        b.req.want = 0
+        time.sleep(0.010)                    # its queued work runs on: 10 ms of tail
+        a.drained(seq)
+        gpu.ring()
+        poll("a's hold to settle", lambda: gpu.used_ns(a.key) > used_before)
+        assert gpu.used_ns(a.key) - used_before >= 15 * MS   # 5 ms held + its 10 ms tail
+
+
+def test_a_yield_is_ignored_with_nobody_waiting_and_for_another_hold(tmp_path: Path) -> None:
+    with serving(tmp_path / "gpu") as gpu:
+        a, b, seq = _a_holds_b_waits_owed_less(gpu, tmp_path / "gpu")
+        a.req.yield_seq = seq                # nobody waits: nothing to hand over
+        gpu.ring()
+        _keep(gpu, a, None, 20)
+        assert _grant_seq(gpu) == seq
+        a.req.yield_seq = seq - 1            # not this hold's seq: no offer
+        b.want()
+        gpu.ring()
+        _keep(gpu, a, b, 20)
+        assert _grant_seq(gpu) == seq
+
+
+def test_a_waiter_losing_credit_to_the_cap_goes_before_a_holder_that_is_not(
+        tmp_path: Path) -> None:
+    """A step loop between steps earns credit it cannot spend while it waits behind a
+    holder whose hold its own credit backs: once the waiter's credit is at the cap, it
+    takes the token at once instead of after the holder's 10 ms quantum."""
+    with serving(tmp_path / "gpu") as gpu:
+        a, b = HandSlice(tmp_path / "gpu", 0xA, 50), HandSlice(tmp_path / "gpu", 0xB, 50)
+        poll("both listed", lambda: gpu.entry_of(b.key) >= 0 and gpu.entry_of(a.key) >= 0)
+        time.sleep(0.045)                    # both idle: b's credit reaches the 20 ms cap
+        seq, _ = hold(gpu, a)                # a holds on its own (capped) credit ...
+        time.sleep(0.005)                    # ... and spends below the cap's margin
+        b.want()
+        gpu.ring()
+        asked = now_ns()
+        poll("the revocation", lambda: _grant_seq(gpu) != seq, timeout=0.2,
+             between=lambda: (b.want(), setattr(a.req, "active_ns", now_ns())))
+        assert now_ns() - asked < 4 * MS     # not at a's quantum, 10 ms after its grant
