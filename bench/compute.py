@@ -48,6 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from support.gpu_loads import (  # noqa: E402
     Load,
+    StealClock,
     load_env,
     run_loads,
     step_loop,
@@ -275,6 +276,14 @@ def handover_table(window: float) -> list[str]:
 SECTIONS = ("shares", "priority", "launch", "handover", "workloads")
 
 
+def stolen_line(clock: StealClock) -> str:
+    """The CPU time the VM's host took during a section: figures measured while it took more
+    than a percent or so are the host's, not vgpu's (compare only quiet runs)."""
+    part = clock.stolen()
+    return (f"(host steal during this section: {part:.1%} of the CPU"
+            f"{', figures not comparable' if part > StealClock.STOLEN else ''})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--window", type=float, default=5.0)
@@ -290,29 +299,39 @@ def main() -> None:
         sys.exit(f"bench: unknown section(s) {', '.join(sorted(unknown))}: "
                  f"use {', '.join(SECTIONS)}")
     if "shares" in sections:
+        clock = StealClock()
         print(f"achieved GPU share over {args.window:g} s windows on simgpu, 2 CPUs")
         print("kernel       case                  achieved  err pp  idle %")
         for k in kernels:
             for row in shares_table(k, args.window):
                 print(row, flush=True)
+        print(stolen_line(clock))
     if "priority" in sections:
+        clock = StealClock()
         print("\npriority (both greedy, burst 50%; high starts 1.5 s into low's run)")
         for k in kernels:
             print(priority_row(k), flush=True)
+        print(stolen_line(clock))
     if "launch" in sections:
+        clock = StealClock()
         print("\nlaunch cost (empty kernel, median of 7 alternating rounds)")
         for row in launch_cost():
             print(row)
+        print(stolen_line(clock))
     if "handover" in sections:
+        clock = StealClock()
         print(f"\nhand-over: GPU idle between the holder's last kernel and the next holder's "
               f"first, over {args.window:g} s (target p99 <= {TARGET_HANDOVER_MS:g} ms)")
         for row in handover_table(args.window):
             print(row, flush=True)
+        print(stolen_line(clock))
     if "workloads" in sections:
+        clock = StealClock()
         print(f"\nloads that are not greedy: target min(S, U) over {args.window:g} s windows "
               "(U: the load alone, no libvgpu)")
         print(f"{'case':<46} {'U %':>5}  {'target':>6}  {'achieved':>8}  err pp")
         workloads_table(args.window)
+        print(stolen_line(clock))
     print(f"command: python3 bench/compute.py --window {args.window:g} --kernels {args.kernels} "
           f"--sections {args.sections}")
 
