@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.measure import timing
 from support.paths import BUILD
 
 from arbiter.sched import VgpuSched, VgpuSchedReq, create_sched, open_sched, write_slice_files
@@ -244,6 +245,7 @@ def _keep(gpu: Gpu, a: HandSlice, b: HandSlice | None, ms: int) -> None:
         time.sleep(0.001)
 
 
+@timing
 def test_a_yield_hands_the_token_to_a_waiter_and_its_tail_stays_its_own(tmp_path: Path) -> None:
     """A holder that syncs with CPU work to follow offers its hold back (yield_seq): the
     broker revokes it at once for a slice that waits, and the work it had queued is
@@ -257,7 +259,8 @@ def test_a_yield_hands_the_token_to_a_waiter_and_its_tail_stays_its_own(tmp_path
         used_before = gpu.used_ns(a.key)
         a.req.yield_seq = seq
         gpu.ring()
-        poll("the yield to be taken", lambda: _grant_seq(gpu) != seq, timeout=0.005,
+        # (without the yield, a would hold on for its credit's 1 s)
+        poll("the yield to be taken", lambda: _grant_seq(gpu) != seq, timeout=0.3,
              between=b.want)
         assert gpu.snapshot().grant & 0xFF == gpu.entry_of(b.key) + 1   # to the waiter
         b.req.want = 0
@@ -268,6 +271,7 @@ def test_a_yield_hands_the_token_to_a_waiter_and_its_tail_stays_its_own(tmp_path
         assert gpu.used_ns(a.key) - used_before >= 15 * MS   # 5 ms held + its 10 ms tail
 
 
+@timing
 def test_a_yield_is_ignored_with_nobody_waiting_and_for_another_hold(tmp_path: Path) -> None:
     with serving(tmp_path / "gpu") as gpu:
         a, b, seq = _a_holds_b_waits_owed_less(gpu, tmp_path / "gpu")
@@ -282,6 +286,7 @@ def test_a_yield_is_ignored_with_nobody_waiting_and_for_another_hold(tmp_path: P
         assert _grant_seq(gpu) == seq
 
 
+@timing
 def test_a_waiter_losing_credit_to_the_cap_goes_before_a_holder_that_is_not(
         tmp_path: Path) -> None:
     """A step loop between steps earns credit it cannot spend while it waits behind a
