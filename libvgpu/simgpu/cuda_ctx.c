@@ -312,7 +312,7 @@ SIMGPU_API CUresult cuCtxSynchronize(void)
     CUresult rc = sg_current_ctx(&c);
     if (rc != CUDA_SUCCESS)
         return rc;
-    simgpu_wait_until(atomic_load(&c->last_end));
+    simgpu_sync_until(atomic_load(&c->last_end));
     return CUDA_SUCCESS;
 }
 
@@ -347,7 +347,7 @@ SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
     struct sg_ctx *c;
     CUresult rc = ctx_or_current(ctx, &c);
     if (rc == CUDA_SUCCESS)
-        simgpu_wait_until(atomic_load(&c->last_end));
+        simgpu_sync_until(atomic_load(&c->last_end));
     return rc;
 }
 

@@ -147,7 +147,7 @@ SIMGPU_API CUresult cuStreamSynchronize(CUstream hStream)
         return rc;
     if (capturing(s))
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    simgpu_wait_until(atomic_load(&s->last_end));
+    simgpu_sync_until(atomic_load(&s->last_end));
     return CUDA_SUCCESS;
 }
 

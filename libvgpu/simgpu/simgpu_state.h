@@ -72,7 +72,10 @@ uint64_t simgpu_mem_used(unsigned dev);
 /* Put a kernel of dur_ns on device dev's engine after everything queued;
  * returns its end time. Records the interval for utilisation queries. */
 uint64_t simgpu_engine_submit(unsigned dev, uint64_t dur_ns);
-/* Sleep until CLOCK_MONOTONIC >= t_ns. */
+/* Sleep until CLOCK_MONOTONIC >= t_ns (a CU_EVENT_BLOCKING_SYNC wait). */
 void simgpu_wait_until(uint64_t t_ns);
+/* A stream or context sync, as the driver's default (CU_CTX_SCHED_AUTO) does it with a
+ * CPU to spare: it returns within a few us of t_ns, not a sleep's timer slack later. */
+void simgpu_sync_until(uint64_t t_ns);
 
 #endif

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,11 +32,23 @@ uint64_t simgpu_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+#define SYNC_SPIN_NS 100000ull
+
 void simgpu_wait_until(uint64_t t_ns)
 {
     struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull), .tv_nsec = (long)(t_ns % 1000000000ull)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
+}
+
+void simgpu_sync_until(uint64_t t_ns)
+{
+    /* Sleep through all but the last stretch (a sleep wakes up to its 50 us timer slack
+     * late), then yield until the time: the driver spins or yields, it does not sleep. */
+    if (t_ns > SYNC_SPIN_NS)
+        simgpu_wait_until(t_ns - SYNC_SPIN_NS);
+    while (simgpu_now_ns() < t_ns)
+        sched_yield();
 }
 
 static const char *state_path(char *buf, size_t len)

@@ -104,6 +104,7 @@ struct sdev {
     int long_gaps;               /* our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's
                                   * CPU work after its sync): the next sync offers the token back */
     uint32_t yielded;            /* the seq we offered back */
+    uint64_t synced_at;          /* an app's sync returned then: its work ran until about then */
     uint64_t busy_from;          /* our queue has not been empty since (for the slot's busy time) */
     uint64_t per_ns;             /* GPU time per launch (estimate()); 0 = not known yet */
     uint64_t per_samples[PER_SAMPLES];
@@ -475,13 +476,19 @@ static struct sdev *sdev_get(int dev, int *refused)
  * A late look (a holder thread that wakes late on a loaded CPU) makes one sample
  * long and the next one short, so the estimate is the median of the recent ones:
  * an estimate that is short lets launches after the last event go unseen. */
-static void estimate(struct sdev *d, const struct ev *e, uint64_t now)
+/* One sample of the GPU time per launch: `launches` launches, recorded after `from`
+ * at the earliest and after the previous completion, all seen complete at `now`. Events
+ * reaped together are one sample: each but the first completed at a time not seen, and
+ * dated `now` they would measure about nothing (a short estimate dates uncovered launches'
+ * end, and so a queue's idle time, too early: a fixed slice then passes its share). */
+static void estimate(struct sdev *d, uint64_t from, unsigned launches, uint64_t now)
 {
-    uint64_t from = d->last_done > e->recorded ? d->last_done : e->recorded;
+    if (d->last_done > from)
+        from = d->last_done;
     d->last_done = now;
-    if (now <= from || !e->launches)
+    if (now <= from || !launches)
         return;
-    uint64_t per = (now - from) / e->launches;
+    uint64_t per = (now - from) / launches;
     d->per_samples[d->nsamples++ % PER_SAMPLES] = per ? per : 1;
     unsigned n = d->nsamples < PER_SAMPLES ? d->nsamples : PER_SAMPLES;
     uint64_t v[PER_SAMPLES];
@@ -498,8 +505,8 @@ static void estimate(struct sdev *d, const struct ev *e, uint64_t now)
 /* Events whose work completed go back to the free list. */
 static void reap(struct sdev *d)
 {
-    uint64_t now = vg_broker_now();
-    unsigned kept = 0;
+    uint64_t now = vg_broker_now(), from = 0;
+    unsigned kept = 0, launches = 0;
     for (unsigned i = 0; i < d->npend; i++) {
         CUresult rc = p_event_query(d->pend[i].ev);
         if (rc == CUDA_ERROR_NOT_READY) {
@@ -507,7 +514,9 @@ static void reap(struct sdev *d)
             continue;
         }
         __atomic_add_fetch(&d->done, d->pend[i].launches, __ATOMIC_SEQ_CST);
-        estimate(d, &d->pend[i], now);
+        if (!launches)
+            from = d->pend[i].recorded;
+        launches += d->pend[i].launches;
         if (rc == CUDA_SUCCESS && d->nfree < FREE_MAX)
             d->freel[d->nfree++] = d->pend[i];
         else if (rc == CUDA_SUCCESS)
@@ -515,6 +524,8 @@ static void reap(struct sdev *d)
         /* any other answer: its context is gone, and the event with it */
     }
     __atomic_store_n(&d->npend, kept, __ATOMIC_SEQ_CST);
+    if (launches)
+        estimate(d, from, launches, now);
     if (kept)
         return;
     if (d->ev_mark > d->done)
@@ -536,6 +547,11 @@ static void reap(struct sdev *d)
 
 static void report_drained(struct sdev *d, uint64_t now)
 {
+    /* All we queued ran: the next hold starts on an empty queue (its first launch claims
+     * the wait from the grant as idle). */
+    uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+    if (n > __atomic_load_n(&d->done, __ATOMIC_SEQ_CST))
+        __atomic_store_n(&d->done, n, __ATOMIC_SEQ_CST);
     d->gave_from = now;
     atomic_store(&d->q->drain_ns, now);
     atomic_store(&d->q->drain_seq, d->drain_seq);
@@ -905,6 +921,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             /* A gap shorter than the holder thread's look (a sync, then the next step):
              * empty since its last work was seen complete, within this hold. */
             uint64_t from = d->last_done > d->hold_from ? d->last_done : d->hold_from;
+            if (d->synced_at > from)
+                from = d->synced_at; /* (a completion estimated short would date it earlier) */
             if (d->last_done > d->hold_from)
                 d->long_gaps = 0; /* a gap in this hold, too short for the holder thread to see */
             if (now > from) {
@@ -1035,8 +1053,10 @@ void vg_sched_synced(void)
     if (dev < 0 || dev >= VG_MAX_DEVICES)
         return;
     struct sdev *d = &g_dev[dev];
-    if (d->state != ST_ON || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !queued_of(d) ||
-        !__atomic_load_n(&d->npend, __ATOMIC_RELAXED) || pthread_mutex_trylock(&g_lock) != 0)
+    if (d->state != ST_ON || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED))
+        return;
+    __atomic_store_n(&d->synced_at, vg_broker_now(), __ATOMIC_RELAXED);
+    if (!queued_of(d) || !__atomic_load_n(&d->npend, __ATOMIC_RELAXED) || pthread_mutex_trylock(&g_lock) != 0)
         return;
     if (d->holding)
         reap(d);
