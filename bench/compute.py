@@ -22,7 +22,9 @@ before, without libvgpu) should get min(S, U):
 
 - a step loop (8 kernels of 500 us, a sync, 2 ms of CPU spinning), fixed 50% alone
   and beside a greedy burst 50% neighbour, and fixed 80% alone (U < S);
-- 50 us kernels synced every 8, fixed 70% alone and beside a greedy burst 30%;
+- 50 us kernels synced every 8 (a sync returns within a few us, as the driver's does),
+  fixed 70% alone and beside a greedy burst 10%; the same with 100 us of CPU after
+  each sync (gaps the slice keeps the token through);
 - mixed kernel lengths across slices: 50 us kernels in a fixed 30% slice beside 5 ms
   kernels in a burst 70% one (and the other way round), and a slice cycling 50 us and
   2 ms kernels (fixed 40%) beside 500 us kernels (burst 60%);
@@ -173,7 +175,8 @@ def launch_cost(n: int = 200_000, rounds: int = 15) -> list[str]:
 
 
 STEP_LOOP = step_loop("busy_500us", 8, 2000)   # 8 x 500 us, sync, 2 ms CPU: ~65% alone
-SHORT_SYNCED = step_loop("busy_50us", 8)         # 50 us kernels synced every 8: ~80% alone
+SHORT_SYNCED = step_loop("busy_50us", 8)         # 50 us kernels synced every 8: ~99% alone
+SHORT_GAPS = step_loop("busy_50us", 8, 100)      # ... and 100 us of CPU after each sync: ~80%
 GREEDY_50US = Load(kernel="busy_50us", args=queue_for("busy_50us"))
 GREEDY_5MS = Load(kernel="busy_5000us", args=queue_for("busy_5000us"))
 MIXED = Load(kernel="busy_50us,busy_2000us", args=["--queue", "8"])
@@ -200,7 +203,9 @@ def workloads_table(window: float) -> list[str]:
             ("step loop, fixed 50% + burst 50% greedy", STEP_LOOP, 50, 50),
             ("step loop, fixed 80% alone", STEP_LOOP, 80, None),
             ("50us sync/8, fixed 70% alone", SHORT_SYNCED, 70, None),
-            ("50us sync/8, fixed 70% + burst 10% greedy", SHORT_SYNCED, 70, 10)):
+            ("50us sync/8, fixed 70% + burst 10% greedy", SHORT_SYNCED, 70, 10),
+            ("50us sync/8 +100us CPU, fixed 70% alone", SHORT_GAPS, 70, None),
+            ("50us sync/8 +100us CPU, fixed 70% + burst 10%", SHORT_GAPS, 70, 10)):
         with tempfile.TemporaryDirectory() as tmp:
             use = use_alone(Path(tmp), load, WARM + min(window, 3.0), WARM)
         loads = [as_slice(load, share, "fixed")]
