@@ -147,38 +147,40 @@ VG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
 
 /* ---- syncs: the app waits for its queued work (a step loop's step ends here) ---- */
 
-#define SYNC(call)                                                             \
+/* whole: the sync waits for all this process's work on the device (a context), or for
+ * the stream's, which is all of it while every launch of the hold went to that stream. */
+#define SYNC(whole, stream, call)                                              \
     do {                                                                       \
         vg_boot();                                                             \
         if (!atomic_load_explicit(&vg_active, memory_order_relaxed))           \
             return call;                                                       \
-        vg_sched_sync();                                                       \
+        uint64_t n_ = vg_sched_sync();                                         \
         CUresult rc_ = call;                                                   \
-        vg_sched_synced();                                                     \
+        vg_sched_synced(n_, rc_ == CUDA_SUCCESS, whole, stream);               \
         return rc_;                                                            \
     } while (0)
 
 VG_EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
-    SYNC(REAL(cuStreamSynchronize)(s));
+    SYNC(0, s, REAL(cuStreamSynchronize)(s));
 }
 
 VG_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
 {
-    SYNC(REAL(cuStreamSynchronize_ptsz)(s));
+    SYNC(0, PTSZ(s), REAL(cuStreamSynchronize_ptsz)(s));
 }
 
 VG_EXPORT CUresult cuCtxSynchronize(void)
 {
-    SYNC(REAL(cuCtxSynchronize)());
+    SYNC(1, NULL, REAL(cuCtxSynchronize)());
 }
 
 VG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
-    SYNC(REAL(cuCtxSynchronize_v2)(ctx));
+    SYNC(0, NULL, REAL(cuCtxSynchronize_v2)(ctx)); /* (maybe another context) */
 }
 
 VG_EXPORT CUresult cuEventSynchronize(CUevent ev)
 {
-    SYNC(REAL(cuEventSynchronize)(ev));
+    SYNC(0, NULL, REAL(cuEventSynchronize)(ev)); /* (the work before the event only) */
 }

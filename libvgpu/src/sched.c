@@ -105,6 +105,10 @@ struct sdev {
                                   * CPU work after its sync): the next sync offers the token back */
     uint32_t yielded;            /* the seq we offered back */
     uint64_t synced_at;          /* an app's sync returned then: its work ran until about then */
+    uint64_t empty_at, empty_launches; /* ... a sync that covered all our work: empty since then,
+                                  * while launches is still empty_launches */
+    CUstream hold_stream;        /* the stream of this hold's launches ... */
+    int hold_streams;            /* ... while this is 1 (a launch on another takes the lock) */
     uint64_t busy_from;          /* our queue has not been empty since (for the slot's busy time) */
     uint64_t per_ns;             /* GPU time per launch (estimate()); 0 = not known yet */
     uint64_t per_samples[PER_SAMPLES];
@@ -886,6 +890,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             pthread_mutex_lock(&g_lock);
             d->acquiring = 0;
             d->holding = 1;
+            d->hold_stream = d->ev_stream;
+            d->hold_streams = 1;
             d->grant = g;
             d->seq = g >> 8;
             d->idle_total = 0;
@@ -910,11 +916,15 @@ struct vg_ticket vg_sched_admit(CUstream stream)
     if (d->idle_from || !queued_of(d)) {
         /* The queue was empty: the GPU starts on our work now. */
         uint64_t now = vg_broker_now();
+        /* A sync that covered all our work dates the spell (the holder thread sees the
+         * work end only when it wakes to it, a few us to tens of us later). */
+        uint64_t known = d->empty_at >= d->hold_from && d->launches == d->empty_launches ? d->empty_at : 0;
         if (d->idle_from) {
-            d->long_gaps = now - d->idle_from > GAP_HOLD_NS;
+            uint64_t start = known && known < d->idle_from ? known : d->idle_from;
+            d->long_gaps = now - start > GAP_HOLD_NS;
             /* (idle_since first: the broker may count a spell short, never twice) */
             atomic_store(&d->q->idle_since, 0);
-            d->idle_total += now - d->idle_from;
+            d->idle_total += now - start;
             atomic_store(&d->q->idle_ns, d->idle_total);
             d->idle_from = 0;
         } else if (!d->launching && d->npend == 0) {
@@ -923,6 +933,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             uint64_t from = d->last_done > d->hold_from ? d->last_done : d->hold_from;
             if (d->synced_at > from)
                 from = d->synced_at; /* (a completion estimated short would date it earlier) */
+            if (known)
+                from = known;
             if (d->last_done > d->hold_from)
                 d->long_gaps = 0; /* a gap in this hold, too short for the holder thread to see */
             if (now > from) {
@@ -999,6 +1011,8 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
         return;
     }
     pthread_mutex_lock(&g_lock);
+    if (t.stream != d->hold_stream)
+        d->hold_streams = 2; /* (the fast path takes only launches on ev_stream, hold_stream at first) */
     if (t.idle_to && d->holding && d->last_launch == t.idle_to && __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST) == t.nth) {
         uint64_t now = vg_broker_now();
         d->idle_total += now - t.idle_to;
@@ -1030,24 +1044,29 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
  * waits; our queued work runs out as a revoked hold's tail, charged to us, with the next
  * holder's work queued behind it, so the hand-over leaves the GPU no idle gap. Lock-free
  * reads: a stale one offers a hold back once too often or too few, nothing worse. */
-void vg_sched_sync(void)
+uint64_t vg_sched_sync(void)
 {
     int dev = device_of();
     if (dev < 0 || dev >= VG_MAX_DEVICES)
-        return;
+        return UINT64_MAX;
     struct sdev *d = &g_dev[dev];
-    if (d->state != ST_ON || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !d->long_gaps ||
-        !atomic_load(&d->s->contended) || !queued_of(d) || d->yielded == d->seq)
-        return;
+    if (d->state != ST_ON)
+        return UINT64_MAX;
+    uint64_t n = __atomic_load_n(&d->launching, __ATOMIC_SEQ_CST) ? UINT64_MAX
+                                                                    : __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !d->long_gaps || !atomic_load(&d->s->contended) ||
+        !queued_of(d) || d->yielded == d->seq)
+        return n;
     d->yielded = d->seq;
     atomic_store(&d->q->yield_seq, d->seq);
     vg_broker_ring(d->s);
+    return n;
 }
 
 /* The app's wait ended: what it waited for is done now, and if that was all we queued,
  * our queue is empty from now (not from when the holder thread next looks: a step loop
  * that launches again first would be charged its whole sync gap as GPU time). */
-void vg_sched_synced(void)
+void vg_sched_synced(uint64_t launches, int ok, int whole, CUstream stream)
 {
     int dev = device_of();
     if (dev < 0 || dev >= VG_MAX_DEVICES)
@@ -1055,10 +1074,17 @@ void vg_sched_synced(void)
     struct sdev *d = &g_dev[dev];
     if (d->state != ST_ON || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED))
         return;
-    __atomic_store_n(&d->synced_at, vg_broker_now(), __ATOMIC_RELAXED);
-    if (!queued_of(d) || !__atomic_load_n(&d->npend, __ATOMIC_RELAXED) || pthread_mutex_trylock(&g_lock) != 0)
-        return;
-    if (d->holding)
+    uint64_t now = vg_broker_now();
+    __atomic_store_n(&d->synced_at, now, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g_lock);
+    /* Everything we had launched (nothing launched during the wait, nothing mid-launch)
+     * ran on the stream or context waited for: our queue has been empty since about now. */
+    if (ok && d->holding && launches == d->launches && !d->launching &&
+        (whole || (stream && stream == d->hold_stream && d->hold_streams == 1))) {
+        d->empty_at = now;
+        d->empty_launches = launches;
+    }
+    if (d->holding && queued_of(d) && d->npend)
         reap(d);
     pthread_mutex_unlock(&g_lock);
 }

@@ -24,8 +24,11 @@ SECONDS = 3.0
 
 # 8 kernels of 500 us, then 2 ms of CPU: ~65% of the GPU alone.
 STEP_LOOP = step_loop("busy_500us", 8, 2000)
-# 50 us kernels synced every 8: ~80% alone (the launch and sync gaps).
+# 50 us kernels synced every 8: ~99% alone (a sync returns within a few us, as the
+# driver's does: a slice that claimed busy time as idle passed its share here).
 SHORT_SYNCED = step_loop("busy_50us", 8)
+# ... with 100 us of CPU after each sync: ~80% alone, gaps the slice keeps its hold through.
+SHORT_GAPS = step_loop("busy_50us", 8, 100)
 
 
 def shares(tmp: Path, loads: list[Load], seconds: float = SECONDS) -> list[float]:
@@ -54,6 +57,7 @@ def slice_of(load: Load, env: dict[str, str]) -> Load:
     # Beside it a burst 10: the slice keeps the token through its sync gaps (~15% of its
     # time) and is not charged for them, so 70 + its gaps + 30 would not fit in the GPU.
     pytest.param(SHORT_SYNCED, 70, 10, id="50us-sync8-fixed70-beside-burst10"),
+    pytest.param(SHORT_GAPS, 70, None, id="50us-sync8-cpu100us-fixed70-alone"),
 ])
 @timing
 def test_a_slice_gets_the_lesser_of_its_share_and_its_use(
