@@ -549,6 +549,19 @@ static void note_drains(struct vg_bgpu *g, uint64_t now)
     }
 }
 
+/* Settle segment 0, a revoked hold whose drain was not reported, from `from` (when its
+ * tail began), charging its slice `tail`: the holds after it are charged from their own
+ * grants, not from behind what may be a made-up tail, and a drain it reports later pays
+ * the rest of a real one. */
+static void give_up_tail(struct vg_bgpu *g, uint64_t from, uint64_t tail)
+{
+    struct seg *s0 = &g->seg[0];
+    s0->penalty = tail;
+    g->sl[s0->slice].late_seq = s0->seq;
+    g->sl[s0->slice].late_from = from + tail;
+    settle(g, from);
+}
+
 /* Settle what can be: segments whose work is known to have ended. */
 static void settle_ready(struct vg_bgpu *g, uint64_t now)
 {
@@ -570,12 +583,9 @@ static void settle_ready(struct vg_bgpu *g, uint64_t now)
                     fin = s0->end; /* it held the token until then */
             } else if (now >= from + TAIL_MAX_NS) {
                 /* Never reported (a waiter that died, or a tenant that scrambles its
-                 * reports): it pays the longest tail, but the next hold's clock starts at
-                 * its own grant, not behind what may be a made-up tail. */
-                s0->penalty = TAIL_MAX_NS;
-                fin = from;
-                g->sl[s0->slice].late_seq = s0->seq;
-                g->sl[s0->slice].late_from = from + TAIL_MAX_NS;
+                 * reports): it pays the longest tail. */
+                give_up_tail(g, from, TAIL_MAX_NS);
+                continue;
             } else {
                 return;
             }
@@ -647,8 +657,17 @@ static void grant(struct vg_bgpu *g, int i, uint64_t now)
      * process that took one broker's grant cannot mistake another's for its own. */
     uint32_t count = (g->seq + 1) & 0xFFFFFu;
     g->seq = ((g->epoch & 0xFu) << 20) | (count ? count : 1);
-    if (g->nseg == SEG_MAX)
-        settle(g, now); /* the oldest never reported: it ends now at the latest */
+    if (g->nseg == SEG_MAX) {
+        /* The oldest, a tail not reported yet, makes room: charged its tail so far (had it
+         * ended now, the holds after it would be charged only from now, their GPU time
+         * before it lost: a tenant that never reports gave its neighbours free time). */
+        struct seg *s0 = &g->seg[0];
+        uint64_t from = s0->start > s0->end ? s0->start : s0->end;
+        if (s0->slice >= 0 && s0->revoked && !s0->drained)
+            give_up_tail(g, from, now > from ? now - from : 0);
+        else
+            settle(g, from); /* (a gone slice's: nobody pays it) */
+    }
     g->holder = i;
     g->granted = g->last_step = now;
     g->uncontended = 0;
