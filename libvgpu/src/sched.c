@@ -480,19 +480,13 @@ static struct sdev *sdev_get(int dev, int *refused)
  * A late look (a holder thread that wakes late on a loaded CPU) makes one sample
  * long and the next one short, so the estimate is the median of the recent ones:
  * an estimate that is short lets launches after the last event go unseen. */
-/* One sample of the GPU time per launch: `launches` launches, recorded after `from`
- * at the earliest and after the previous completion, all seen complete at `now`. Events
- * reaped together are one sample: each but the first completed at a time not seen, and
- * dated `now` they would measure about nothing (a short estimate dates uncovered launches'
- * end, and so a queue's idle time, too early: a fixed slice then passes its share). */
-static void estimate(struct sdev *d, uint64_t from, unsigned launches, uint64_t now)
+static void estimate(struct sdev *d, const struct ev *e, uint64_t now)
 {
-    if (d->last_done > from)
-        from = d->last_done;
+    uint64_t from = d->last_done > e->recorded ? d->last_done : e->recorded;
     d->last_done = now;
-    if (now <= from || !launches)
+    if (now <= from || !e->launches)
         return;
-    uint64_t per = (now - from) / launches;
+    uint64_t per = (now - from) / e->launches;
     d->per_samples[d->nsamples++ % PER_SAMPLES] = per ? per : 1;
     unsigned n = d->nsamples < PER_SAMPLES ? d->nsamples : PER_SAMPLES;
     uint64_t v[PER_SAMPLES];
@@ -509,8 +503,8 @@ static void estimate(struct sdev *d, uint64_t from, unsigned launches, uint64_t 
 /* Events whose work completed go back to the free list. */
 static void reap(struct sdev *d)
 {
-    uint64_t now = vg_broker_now(), from = 0;
-    unsigned kept = 0, launches = 0;
+    uint64_t now = vg_broker_now();
+    unsigned kept = 0;
     for (unsigned i = 0; i < d->npend; i++) {
         CUresult rc = p_event_query(d->pend[i].ev);
         if (rc == CUDA_ERROR_NOT_READY) {
@@ -518,9 +512,7 @@ static void reap(struct sdev *d)
             continue;
         }
         __atomic_add_fetch(&d->done, d->pend[i].launches, __ATOMIC_SEQ_CST);
-        if (!launches)
-            from = d->pend[i].recorded;
-        launches += d->pend[i].launches;
+        estimate(d, &d->pend[i], now);
         if (rc == CUDA_SUCCESS && d->nfree < FREE_MAX)
             d->freel[d->nfree++] = d->pend[i];
         else if (rc == CUDA_SUCCESS)
@@ -528,8 +520,6 @@ static void reap(struct sdev *d)
         /* any other answer: its context is gone, and the event with it */
     }
     __atomic_store_n(&d->npend, kept, __ATOMIC_SEQ_CST);
-    if (launches)
-        estimate(d, from, launches, now);
     if (kept)
         return;
     if (d->ev_mark > d->done)
@@ -551,11 +541,6 @@ static void reap(struct sdev *d)
 
 static void report_drained(struct sdev *d, uint64_t now)
 {
-    /* All we queued ran: the next hold starts on an empty queue (its first launch claims
-     * the wait from the grant as idle). */
-    uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
-    if (n > __atomic_load_n(&d->done, __ATOMIC_SEQ_CST))
-        __atomic_store_n(&d->done, n, __ATOMIC_SEQ_CST);
     d->gave_from = now;
     atomic_store(&d->q->drain_ns, now);
     atomic_store(&d->q->drain_seq, d->drain_seq);

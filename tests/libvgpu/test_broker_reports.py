@@ -156,6 +156,7 @@ def revoked(gpu: Gpu, word_seq: int, s: HandSlice) -> None:
     poll("the revocation", lambda: gpu.snapshot().grant >> 8 != word_seq, between=renew)
 
 
+@timing
 def test_a_hold_queued_behind_an_unreported_tail_is_settled_by_its_own_report(
         tmp_path: Path) -> None:
     # The scenario must fit in the tail's 50 ms: played again (a fresh broker) when a
