@@ -549,6 +549,12 @@ static void note_drains(struct vg_bgpu *g, uint64_t now)
     }
 }
 
+/* When a revoked hold's tail began: its end, or its start if its work waited longer. */
+static uint64_t tail_from(const struct seg *c)
+{
+    return c->start > c->end ? c->start : c->end;
+}
+
 /* Settle segment 0, a revoked hold whose drain was not reported, from `from` (when its
  * tail began), charging its slice `tail`: the holds after it are charged from their own
  * grants, not from behind what may be a made-up tail, and a drain it reports later pays
@@ -574,7 +580,7 @@ static void settle_ready(struct vg_bgpu *g, uint64_t now)
         if (!s0->revoked || s0->slice < 0) {
             fin = s0->end; /* released drained, or revoked before any process took it */
         } else {
-            uint64_t from = s0->start > s0->end ? s0->start : s0->end;
+            uint64_t from = tail_from(s0);
             if (s0->drained) {
                 fin = believed(s0->drain_claim, s0->start, s0->drain_seen);
                 if (!fin)
@@ -662,7 +668,7 @@ static void grant(struct vg_bgpu *g, int i, uint64_t now)
          * ended now, the holds after it would be charged only from now, their GPU time
          * before it lost: a tenant that never reports gave its neighbours free time). */
         struct seg *s0 = &g->seg[0];
-        uint64_t from = s0->start > s0->end ? s0->start : s0->end;
+        uint64_t from = tail_from(s0);
         if (s0->slice >= 0 && s0->revoked && !s0->drained)
             give_up_tail(g, from, now > from ? now - from : 0);
         else
@@ -810,7 +816,7 @@ static uint64_t step(struct vg_bgpu *g)
     /* When to look again without being rung. */
     uint64_t sleep = BEAT_NS;
     if (g->nseg && g->seg[0].end && g->seg[0].revoked) {
-        uint64_t from = g->seg[0].start > g->seg[0].end ? g->seg[0].start : g->seg[0].end;
+        uint64_t from = tail_from(&g->seg[0]);
         uint64_t t = from + TAIL_MAX_NS > now ? from + TAIL_MAX_NS - now : 50 * US;
         if (t < sleep)
             sleep = t;

@@ -154,9 +154,9 @@ VG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
         vg_boot();                                                             \
         if (!atomic_load_explicit(&vg_active, memory_order_relaxed))           \
             return call;                                                       \
-        uint64_t n_ = vg_sched_sync();                                         \
+        struct vg_sync s_ = vg_sched_sync();                                   \
         CUresult rc_ = call;                                                   \
-        vg_sched_synced(n_, rc_ == CUDA_SUCCESS, whole, stream);               \
+        vg_sched_synced(s_, rc_ == CUDA_SUCCESS, whole, stream);               \
         return rc_;                                                            \
     } while (0)
 

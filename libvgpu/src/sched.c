@@ -1029,45 +1029,48 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
  * waits; our queued work runs out as a revoked hold's tail, charged to us, with the next
  * holder's work queued behind it, so the hand-over leaves the GPU no idle gap. Lock-free
  * reads: a stale one offers a hold back once too often or too few, nothing worse. */
-uint64_t vg_sched_sync(void)
+struct vg_sync vg_sched_sync(void)
 {
-    int dev = device_of();
-    if (dev < 0 || dev >= VG_MAX_DEVICES)
-        return UINT64_MAX;
-    struct sdev *d = &g_dev[dev];
-    if (d->state != ST_ON)
-        return UINT64_MAX;
-    uint64_t n = __atomic_load_n(&d->launching, __ATOMIC_SEQ_CST) ? UINT64_MAX
-                                                                    : __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+    struct vg_sync s = {device_of(), UINT64_MAX};
+    if (s.dev < 0 || s.dev >= VG_MAX_DEVICES || g_dev[s.dev].state != ST_ON) {
+        s.dev = -1;
+        return s;
+    }
+    struct sdev *d = &g_dev[s.dev];
+    if (!__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
+        s.launches = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
     if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !d->long_gaps || !atomic_load(&d->s->contended) ||
         !queued_of(d) || d->yielded == d->seq)
-        return n;
+        return s;
     d->yielded = d->seq;
     atomic_store(&d->q->yield_seq, d->seq);
     vg_broker_ring(d->s);
-    return n;
+    return s;
 }
 
 /* The app's wait ended: what it waited for is done now, and if that was all we queued,
  * our queue is empty from now (not from when the holder thread next looks: a step loop
  * that launches again first would be charged its whole sync gap as GPU time). */
-void vg_sched_synced(uint64_t launches, int ok, int whole, CUstream stream)
+void vg_sched_synced(struct vg_sync s, int ok, int whole, CUstream stream)
 {
-    int dev = device_of();
-    if (dev < 0 || dev >= VG_MAX_DEVICES)
+    if (s.dev < 0)
         return;
-    struct sdev *d = &g_dev[dev];
-    if (d->state != ST_ON || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED))
+    struct sdev *d = &g_dev[s.dev];
+    if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED))
         return;
     uint64_t now = vg_broker_now();
     __atomic_store_n(&d->synced_at, now, __ATOMIC_RELAXED);
+    /* The lock only when there is something to do under it: a ring of event syncs (one
+     * per launch) neither dates an empty queue nor, with nothing pending, reaps. */
+    if (!(ok && (whole || stream)) && !(queued_of(d) && __atomic_load_n(&d->npend, __ATOMIC_RELAXED)))
+        return;
     pthread_mutex_lock(&g_lock);
     /* Everything we had launched (nothing launched during the wait, nothing mid-launch)
      * ran on the stream or context waited for: our queue has been empty since about now. */
-    if (ok && d->holding && launches == d->launches && !d->launching &&
+    if (ok && d->holding && s.launches == d->launches && !d->launching &&
         (whole || (stream && stream == d->hold_stream && d->hold_streams == 1))) {
         d->empty_at = now;
-        d->empty_launches = launches;
+        d->empty_launches = s.launches;
     }
     if (d->holding && queued_of(d) && d->npend)
         reap(d);
