@@ -87,6 +87,7 @@ struct sdev {
     _Alignas(64) uint64_t launches; /* launches admitted; launches - done are queued */
     unsigned launching;
     _Alignas(64) int holding, acquiring, draining;
+    int sync_gap;                /* an app's sync returned since our last launch on an empty queue */
     unsigned depth_now;          /* launches we may have queued now (depth()) */
     unsigned every;
     uint32_t grant, seq;
@@ -819,12 +820,16 @@ static unsigned queued_of(const struct sdev *d)
     return n > c ? (unsigned)(n - c < UINT32_MAX ? n - c : UINT32_MAX) : 0;
 }
 
+/* An empty queue takes the lock only after a sync returned (the gap from its work's end
+ * to this launch is claimed there): a launch loop faster than its kernels finds the queue
+ * empty at most launches, and the holder's look claims any gap longer than a poll. */
 static int admit_fast(struct sdev *d)
 {
+    unsigned queued = queued_of(d);
     if (!__atomic_load_n(&d->holding, __ATOMIC_SEQ_CST) || atomic_load(&d->s->grant) != d->grant ||
-        __atomic_load_n(&d->idle_from, __ATOMIC_RELAXED) || !queued_of(d) ||
-        queued_of(d) + __atomic_load_n(&d->launching, __ATOMIC_RELAXED) >=
-            __atomic_load_n(&d->depth_now, __ATOMIC_RELAXED))
+        __atomic_load_n(&d->idle_from, __ATOMIC_RELAXED) ||
+        (!queued && __atomic_load_n(&d->sync_gap, __ATOMIC_RELAXED)) ||
+        queued + __atomic_load_n(&d->launching, __ATOMIC_RELAXED) >= __atomic_load_n(&d->depth_now, __ATOMIC_RELAXED))
         return 0;
     __atomic_add_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&d->holding, __ATOMIC_SEQ_CST) && atomic_load(&d->s->grant) == d->grant &&
@@ -928,6 +933,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             }
         }
         d->last_launch = now;
+        d->sync_gap = 0;
         t.idle_to = now;
         if (!d->busy_from)
             d->busy_from = now;
@@ -988,10 +994,11 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
         return;
     }
     /* An event closes ~EVENT_EVERY_NS of launches, a stream change, or the first launch
-     * on an empty queue; launches in between take no lock. */
+     * on an empty queue; launches in between take no lock, even with no event pending
+     * (they are done by their estimated length: an event at every launch that finds the
+     * others reaped cost ~1 us per launch of kernels shorter than the holder's look). */
     uint64_t since = __atomic_load_n(&d->launches, __ATOMIC_RELAXED) - __atomic_load_n(&d->ev_mark, __ATOMIC_RELAXED);
-    if (!t.idle_to && since < __atomic_load_n(&d->every, __ATOMIC_RELAXED) && t.stream == d->ev_stream &&
-        __atomic_load_n(&d->npend, __ATOMIC_SEQ_CST)) {
+    if (!t.idle_to && since < __atomic_load_n(&d->every, __ATOMIC_RELAXED) && t.stream == d->ev_stream) {
         __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
         return;
     }
@@ -1060,6 +1067,8 @@ void vg_sched_synced(struct vg_sync s, int ok, int whole, CUstream stream)
         return;
     uint64_t now = vg_broker_now();
     __atomic_store_n(&d->synced_at, now, __ATOMIC_RELAXED);
+    if (!__atomic_load_n(&d->sync_gap, __ATOMIC_RELAXED))
+        __atomic_store_n(&d->sync_gap, 1, __ATOMIC_RELAXED);
     /* The lock only when there is something to do under it: a ring of event syncs (one
      * per launch) neither dates an empty queue nor, with nothing pending, reaps. */
     if (!(ok && (whole || stream)) && !(queued_of(d) && __atomic_load_n(&d->npend, __ATOMIC_RELAXED)))
