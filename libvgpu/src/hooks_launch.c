@@ -154,7 +154,7 @@ VG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
         vg_boot();                                                             \
         if (!atomic_load_explicit(&vg_active, memory_order_relaxed))           \
             return call;                                                       \
-        struct vg_sync s_ = vg_sched_sync();                                   \
+        struct vg_sync s_ = vg_sched_sync(1);                                  \
         CUresult rc_ = call;                                                   \
         vg_sched_synced(s_, rc_ == CUDA_SUCCESS, whole, stream);               \
         return rc_;                                                            \
@@ -183,4 +183,33 @@ VG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
 VG_EXPORT CUresult cuEventSynchronize(CUevent ev)
 {
     SYNC(0, NULL, REAL(cuEventSynchronize)(ev)); /* (the work before the event only) */
+}
+
+/* A query that finds the work done ends a wait as a sync does (a loop polling for its step's
+ * end); one that finds it running changes nothing. */
+#define QUERY(stream, call)                                                    \
+    do {                                                                       \
+        vg_boot();                                                             \
+        if (!atomic_load_explicit(&vg_active, memory_order_relaxed))           \
+            return call;                                                       \
+        struct vg_sync s_ = vg_sched_sync(0);                                  \
+        CUresult rc_ = call;                                                   \
+        if (rc_ == CUDA_SUCCESS)                                               \
+            vg_sched_synced(s_, 1, 0, stream);                                 \
+        return rc_;                                                            \
+    } while (0)
+
+VG_EXPORT CUresult cuStreamQuery(CUstream s)
+{
+    QUERY(s, REAL(cuStreamQuery)(s));
+}
+
+VG_EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
+{
+    QUERY(PTSZ(s), REAL(cuStreamQuery_ptsz)(s));
+}
+
+VG_EXPORT CUresult cuEventQuery(CUevent ev)
+{
+    QUERY(NULL, REAL(cuEventQuery)(ev));
 }

@@ -501,6 +501,17 @@ static void estimate(struct sdev *d, const struct ev *e, uint64_t now)
     d->per_ns = v[n / 2];
 }
 
+/* Launches up to n are known to have completed by `at`, with no event pending: no event
+ * closes them any more (the next one closes launches after n only: one that closed these
+ * too would count them done twice and, as a kernel-length sample, spread its time over
+ * launches that ran before it). */
+static void all_done(struct sdev *d, uint64_t n, uint64_t at)
+{
+    d->last_done = at;
+    __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&d->done, n, __ATOMIC_SEQ_CST);
+}
+
 /* Events whose work completed go back to the free list. */
 static void reap(struct sdev *d)
 {
@@ -533,10 +544,8 @@ static void reap(struct sdev *d)
     uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
     if (n > d->done && !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
         uint64_t end = d->last_done + (n - d->done) * (d->per_ns ? d->per_ns : 1);
-        if (now >= end) {
-            d->last_done = end;
-            __atomic_store_n(&d->done, n, __ATOMIC_SEQ_CST);
-        }
+        if (now >= end)
+            all_done(d, n, end);
     }
 }
 
@@ -670,6 +679,8 @@ static void *holder_thread(void *arg)
                 /* Launches after the last event ran on after it: about their length. */
                 uint64_t uncovered = n > d->ev_mark ? n - d->ev_mark : 0;
                 uint64_t from = d->empty_since + uncovered * d->per_ns;
+                if (from < d->last_done)
+                    from = d->last_done; /* (an app's sync or query saw them end since our look) */
                 if (from >= now) {
                     wait_ns = from - now + 1;
                     continue;
@@ -683,6 +694,7 @@ static void *holder_thread(void *arg)
                     d->idle_from = 0;
                     continue;
                 }
+                all_done(d, n, d->empty_since); /* (what the claim says) */
                 note_busy(d, dev, d->empty_since);
                 atomic_store(&d->q->idle_since, d->empty_since);
             }
@@ -1035,8 +1047,9 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
  * while another slice waits: offer the hold back now. The broker revokes it if anyone
  * waits; our queued work runs out as a revoked hold's tail, charged to us, with the next
  * holder's work queued behind it, so the hand-over leaves the GPU no idle gap. Lock-free
- * reads: a stale one offers a hold back once too often or too few, nothing worse. */
-struct vg_sync vg_sched_sync(void)
+ * reads: a stale one offers a hold back once too often or too few, nothing worse. A query
+ * (offer 0) offers nothing: an app may poll while it goes on launching. */
+struct vg_sync vg_sched_sync(int offer)
 {
     struct vg_sync s = {device_of(), UINT64_MAX};
     if (s.dev < 0 || s.dev >= VG_MAX_DEVICES || g_dev[s.dev].state != ST_ON) {
@@ -1046,7 +1059,7 @@ struct vg_sync vg_sched_sync(void)
     struct sdev *d = &g_dev[s.dev];
     if (!__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
         s.launches = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !d->long_gaps || !atomic_load(&d->s->contended) ||
+    if (!offer || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !d->long_gaps || !atomic_load(&d->s->contended) ||
         !queued_of(d) || d->yielded == d->seq)
         return s;
     d->yielded = d->seq;
@@ -1080,6 +1093,10 @@ void vg_sched_synced(struct vg_sync s, int ok, int whole, CUstream stream)
         (whole || (stream && stream == d->hold_stream && d->hold_streams == 1))) {
         d->empty_at = now;
         d->empty_launches = s.launches;
+        if (d->npend)
+            reap(d); /* (all of them completed) */
+        if (!d->npend)
+            all_done(d, s.launches, now);
     }
     if (d->holding && queued_of(d) && d->npend)
         reap(d);

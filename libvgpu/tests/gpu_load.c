@@ -5,7 +5,8 @@
  *   gpu_load [--kernel busy_2000us | --kernels busy_50us,busy_500us,...]
  *            [--device N[,N...]] [--path kernel|ex|coop|graph|graph-procaddr] [--graph-kernels N]
  *            [--threads N] [--queue N] [--sync-every N] [--cpu-gap-us U]
- *            [--gap spin|sleep] [--start-at NS] [--until NS | --seconds S] [--trace FILE]
+ *            [--gap spin|sleep] [--wait sync|poll] [--start-at NS] [--until NS | --seconds S]
+ *            [--trace FILE]
  *
  * Launches KERNEL (simgpu: busy_<N>us occupies the engine N us) as fast as the
  * GPU takes it, keeping at most --queue launches in flight per thread (like a
@@ -16,7 +17,8 @@
  * are: after every N launches the thread synchronizes its stream, then does
  * --cpu-gap-us of CPU work (busy spinning, as a step preparing its next input
  * does; --gap sleep sleeps instead) before the next step. The queue then
- * defaults to N, so a whole step is in flight.
+ * defaults to N, so a whole step is in flight. --wait poll polls cuStreamQuery until
+ * the step is done instead of syncing (as loops that overlap host work do).
  * --start-at / --until are CLOCK_MONOTONIC times, so processes started one
  * after another measure the same window. --trace writes one (launch time ns,
  * GPU ns of that launch, device) triple of little-endian uint64 per launch;
@@ -36,7 +38,7 @@
 struct opts {
     const char *path, *trace;
     const char *kernels[MAX_KERNELS];
-    int nkernels, devices[MAX_DEVS], ndev, threads, queue, graph_kernels, sync_every, gap_sleep;
+    int nkernels, devices[MAX_DEVS], ndev, threads, queue, graph_kernels, sync_every, gap_sleep, poll;
     uint64_t start_at, until, kernel_ns[MAX_KERNELS], cpu_gap_ns;
 };
 
@@ -152,7 +154,14 @@ static void *work(void *arg)
     uint64_t n = 0;
     for (uint64_t k = 0; now_ns() < o->until; k++, n++) {
         if (o->sync_every && n > 0 && n % (uint64_t)o->sync_every == 0) {
-            CHECK("cuStreamSynchronize", cuStreamSynchronize(s));
+            if (o->poll) {
+                CUresult q;
+                while ((q = cuStreamQuery(s)) == CUDA_ERROR_NOT_READY)
+                    ;
+                CHECK("cuStreamQuery", q);
+            } else {
+                CHECK("cuStreamSynchronize", cuStreamSynchronize(s));
+            }
             cpu_gap(o);
             k = 0;
             if (now_ns() >= o->until)
@@ -231,6 +240,8 @@ int main(int argc, char **argv)
             o.cpu_gap_ns = strtoull(v, NULL, 10) * 1000;
         else if (!strcmp(k, "--gap") && (!strcmp(v, "spin") || !strcmp(v, "sleep")))
             o.gap_sleep = !strcmp(v, "sleep");
+        else if (!strcmp(k, "--wait") && (!strcmp(v, "sync") || !strcmp(v, "poll")))
+            o.poll = !strcmp(v, "poll");
         else if (!strcmp(k, "--start-at"))
             o.start_at = strtoull(v, NULL, 10);
         else if (!strcmp(k, "--until"))

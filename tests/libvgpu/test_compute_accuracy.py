@@ -29,6 +29,11 @@ STEP_LOOP = step_loop("busy_500us", 8, 2000)
 SHORT_SYNCED = step_loop("busy_50us", 8)
 # ... with 100 us of CPU after each sync: ~80% alone, gaps the slice keeps its hold through.
 SHORT_GAPS = step_loop("busy_50us", 8, 100)
+# 10 us kernels polled with cuStreamQuery every 8, then 20 us of CPU: ~80% alone. Its gaps
+# are shorter than the holder thread's look: only the query that found the step done
+# dates them (unclaimed, the slice got 44% of a fixed 50%; claimed from a count that took
+# launches done twice, 55%).
+POLLED_GAPS = step_loop("busy_10us", 8, 20, wait="poll")
 
 
 def shares(tmp: Path, loads: list[Load], seconds: float = SECONDS) -> list[float]:
@@ -58,6 +63,7 @@ def slice_of(load: Load, env: dict[str, str]) -> Load:
     # time) and is not charged for them, so 70 + its gaps + 30 would not fit in the GPU.
     pytest.param(SHORT_SYNCED, 70, 10, id="50us-sync8-fixed70-beside-burst10"),
     pytest.param(SHORT_GAPS, 70, None, id="50us-sync8-cpu100us-fixed70-alone"),
+    pytest.param(POLLED_GAPS, 50, None, id="10us-poll8-cpu20us-fixed50-alone"),
 ])
 @timing
 def test_a_slice_gets_the_lesser_of_its_share_and_its_use(

@@ -47,9 +47,10 @@ class Load:
 
 
 def step_loop(kernel: str, sync_every: int, cpu_gap_us: int = 0,
-              env: Mapping[str, str] | None = None) -> Load:
-    """A loop of steps: sync_every launches, a stream sync, then cpu_gap_us of CPU work."""
-    args = ["--sync-every", str(sync_every), "--cpu-gap-us", str(cpu_gap_us)]
+              env: Mapping[str, str] | None = None, wait: str = "sync") -> Load:
+    """A loop of steps: sync_every launches, a stream sync (wait="poll": cuStreamQuery
+    until done), then cpu_gap_us of CPU work."""
+    args = ["--sync-every", str(sync_every), "--cpu-gap-us", str(cpu_gap_us), "--wait", wait]
     return Load(dict(env or {}), kernel=kernel, args=args)
 
 
