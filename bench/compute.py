@@ -177,6 +177,7 @@ def launch_cost(n: int = 200_000, rounds: int = 15) -> list[str]:
 STEP_LOOP = step_loop("busy_500us", 8, 2000)   # 8 x 500 us, sync, 2 ms CPU: ~65% alone
 SHORT_SYNCED = step_loop("busy_50us", 8)         # 50 us kernels synced every 8: ~99% alone
 SHORT_GAPS = step_loop("busy_50us", 8, 100)      # ... and 100 us of CPU after each sync: ~80%
+POLLED_GAPS = step_loop("busy_10us", 8, 20, wait="poll")  # 10 us kernels, cuStreamQuery, 20 us CPU
 GREEDY_50US = Load(kernel="busy_50us", args=queue_for("busy_50us"))
 GREEDY_5MS = Load(kernel="busy_5000us", args=queue_for("busy_5000us"))
 MIXED = Load(kernel="busy_50us,busy_2000us", args=["--queue", "8"])
@@ -205,7 +206,9 @@ def workloads_table(window: float) -> list[str]:
             ("50us sync/8, fixed 70% alone", SHORT_SYNCED, 70, None),
             ("50us sync/8, fixed 70% + burst 10% greedy", SHORT_SYNCED, 70, 10),
             ("50us sync/8 +100us CPU, fixed 70% alone", SHORT_GAPS, 70, None),
-            ("50us sync/8 +100us CPU, fixed 70% + burst 10%", SHORT_GAPS, 70, 10)):
+            ("50us sync/8 +100us CPU, fixed 70% + burst 10%", SHORT_GAPS, 70, 10),
+            ("10us polled/8 +20us CPU, fixed 50% alone", POLLED_GAPS, 50, None),
+            ("10us polled/8 +20us CPU, fixed 50% + burst 30%", POLLED_GAPS, 50, 30)):
         with tempfile.TemporaryDirectory() as tmp:
             use = use_alone(Path(tmp), load, WARM + min(window, 3.0), WARM)
         loads = [as_slice(load, share, "fixed")]

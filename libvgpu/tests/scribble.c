@@ -23,6 +23,10 @@
  *             random body is parsed, not rejected)
  *   truncate  ftruncate / truncate to 0 and to odd sizes, then back to size
  *   magic     zero the magic of every file
+ *   yield     in the slice's .req: offer back the hold the GPU's grant word names
+ *             (its own or a neighbour's), or a random one, and ring the broker's
+ *             doorbell, every round (each hold it is granted is revoked at once
+ *             while others wait: its queued work must stay its own)
  *   full      create as many files as it can named like other slices' requests
  *             (<uuid>.<16 hex>.req, the neighbours' keys read from the GPU
  *             file first) beside the GPU file; rename / link / unlink /
@@ -48,7 +52,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/futex.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -421,6 +427,36 @@ static void truncate_mode(struct file *x, unsigned round)
         trunc_one(x, x->size0, 0);
 }
 
+/* The GPU's file, mapped read-only (what every container may do): its grant word is
+ * readable and its doorbell can be rung (a futex wake only reads). */
+static const struct vgpu_sched *gpu_map(void)
+{
+    static const struct vgpu_sched *m;
+    static int tried;
+    for (int i = 0; i < g_nfiles && !tried; i++) {
+        if (g_files[i].kind != K_GPU)
+            continue;
+        tried = 1;
+        int fd = open(g_files[i].path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+            break;
+        void *p = mmap(NULL, sizeof(struct vgpu_sched), PROT_READ, MAP_SHARED, fd, 0);
+        close(fd);
+        m = p == MAP_FAILED ? NULL : p;
+    }
+    return m;
+}
+
+static void yield_mode(struct file *x, unsigned round)
+{
+    const struct vgpu_sched *m = gpu_map();
+    if (x->kind != K_REQ || !m)
+        return;
+    uint32_t g = atomic_load(&m->grant);
+    put32(x, REQ_OFF(yield_seq), round % 4 == 3 ? (uint32_t)rnd() : g >> 8);
+    syscall(SYS_futex, &m->doorbell, FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
 static void magic_mode(struct file *x, unsigned round)
 {
     (void)round;
@@ -542,7 +578,7 @@ static void print_summary(const char *mode, double seconds, unsigned rounds, con
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|full|limits|none SECONDS [--from NS] "
+        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|yield|full|limits|none SECONDS [--from NS] "
                         "[--until NS] [--seed N] [--gap-us U] [--nice N]\n");
         return 2;
     }
@@ -575,6 +611,8 @@ int main(int argc, char **argv)
         attack = truncate_mode;
     else if (!strcmp(mode, "magic"))
         attack = magic_mode;
+    else if (!strcmp(mode, "yield"))
+        attack = yield_mode;
     else if (!strcmp(mode, "none"))
         attack = probe_only;
     else if (!strcmp(mode, "limits"))

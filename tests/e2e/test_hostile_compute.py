@@ -48,6 +48,11 @@ COST = 1.5 * TOL   # what the attack may cost a neighbour against its calm half:
                    # by -1..2 pp on the 2-core VM, the lease attack by -2..4 pp (measured).
                    # Before the broker latched drain reports per hold, the attacker's
                    # missing tails made its neighbours pay 50 ms penalties: 5-9 pp.
+OVER = 1.5         # and a fixed neighbour gets no more than its share: the credit it may
+                   # have saved (at most 20 ms) spent in the 3.5 s window is 0.6 pp, and
+                   # launches count at launch time. (A tenant that made the broker lose its
+                   # neighbours' charges showed as 46 % of a fixed 40, which the old bound
+                   # of share + TOL let pass.)
 FLOOR = 0.5        # and leaves it at least this part of its share (a stall shows at once).
                    # Not tighter: the calm half itself is short of the share beside greedy
                    # fixed neighbours on a loaded 2-core VM (step loop fixed 30: 19-26 %,
@@ -60,7 +65,7 @@ STEP = ("step", 30, "--kernel busy_500us --sync-every 8 --cpu-gap-us 2000")
 ATTACKER_SHARE = 20
 FIXED, NORMAL = 0, 1   # enum vgpu_policy / vgpu_priority
 
-MODES = ["lease", "priority", "index", "truncate", "magic", "full"]
+MODES = ["lease", "priority", "index", "truncate", "magic", "yield", "full"]
 
 
 def share_of(path: Path, a: int, b: int) -> float:
@@ -166,7 +171,7 @@ def _attack(host: Host, mode: str) -> None:
         what = (f"{mode}: the {name} neighbour (fixed {pct}) got {before:.1f} % calm, "
                 f"{got:.1f} % attacked")
         assert got >= min(before, pct) - COST, what
-        assert pct * FLOOR <= got <= pct + TOL, what
+        assert pct * FLOOR <= got <= pct + OVER, what
     # The attacker gained nothing: at most its own share, whatever it forged (its own
     # load may well have lost its slice's files and been refused, or died of SIGBUS).
     if "attacker" in shares:
