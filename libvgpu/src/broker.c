@@ -52,8 +52,8 @@
 #define DEBT_CAP_NS (20 * MS)      /* burst: idle time used beyond the share is not owed past this */
 #define ACTIVE_NS (5 * MS)         /* "active": requested, held or reported within this */
 #define TAIL_MAX_NS (50 * MS)      /* a revoked holder's queued work charged to it at most this long */
-#define SEG_MAX 8
-#define CONTENDED_IDLE_DIV 4        /* claimed idle honoured while others wait: a quarter of that time */                  /* holds whose GPU time is not settled yet */
+#define SEG_MAX 8                  /* holds whose GPU time is not settled yet */
+#define CONTENDED_IDLE_DIV 4       /* claimed idle honoured while others wait: a quarter of that time */
 #define RELEASE_SLACK_NS (200 * US)/* a release is dated at most this long before the broker saw it */
 #define RESCAN_NS (20 * MS)        /* new, changed and gone slices are seen within this */
 #define RESCAN_RUNG_NS (2 * MS)   /* ... and within this when a slice rings */
