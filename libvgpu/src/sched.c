@@ -44,7 +44,7 @@
 #define MS 1000000ull
 #define IDLE_HOLD_NS (2 * MS)      /* uncontended: an empty queue keeps the token this long */
 #define EMPTY_POLL_NS (20 * US)    /* an empty queue is looked at again after this */
-#define GAP_HOLD_NS (150 * US)     /* contended: ... this long (a step loop's sync gap, not its CPU work) */
+#define GAP_HOLD_NS (250 * US)     /* contended: ... this long (a step loop's sync gap, not its CPU work) */
 #define QUEUE_NS (4 * MS)          /* queued work a holder keeps ahead of the GPU */
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
 #define TAIL_QUEUE_NS (40 * MS)    /* ... and never two launches longer than this together */
