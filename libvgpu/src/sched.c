@@ -1089,17 +1089,16 @@ void vg_sched_synced(struct vg_sync s, int ok, int whole, CUstream stream)
     pthread_mutex_lock(&g_lock);
     /* Everything we had launched (nothing launched during the wait, nothing mid-launch)
      * ran on the stream or context waited for: our queue has been empty since about now. */
-    if (ok && d->holding && s.launches == d->launches && !d->launching &&
-        (whole || (stream && stream == d->hold_stream && d->hold_streams == 1))) {
+    int covered = ok && d->holding && s.launches == d->launches && !d->launching &&
+                  (whole || (stream && stream == d->hold_stream && d->hold_streams == 1));
+    if (d->holding && d->npend && (covered || queued_of(d)))
+        reap(d); /* (covered: all of them completed) */
+    if (covered) {
         d->empty_at = now;
         d->empty_launches = s.launches;
-        if (d->npend)
-            reap(d); /* (all of them completed) */
         if (!d->npend)
             all_done(d, s.launches, now);
     }
-    if (d->holding && queued_of(d) && d->npend)
-        reap(d);
     pthread_mutex_unlock(&g_lock);
 }
 
