@@ -147,69 +147,68 @@ VG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
 
 /* ---- syncs: the app waits for its queued work (a step loop's step ends here) ---- */
 
-/* whole: the sync waits for all this process's work on the device (a context), or for
- * the stream's, which is all of it while every launch of the hold went to that stream. */
-#define SYNC(whole, stream, call)                                              \
+/* close: the wait covers a stream's or the context's work (an event sync waits for an
+ * event of the app's, maybe far behind: nothing to date). */
+#define SYNC(close, call)                                                      \
     do {                                                                       \
         vg_boot();                                                             \
         if (!atomic_load_explicit(&vg_active, memory_order_relaxed))           \
             return call;                                                       \
-        struct vg_sync s_ = vg_sched_sync(1);                                  \
+        struct vg_sync s_ = vg_sched_sync(1, close);                           \
         CUresult rc_ = call;                                                   \
-        vg_sched_synced(s_, rc_ == CUDA_SUCCESS, whole, stream);               \
+        vg_sched_synced(s_, rc_ == CUDA_SUCCESS);                              \
         return rc_;                                                            \
     } while (0)
 
 VG_EXPORT CUresult cuStreamSynchronize(CUstream s)
 {
-    SYNC(0, s, REAL(cuStreamSynchronize)(s));
+    SYNC(1, REAL(cuStreamSynchronize)(s));
 }
 
 VG_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s)
 {
-    SYNC(0, PTSZ(s), REAL(cuStreamSynchronize_ptsz)(s));
+    SYNC(1, REAL(cuStreamSynchronize_ptsz)(s));
 }
 
 VG_EXPORT CUresult cuCtxSynchronize(void)
 {
-    SYNC(1, NULL, REAL(cuCtxSynchronize)());
+    SYNC(1, REAL(cuCtxSynchronize)());
 }
 
 VG_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
-    SYNC(0, NULL, REAL(cuCtxSynchronize_v2)(ctx)); /* (maybe another context) */
+    SYNC(1, REAL(cuCtxSynchronize_v2)(ctx));
 }
 
 VG_EXPORT CUresult cuEventSynchronize(CUevent ev)
 {
-    SYNC(0, NULL, REAL(cuEventSynchronize)(ev)); /* (the work before the event only) */
+    SYNC(0, REAL(cuEventSynchronize)(ev));
 }
 
 /* A query that finds the work done ends a wait as a sync does (a loop polling for its step's
  * end); one that finds it running changes nothing. */
-#define QUERY(stream, call)                                                    \
+#define QUERY(close, call)                                                     \
     do {                                                                       \
         vg_boot();                                                             \
         if (!atomic_load_explicit(&vg_active, memory_order_relaxed))           \
             return call;                                                       \
-        struct vg_sync s_ = vg_sched_sync(0);                                  \
+        struct vg_sync s_ = vg_sched_sync(0, close);                           \
         CUresult rc_ = call;                                                   \
-        if (rc_ == CUDA_SUCCESS)                                               \
-            vg_sched_synced(s_, 1, 0, stream);                                 \
+        vg_sched_synced(s_, rc_ == CUDA_SUCCESS);                              \
         return rc_;                                                            \
     } while (0)
 
 VG_EXPORT CUresult cuStreamQuery(CUstream s)
 {
-    QUERY(s, REAL(cuStreamQuery)(s));
+    QUERY(1, REAL(cuStreamQuery)(s));
 }
 
 VG_EXPORT CUresult cuStreamQuery_ptsz(CUstream s)
 {
-    QUERY(PTSZ(s), REAL(cuStreamQuery_ptsz)(s));
+    QUERY(1, REAL(cuStreamQuery_ptsz)(s));
 }
 
 VG_EXPORT CUresult cuEventQuery(CUevent ev)
 {
-    QUERY(NULL, REAL(cuEventQuery)(ev));
+    QUERY(0, REAL(cuEventQuery)(ev));
 }

@@ -6,11 +6,15 @@
  * A throttled slice submits work only while the broker has granted it its
  * GPU's token. This process asks by writing into its slice's own .req file
  * and waits on the grant word of the GPU's file, which it can only read.
- * While it holds the token it records an event every ~50 us of launches (not
- * one per launch: a launch costs a lock and a counter), reports the time its
- * GPU queue sat empty, and gives the token back as soon as the queue drains
- * while another slice waits (or after IDLE_HOLD_NS when none does): the
- * broker then charges GPU busy time, not hold time.
+ * While it holds the token it records a timing event every ~100 us of launched
+ * work (EVENT_EVERY_NS; not one per launch: a launch costs two atomic adds),
+ * one before a launch on an empty queue, and one when the app waits for a
+ * stream or its context; the events' GPU times (ledger.h) say when its work
+ * ran, so the time its queue sat empty within the hold, which it reports, is
+ * measured by the GPU's clock and not by when a CPU thread woke up. It gives
+ * the token back as soon as the queue drains while another slice waits (or
+ * after IDLE_HOLD_NS when none does): the broker then charges GPU busy time,
+ * not hold time.
  *
  * Everything read from a mapping is checked before use: the grant's entry
  * index against the table, the entry's key against ours. A GPU file that is
@@ -38,6 +42,7 @@
 
 #include "../include/vgpu_sched.h"
 #include "broker.h"
+#include "ledger.h"
 #include "vgpu_internal.h"
 
 #define US 1000ull
@@ -49,7 +54,8 @@
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
 #define TAIL_QUEUE_NS (40 * MS)    /* ... and never two launches longer than this together */
 #define EVENT_EVERY_NS (100 * US)   /* one event per this much launched work */
-#define PER_SAMPLES 15             /* completions the kernel-length estimate looks at */
+#define REF_MOVE_NS (50 * MS)      /* the reference event moves on after this much GPU time
+                                    * (cuEventElapsedTime is a float of ms: ~3 ns at 50 ms) */
 #define WANT_RENEW_NS (1 * MS)     /* waiters renew their request this often */
 #define BROKER_DEAD_NS (50 * MS)   /* standalone: a broker silent this long is replaced */
 #define BROKER_STOPPED_NS (500 * MS) /* ... even if its process lives on, stopped, with the lock */
@@ -62,9 +68,10 @@ enum { ST_UNSET = 0, ST_ON = 1, ST_OFF = -1, ST_REFUSED = -2 };
 struct ev {
     CUevent ev;
     CUcontext ctx;
-    unsigned launches; /* launches this event closes */
+    unsigned launches; /* launches this event closes (0: a start, recorded before a launch
+                        * on an empty queue: it dates the work's return on the GPU's clock) */
     uint64_t serial;   /* events are numbered in the order they were recorded */
-    uint64_t recorded; /* when (CLOCK_MONOTONIC) */
+    uint64_t recorded; /* when (CLOCK_MONOTONIC, read just before the record) */
 };
 
 struct sdev {
@@ -94,27 +101,26 @@ struct sdev {
     uint64_t ev_mark;            /* launches when the last event was recorded */
     CUstream ev_stream;
     unsigned npend;
-    _Alignas(64) uint64_t done;  /* launches known to have completed (reaped events) */
-    uint64_t seen_launches, empty_since; /* what it saw when it last found the queue empty */
+    _Alignas(64) uint64_t done;  /* launches closed by reaped events: they have completed */
+    uint64_t seen_launches, empty_since; /* launches after the last event, seen then: one look
+                                  * later with none added, an event closes them */
     uint32_t drain_seq;
     uint64_t ev_serial, drain_serial;  /* a revoked hold drains when its last event (this) completes */
-    uint64_t drain_uncovered;    /* ... and the launches after that event have run */
     uint64_t last_launch, idle_from, idle_total, last_active, last_beat;
     uint64_t hold_from;          /* when this process took the current hold */
     uint64_t gave_from;          /* our queue ran empty then and the hold ended (0: none since) */
     int long_gaps;               /* our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's
                                   * CPU work after its sync): the next sync offers the token back */
     uint32_t yielded;            /* the seq we offered back */
-    uint64_t synced_at;          /* an app's sync returned then: its work ran until about then */
-    uint64_t empty_at, empty_launches; /* ... a sync that covered all our work: empty since then,
-                                  * while launches is still empty_launches */
     CUstream hold_stream;        /* the stream of this hold's launches ... */
     int hold_streams;            /* ... while this is 1 (a launch on another takes the lock) */
-    uint64_t busy_from;          /* our queue has not been empty since (for the slot's busy time) */
-    uint64_t per_ns;             /* GPU time per launch (estimate()); 0 = not known yet */
-    uint64_t per_samples[PER_SAMPLES];
-    unsigned nsamples;
-    uint64_t last_done;          /* when the last reaped event completed */
+    /* What our work did on the GPU, by the GPU's clock (ledger.h): times of reaped events
+     * are cuEventElapsedTime from a reference event of ours, whose own GPU time is ref_gpu. */
+    struct vg_ledger led;
+    int have_ref;
+    struct ev ref;
+    int64_t ref_gpu;
+    uint64_t busy_noted;         /* led.busy_ns already added to the region's busy time */
     struct ev pend[PEND_MAX];
     struct ev freel[FREE_MAX];
     unsigned nfree;
@@ -135,6 +141,12 @@ static CUresult (*p_event_query)(CUevent);
 static CUresult (*p_event_sync)(CUevent);
 static CUresult (*p_event_destroy)(CUevent);
 static CUresult (*p_ctx_current)(CUcontext *);
+static CUresult (*p_elapsed)(float *, CUevent, CUevent);
+static CUresult (*p_capture_mode)(CUstreamCaptureMode *); /* optional (CUDA >= 10.1) */
+
+static int take_event(struct sdev *d, struct ev *out);
+static unsigned every(const struct sdev *d);
+static unsigned depth(const struct sdev *d, int contended);
 
 /* The kernel's tick-granular clock: a few ns, for the 100% path's stamps. */
 static uint64_t coarse_ns(void)
@@ -407,6 +419,9 @@ static void after_fork_child(void)
         d->holding = d->acquiring = d->draining = 0;
         d->launching = d->npend = d->nfree = 0;
         d->launches = d->done = d->ev_mark = 0;
+        d->have_ref = 0; /* (the parent's events) */
+        vg_ledger_init(&d->led);
+        d->busy_noted = 0;
         if (d->lock_fd >= 0)
             close(d->lock_fd); /* the parent keeps the lock; we must not outlive it holding it */
         d->lock_fd = -1;
@@ -430,7 +445,10 @@ static int look_up_driver(void)
     p_event_sync = (CUresult(*)(CUevent))vg_driver_sym("cuEventSynchronize");
     p_event_destroy = (CUresult(*)(CUevent))vg_driver_sym("cuEventDestroy_v2");
     p_ctx_current = (CUresult(*)(CUcontext *))vg_driver_sym("cuCtxGetCurrent");
-    return p_event_create && p_event_record && p_event_query && p_event_sync && p_event_destroy && p_ctx_current;
+    p_elapsed = (CUresult(*)(float *, CUevent, CUevent))vg_driver_sym("cuEventElapsedTime");
+    p_capture_mode = (CUresult(*)(CUstreamCaptureMode *))vg_driver_sym("cuThreadExchangeStreamCaptureMode");
+    return p_event_create && p_event_record && p_event_query && p_event_sync && p_event_destroy && p_ctx_current &&
+           p_elapsed;
 }
 
 /* Set device dev up once (under g_lock). */
@@ -476,77 +494,134 @@ static struct sdev *sdev_get(int dev, int *refused)
 
 /* ---- the holder's side ---- */
 
-/* GPU time per launch, from when events complete: the time since the previous
- * completion (or the recording, if the GPU was idle for us meanwhile), per launch.
- * A late look (a holder thread that wakes late on a loaded CPU) makes one sample
- * long and the next one short, so the estimate is the median of the recent ones:
- * an estimate that is short lets launches after the last event go unseen. */
-static void estimate(struct sdev *d, const struct ev *e, uint64_t now)
+/* The GPU time event e completed, on this device's timeline: cuEventElapsedTime from our
+ * reference event. The first reference's GPU time is its record time (so the timeline
+ * starts near the CPU's clock); the reference moves on every REF_MOVE_NS so the float
+ * keeps its precision. -1: no time (another context's event, or the driver refused). */
+static int gpu_time(struct sdev *d, const struct ev *e, int64_t *out)
 {
-    uint64_t from = d->last_done > e->recorded ? d->last_done : e->recorded;
-    d->last_done = now;
-    if (now <= from || !e->launches)
-        return;
-    uint64_t per = (now - from) / e->launches;
-    d->per_samples[d->nsamples++ % PER_SAMPLES] = per ? per : 1;
-    unsigned n = d->nsamples < PER_SAMPLES ? d->nsamples : PER_SAMPLES;
-    uint64_t v[PER_SAMPLES];
-    memcpy(v, d->per_samples, n * sizeof(v[0]));
-    for (unsigned i = 1; i < n; i++) /* (insertion sort of at most PER_SAMPLES) */
-        for (unsigned j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            uint64_t t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    d->per_ns = v[n / 2];
+    if (!d->have_ref || d->ref.ctx != e->ctx) {
+        if (d->have_ref)
+            p_event_destroy(d->ref.ev); /* (another context: a timeline of its own) */
+        d->have_ref = 0;
+        *out = d->led.mapped ? (int64_t)e->recorded - d->led.base : (int64_t)e->recorded;
+        return 1; /* e becomes the reference */
+    }
+    float ms = 0;
+    if (p_elapsed(&ms, d->ref.ev, e->ev) != CUDA_SUCCESS)
+        return -1;
+    *out = d->ref_gpu + (int64_t)((double)ms * 1e6);
+    return ms * 1e6 >= (double)REF_MOVE_NS || ms * 1e6 <= -(double)REF_MOVE_NS;
 }
 
-/* Launches up to n are known to have completed by `at`, with no event pending: no event
- * closes them any more (the next one closes launches after n only: one that closed these
- * too would count them done twice and, as a kernel-length sample, spread its time over
- * launches that ran before it). */
-static void all_done(struct sdev *d, uint64_t n, uint64_t at)
+static void free_event(struct sdev *d, const struct ev *e)
 {
-    d->last_done = at;
-    __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&d->done, n, __ATOMIC_SEQ_CST);
+    if (d->nfree < FREE_MAX)
+        d->freel[d->nfree++] = *e;
+    else
+        p_event_destroy(e->ev);
 }
 
-/* Events whose work completed go back to the free list. */
+/* Completed events, in the order they were recorded, go to the ledger and back to the
+ * free list (or become the reference). In order: a later event of another stream that
+ * completed first waits for the earlier one, so the ledger sees ends in GPU order. */
 static void reap(struct sdev *d)
 {
-    uint64_t now = vg_broker_now();
-    unsigned kept = 0;
-    for (unsigned i = 0; i < d->npend; i++) {
-        CUresult rc = p_event_query(d->pend[i].ev);
-        if (rc == CUDA_ERROR_NOT_READY) {
-            d->pend[kept++] = d->pend[i];
-            continue;
+    unsigned i = 0;
+    for (; i < d->npend; i++) {
+        struct ev *e = &d->pend[i];
+        CUresult rc = p_event_query(e->ev);
+        if (rc == CUDA_ERROR_NOT_READY)
+            break;
+        __atomic_add_fetch(&d->done, e->launches, __ATOMIC_SEQ_CST);
+        if (rc != CUDA_SUCCESS)
+            continue; /* its context is gone, and the event with it */
+        int64_t gpu = 0;
+        int ref = gpu_time(d, e, &gpu);
+        if (ref >= 0)
+            vg_ledger_event(&d->led, gpu, e->recorded, e->launches);
+        if (ref == 1) {
+            if (d->have_ref)
+                free_event(d, &d->ref);
+            d->ref = *e;
+            d->ref_gpu = gpu;
+            d->have_ref = 1;
+        } else {
+            free_event(d, e);
         }
-        __atomic_add_fetch(&d->done, d->pend[i].launches, __ATOMIC_SEQ_CST);
-        estimate(d, &d->pend[i], now);
-        if (rc == CUDA_SUCCESS && d->nfree < FREE_MAX)
-            d->freel[d->nfree++] = d->pend[i];
-        else if (rc == CUDA_SUCCESS)
-            p_event_destroy(d->pend[i].ev);
-        /* any other answer: its context is gone, and the event with it */
     }
-    __atomic_store_n(&d->npend, kept, __ATOMIC_SEQ_CST);
-    if (kept)
-        return;
-    if (d->ev_mark > d->done)
-        __atomic_store_n(&d->done, d->ev_mark, __ATOMIC_SEQ_CST);
-    /* Launches after the last event have no event of their own to complete (an event
-     * closes ~EVENT_EVERY_NS of them, and many more when the kernel-length estimate was
-     * short): they are done once their estimated length has passed since the last
-     * completion. Left queued, a queue that looks full with nothing pending would block
-     * every further launch for good. */
+    memmove(d->pend, d->pend + i, (d->npend - i) * sizeof(d->pend[0]));
+    __atomic_store_n(&d->npend, d->npend - i, __ATOMIC_SEQ_CST);
+    if (d->led.busy_ns > d->busy_noted) {
+        vg_note_busy((int)(d - g_dev), d->led.busy_ns - d->busy_noted, vg_broker_now());
+        d->busy_noted = d->led.busy_ns;
+    }
+}
+
+/* Our own event calls on an app thread while a capture is open in the process: relaxed
+ * capture mode around them, so they never invalidate a global-mode capture of another
+ * thread (PyTorch captures CUDA graphs that way). Returns whether to restore `old`. */
+static int relax(CUstreamCaptureMode *old)
+{
+    if (!p_capture_mode || !atomic_load_explicit(&vg_captures_open, memory_order_relaxed))
+        return 0;
+    *old = CU_STREAM_CAPTURE_MODE_RELAXED;
+    return p_capture_mode(old) == CUDA_SUCCESS;
+}
+
+static void unrelax(int relaxed, CUstreamCaptureMode old)
+{
+    if (relaxed)
+        p_capture_mode(&old);
+}
+
+static int record_event(struct sdev *d, CUstream stream, int start);
+
+/* Record an event in stream after the launches so far (a start when launches is 0). */
+static int record(struct sdev *d, CUstream stream, int start)
+{
+    CUstreamCaptureMode old;
+    int relaxed = relax(&old);
+    int rc = record_event(d, stream, start);
+    unrelax(relaxed, old);
+    return rc;
+}
+
+static int record_event(struct sdev *d, CUstream stream, int start)
+{
+    struct ev ev;
     uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
-    if (n > d->done && !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
-        uint64_t end = d->last_done + (n - d->done) * (d->per_ns ? d->per_ns : 1);
-        if (now >= end)
-            all_done(d, n, end);
+    if (d->npend >= PEND_MAX || (!start && n <= d->ev_mark) || take_event(d, &ev) != 0)
+        return -1;
+    ev.launches = start ? 0 : (unsigned)(n - d->ev_mark);
+    ev.serial = ++d->ev_serial;
+    ev.recorded = vg_broker_now();
+    if (p_event_record(ev.ev, stream) != CUDA_SUCCESS) {
+        p_event_destroy(ev.ev); /* e.g. a stream of another context: the hold still covers it */
+        return -1;
     }
+    d->pend[d->npend] = ev;
+    if (!start) {
+        __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);
+        d->ev_stream = stream;
+        d->every = every(d);
+    }
+    __atomic_store_n(&d->npend, d->npend + 1, __ATOMIC_SEQ_CST);
+    return 0;
+}
+
+/* Close the launches after the last event (none pending): a holder or a sync that finds
+ * them must learn when they end. If no event can be recorded (their stream is gone),
+ * they are done now, their time unknown. */
+static void close_uncovered(struct sdev *d)
+{
+    if (record(d, d->ev_stream, 0) == 0)
+        return;
+    uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST), mark = d->ev_mark;
+    if (n <= mark)
+        return;
+    __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&d->done, n - mark, __ATOMIC_SEQ_CST);
 }
 
 static void report_drained(struct sdev *d, uint64_t now)
@@ -572,26 +647,17 @@ static void give_back(struct sdev *d, uint64_t now)
     pthread_cond_broadcast(&g_cond);
 }
 
-static void note_busy(struct sdev *d, int dev, uint64_t now)
-{
-    if (d->busy_from && now > d->busy_from) {
-        uint64_t dt = now - d->busy_from;
-        vg_note_busy(dev, dt, now);
-    }
-    d->busy_from = 0;
-}
-
 /* Queued launches kept ahead of the GPU: about QUEUE_NS of work, less while other
  * slices use the GPU (what we queue is what they wait for once they ask). */
 static unsigned depth(const struct sdev *d, int contended)
 {
     uint64_t q = contended ? QUEUE_CONTENDED_NS : QUEUE_NS;
-    if (!d->per_ns)
+    if (!d->led.per_ns)
         return 4;
-    uint64_t n = q / d->per_ns;
+    uint64_t n = q / d->led.per_ns;
     /* Long launches (a big graph): one at a time once two would make a revoked hold's
      * tail longer than the broker waits for a drain report (TAIL_MAX, 50 ms). */
-    if (d->per_ns > TAIL_QUEUE_NS / 2)
+    if (d->led.per_ns > TAIL_QUEUE_NS / 2)
         return 1;
     return n < 2 ? 2 : n > 100000 ? 100000 : (unsigned)n;
 }
@@ -599,9 +665,9 @@ static unsigned depth(const struct sdev *d, int contended)
 /* Launches per event: about EVENT_EVERY_NS of work. */
 static unsigned every(const struct sdev *d)
 {
-    if (!d->per_ns)
+    if (!d->led.per_ns)
         return 1;
-    uint64_t n = EVENT_EVERY_NS / d->per_ns;
+    uint64_t n = EVENT_EVERY_NS / d->led.per_ns;
     return n < 1 ? 1 : n > 64 ? 64 : (unsigned)n;
 }
 
@@ -610,6 +676,12 @@ static void *holder_thread(void *arg)
     (void)arg;
     prctl(PR_SET_NAME, "vgpu-holder");  /* what `top -H` shows an operator */
     prctl(PR_SET_TIMERSLACK, 1UL); /* hand-overs wait on this thread's sleeps */
+    /* Our event queries and syncs must never invalidate an app thread's global-mode
+     * stream capture (PyTorch's default for CUDA graphs): relaxed, for this thread. */
+    if (p_capture_mode) {
+        CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        p_capture_mode(&mode);
+    }
     pthread_mutex_lock(&g_lock);
     for (;;) {
         int busy = 0;
@@ -623,13 +695,14 @@ static void *holder_thread(void *arg)
             uint64_t now = vg_broker_now();
             if (d->holding && atomic_load(&d->s->grant) != d->grant &&
                 !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
-                /* Revoked: what we queued still runs, and is ours until it ends. */
+                /* Revoked: what we queued still runs, and is ours until it ends. An event
+                 * now, while it runs, dates that end on the GPU's clock. */
                 __atomic_store_n(&d->holding, 0, __ATOMIC_SEQ_CST);
-                note_busy(d, dev, now);
                 d->draining = 1;
                 d->drain_seq = d->seq;
+                if (__atomic_load_n(&d->launches, __ATOMIC_SEQ_CST) > d->ev_mark)
+                    close_uncovered(d);
                 d->drain_serial = d->ev_serial;
-                d->drain_uncovered = d->launches > d->ev_mark ? d->launches - d->ev_mark : 0;
                 pthread_cond_broadcast(&g_cond);
             }
             unsigned depth_now = depth(d, atomic_load(&d->s->contended) || atomic_load(&d->s->active) > 1);
@@ -637,7 +710,7 @@ static void *holder_thread(void *arg)
                 d->depth_now = depth_now; /* (written only when it changes: launches read its line) */
             if (d->npend && !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
                 /* Block on our oldest event: a launch waiting for room goes in the moment
-                 * one completes, and the drain is dated when it happens, not at a poll. */
+                 * one completes. (When we wake does not date anything: the event does.) */
                 CUevent first = d->pend[0].ev;
                 pthread_mutex_unlock(&g_lock);
                 p_event_sync(first);
@@ -649,54 +722,46 @@ static void *holder_thread(void *arg)
                 d->last_beat = now; /* the lease: a holder that stops renewing it loses the token */
                 atomic_store(&d->q->active_ns, now);
             }
-            if (d->draining && (!d->npend || d->pend[0].serial > d->drain_serial)) {
-                /* Launches after the last event run on after it: about their length. */
-                uint64_t end = d->last_done + d->drain_uncovered * d->per_ns;
-                if (now >= end)
-                    report_drained(d, now);
-                else
-                    wait_ns = end - now;
-            }
-            if (d->draining) {
-                if (!d->holding)
-                    continue;
-            }
-            if (d->npend)
-                d->empty_since = 0;
-            if (!d->holding || d->npend)
+            if (d->draining && (!d->npend || d->pend[0].serial > d->drain_serial))
+                report_drained(d, vg_ledger_end_cpu(&d->led, now));
+            if (!d->holding)
                 continue;
+            if (d->npend) {
+                d->empty_since = 0;
+                continue;
+            }
+            uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+            if (n > __atomic_load_n(&d->done, __ATOMIC_SEQ_CST)) {
+                /* Launches after the last event, none pending: once a look finds no launch
+                 * added since the one before, an event closes them (recorded while they
+                 * run, it dates their end; recorded after, the ledger dates it). */
+                if (d->empty_since && n == d->seen_launches && !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
+                    close_uncovered(d);
+                    d->empty_since = 0;
+                    continue;
+                }
+                d->empty_since = now;
+                d->seen_launches = n;
+                wait_ns = EMPTY_POLL_NS;
+                continue;
+            }
             if (!d->idle_from) {
-                /* Idle once the queue stayed empty a whole poll with no launch in it (then
-                 * since it drained): a queue that empties between launches is not idle, and
-                 * telling the launch path costs it its lock-free way. */
-                uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_RELAXED);
-                if (!d->empty_since || n != d->seen_launches) {
-                    d->empty_since = now;
-                    d->seen_launches = n;
-                    wait_ns = EMPTY_POLL_NS;
-                    continue;
-                }
-                /* Launches after the last event ran on after it: about their length. */
-                uint64_t uncovered = n > d->ev_mark ? n - d->ev_mark : 0;
-                uint64_t from = d->empty_since + uncovered * d->per_ns;
-                if (from < d->last_done)
-                    from = d->last_done; /* (an app's sync or query saw them end since our look) */
-                if (from >= now) {
-                    wait_ns = from - now + 1;
-                    continue;
-                }
-                d->empty_since = from;
-                /* Claim the queue empty, then look again for a launch that passed the fast
-                 * path meanwhile (it checks idle_from after counting itself in launching). */
-                __atomic_store_n(&d->idle_from, d->empty_since, __ATOMIC_SEQ_CST);
+                /* Every launch closed by an event: the queue has been empty since our work
+                 * ended on the GPU (or the hold began). Claim it, then look again for a launch
+                 * that passed the fast path meanwhile (it checks idle_from after counting
+                 * itself in launching). */
+                uint64_t from = vg_ledger_end_cpu(&d->led, d->hold_from);
+                if (from < d->hold_from)
+                    from = d->hold_from;
+                if (from > now)
+                    from = now;
+                __atomic_store_n(&d->idle_from, from, __ATOMIC_SEQ_CST);
                 if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST) ||
                     __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST) != n) {
                     d->idle_from = 0;
                     continue;
                 }
-                all_done(d, n, d->empty_since); /* (what the claim says) */
-                note_busy(d, dev, d->empty_since);
-                atomic_store(&d->q->idle_since, d->empty_since);
+                atomic_store(&d->q->idle_since, from);
             }
             if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
                 continue;
@@ -898,7 +963,6 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->seq = g >> 8;
             d->idle_total = 0;
             d->idle_from = 0;
-            d->busy_from = 0;
             d->last_launch = vg_broker_now();
             /* From the grant: waking up to it is not GPU time (the broker believes a
              * claim only within the hold it dates itself). */
@@ -916,39 +980,33 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         pthread_cond_timedwait(&g_cond, &g_lock, &ts);
     }
     if (d->idle_from || !queued_of(d)) {
-        /* The queue was empty: the GPU starts on our work now. */
-        uint64_t now = vg_broker_now();
-        /* A sync that covered all our work dates the spell (the holder thread sees the
-         * work end only when it wakes to it, a few us to tens of us later). */
-        uint64_t known = d->empty_at >= d->hold_from && d->launches == d->empty_launches ? d->empty_at : 0;
-        if (d->idle_from) {
-            uint64_t start = known && known < d->idle_from ? known : d->idle_from;
-            d->long_gaps = now - start > GAP_HOLD_NS;
-            /* (idle_since first: the broker may count a spell short, never twice) */
-            atomic_store(&d->q->idle_since, 0);
-            d->idle_total += now - start;
-            atomic_store(&d->q->idle_ns, d->idle_total);
-            d->idle_from = 0;
-        } else if (!d->launching && d->npend == 0) {
-            /* A gap shorter than the holder thread's look (a sync, then the next step):
-             * empty since its last work was seen complete, within this hold. */
-            uint64_t from = d->last_done > d->hold_from ? d->last_done : d->hold_from;
-            if (d->synced_at > from)
-                from = d->synced_at; /* (a completion estimated short would date it earlier) */
-            if (known)
-                from = known;
-            if (d->last_done > d->hold_from)
-                d->long_gaps = 0; /* a gap in this hold, too short for the holder thread to see */
-            if (now > from) {
-                d->idle_total += now - from;
-                atomic_store(&d->q->idle_ns, d->idle_total);
-            }
-        }
+        /* The queue was empty: the GPU starts on our work now. It sat empty since our work
+         * ended on the GPU's clock (known once every launch is closed by a reaped event,
+         * which the holder thread's claim or an app's sync saw), or since the grant. */
+        uint64_t now = vg_broker_now(), from = now;
+        if (d->idle_from)
+            from = d->idle_from;
+        else if (!d->launching && d->npend == 0 && d->launches == d->done)
+            from = vg_ledger_end_cpu(&d->led, d->hold_from);
+        int first = from <= d->hold_from; /* (the wait for the grant is not the app's gap) */
+        if (from < d->hold_from)
+            from = d->hold_from;
+        if (from > now)
+            from = now;
+        if (!first)
+            d->long_gaps = now - from > GAP_HOLD_NS;
+        /* (idle_since first: the broker may count a spell short, never twice) */
+        atomic_store(&d->q->idle_since, 0);
+        d->idle_total += now - from;
+        atomic_store(&d->q->idle_ns, d->idle_total);
+        d->idle_from = 0;
+        /* The work starts again now: a start event dates it on the GPU's clock (and keeps
+         * the clock map exact: it completes as it is recorded). */
+        vg_ledger_gap(&d->led, now);
+        record(d, stream, 1);
         d->last_launch = now;
         d->sync_gap = 0;
         t.idle_to = now;
-        if (!d->busy_from)
-            d->busy_from = now;
     }
     __atomic_add_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
     t.nth = __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
@@ -991,8 +1049,9 @@ static int take_event(struct sdev *d, struct ev *out)
     }
     out->ctx = ctx;
     /* Blocking: the holder thread waits on these; without the flag the driver busy-waits,
-     * a CPU core for every throttled process with work queued. */
-    return p_event_create(&out->ev, CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC) == CUDA_SUCCESS ? 0 : -1;
+     * a CPU core for every throttled process with work queued. Timed: their GPU times are
+     * what our work is charged by (ledger.h). */
+    return p_event_create(&out->ev, CU_EVENT_BLOCKING_SYNC) == CUDA_SUCCESS ? 0 : -1;
 }
 
 void vg_sched_done(struct vg_ticket t, CUresult rc)
@@ -1022,34 +1081,22 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
         d->idle_total += now - t.idle_to;
         atomic_store(&d->q->idle_ns, d->idle_total);
     }
-    struct ev ev;
-    uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
-    if (n > d->ev_mark && d->npend < PEND_MAX && take_event(d, &ev) == 0) {
-        ev.launches = (unsigned)(n - d->ev_mark);
-        ev.serial = ++d->ev_serial;
-        ev.recorded = vg_broker_now();
-        if (p_event_record(ev.ev, t.stream) == CUDA_SUCCESS) {
-            d->pend[d->npend] = ev;
-            __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);
-            __atomic_store_n(&d->npend, d->npend + 1, __ATOMIC_SEQ_CST);
-            d->ev_stream = t.stream;
-            d->every = every(d);
-        } else {
-            p_event_destroy(ev.ev); /* e.g. a stream of another context: the hold still covers it */
-        }
-    }
+    record(d, t.stream, 0);
     __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&g_lock);
 }
 
-/* The app waits for its queued work. If its queue's last empty spell outlasted GAP_HOLD_NS
- * (a step loop's CPU work after its sync), the GPU would sit idle through the next one
- * while another slice waits: offer the hold back now. The broker revokes it if anyone
- * waits; our queued work runs out as a revoked hold's tail, charged to us, with the next
- * holder's work queued behind it, so the hand-over leaves the GPU no idle gap. Lock-free
- * reads: a stale one offers a hold back once too often or too few, nothing worse. A query
- * (offer 0) offers nothing: an app may poll while it goes on launching. */
-struct vg_sync vg_sched_sync(int offer)
+/* The app waits for its queued work (close: a stream's or the context's, all of it). An
+ * event recorded now, while that work still runs, dates its end on the GPU's clock; the
+ * app's return from the wait dates nothing.
+ * If our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's CPU work after its
+ * sync), the GPU would sit idle through the next one while another slice waits: offer the
+ * hold back now. The broker revokes it if anyone waits; our queued work runs out as a
+ * revoked hold's tail, charged to us, with the next holder's work queued behind it, so
+ * the hand-over leaves the GPU no idle gap. Lock-free reads: a stale one offers a hold
+ * back once too often or too few, nothing worse. A query (offer 0) offers nothing: an
+ * app may poll while it goes on launching. */
+struct vg_sync vg_sched_sync(int offer, int close)
 {
     struct vg_sync s = {device_of(), UINT64_MAX};
     if (s.dev < 0 || s.dev >= VG_MAX_DEVICES || g_dev[s.dev].state != ST_ON) {
@@ -1059,6 +1106,13 @@ struct vg_sync vg_sched_sync(int offer)
     struct sdev *d = &g_dev[s.dev];
     if (!__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
         s.launches = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+    if (close && __atomic_load_n(&d->holding, __ATOMIC_RELAXED) &&
+        __atomic_load_n(&d->launches, __ATOMIC_RELAXED) > __atomic_load_n(&d->ev_mark, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&g_lock);
+        if (d->holding && !d->launching && d->launches > d->ev_mark)
+            close_uncovered(d);
+        pthread_mutex_unlock(&g_lock);
+    }
     if (!offer || !__atomic_load_n(&d->holding, __ATOMIC_RELAXED) || !d->long_gaps || !atomic_load(&d->s->contended) ||
         !queued_of(d) || d->yielded == d->seq)
         return s;
@@ -1068,36 +1122,28 @@ struct vg_sync vg_sched_sync(int offer)
     return s;
 }
 
-/* The app's wait ended: what it waited for is done now, and if that was all we queued,
- * our queue is empty from now (not from when the holder thread next looks: a step loop
- * that launches again first would be charged its whole sync gap as GPU time). */
-void vg_sched_synced(struct vg_sync s, int ok, int whole, CUstream stream)
+/* The app's wait ended: the events it covered have completed. Reaped now, they tell the
+ * next launch, if our queue is empty, when our work ended (a step loop that launches
+ * before the holder thread looks would otherwise be charged its sync gap as GPU time). */
+void vg_sched_synced(struct vg_sync s, int ok)
 {
-    if (s.dev < 0)
+    if (s.dev < 0 || !ok)
         return;
     struct sdev *d = &g_dev[s.dev];
     if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED))
         return;
-    uint64_t now = vg_broker_now();
-    __atomic_store_n(&d->synced_at, now, __ATOMIC_RELAXED);
     if (!__atomic_load_n(&d->sync_gap, __ATOMIC_RELAXED))
         __atomic_store_n(&d->sync_gap, 1, __ATOMIC_RELAXED);
-    /* The lock only when there is something to do under it: a ring of event syncs (one
-     * per launch) neither dates an empty queue nor, with nothing pending, reaps. */
-    if (!(ok && (whole || stream)) && !(queued_of(d) && __atomic_load_n(&d->npend, __ATOMIC_RELAXED)))
+    /* The lock only when there is something to reap: a ring of event syncs (one per
+     * launch) with nothing pending takes none. */
+    if (!(queued_of(d) && __atomic_load_n(&d->npend, __ATOMIC_RELAXED)))
         return;
     pthread_mutex_lock(&g_lock);
-    /* Everything we had launched (nothing launched during the wait, nothing mid-launch)
-     * ran on the stream or context waited for: our queue has been empty since about now. */
-    int covered = ok && d->holding && s.launches == d->launches && !d->launching &&
-                  (whole || (stream && stream == d->hold_stream && d->hold_streams == 1));
-    if (d->holding && d->npend && (covered || queued_of(d)))
-        reap(d); /* (covered: all of them completed) */
-    if (covered) {
-        d->empty_at = now;
-        d->empty_launches = s.launches;
-        if (!d->npend)
-            all_done(d, s.launches, now);
+    if (d->holding && d->npend) {
+        CUstreamCaptureMode old;
+        int relaxed = relax(&old);
+        reap(d);
+        unrelax(relaxed, old);
     }
     pthread_mutex_unlock(&g_lock);
 }

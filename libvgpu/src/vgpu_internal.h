@@ -147,15 +147,16 @@ struct vg_ticket vg_sched_admit(CUstream s);
 /* After the launch: rc is what the driver returned. */
 void vg_sched_done(struct vg_ticket t, CUresult rc);
 /* Before and after the app waits for its queued work (a stream, context or event sync,
- * or a query that found it done): vg_sched_sync returns the device and its launch count
- * for vg_sched_synced (offer: a sync, which may offer the token back); whole: the wait was
- * for all of the process's work on the device, else for `stream`'s (NULL: neither known). */
+ * or a query): vg_sched_sync returns the device and its launch count for vg_sched_synced
+ * (offer: a sync, which may offer the token back; close: the wait is for a stream's or
+ * the context's work, whose end an event recorded now dates); ok: the wait found the
+ * work done. */
 struct vg_sync {
     int dev;           /* -1: nothing scheduled on the current device */
     uint64_t launches; /* UINT64_MAX: one was mid-launch */
 };
-struct vg_sync vg_sched_sync(int offer);
-void vg_sched_synced(struct vg_sync s, int ok, int whole, CUstream stream);
+struct vg_sync vg_sched_sync(int offer, int close);
+void vg_sched_synced(struct vg_sync s, int ok);
 /* Stream captures open in this process (hooks_launch.c counts them as they begin and
  * end): while there are none, no stream is capturing and a launch need not ask the
  * driver (the question is most of a throttled launch's cost). A capture that ends

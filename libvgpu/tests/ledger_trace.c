@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * ledger_trace.c - drive the GPU-time ledger (libvgpu/src/ledger.c) with a trace.
+ *
+ * Reads lines on stdin, times in microseconds (GPU times on any origin, CPU times
+ * on CLOCK_MONOTONIC's), and prints one line per input line:
+ *
+ *   ev GPU REC N    an event completed at GPU time GPU, recorded at CPU time REC,
+ *                   closing N launches (0: a start)
+ *   gap AT          the queue was empty and a launch came at CPU time AT
+ *   cpu GPU         the CPU time of GPU time GPU
+ *
+ * Output: "end=E busy=B per=P endcpu=C" after ev and gap (end: GPU time the closed
+ * launches ended; endcpu: its CPU time, -1 when none), "cpu=C" after cpu.
+ * Used by tests/libvgpu/test_ledger_traces.py.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "../src/ledger.h"
+
+int main(void)
+{
+    struct vg_ledger l;
+    vg_ledger_init(&l);
+    char line[256];
+    while (fgets(line, sizeof(line), stdin)) {
+        char op[16];
+        double a = 0, b = 0, c = 0;
+        int n = sscanf(line, "%15s %lf %lf %lf", op, &a, &b, &c);
+        if (n < 1 || op[0] == '#')
+            continue;
+        if (!strcmp(op, "ev") && n == 4) {
+            vg_ledger_event(&l, (int64_t)(a * 1000), (uint64_t)(b * 1000), (uint64_t)c);
+        } else if (!strcmp(op, "gap") && n == 2) {
+            vg_ledger_gap(&l, (uint64_t)(a * 1000));
+        } else if (!strcmp(op, "cpu") && n == 2) {
+            printf("cpu=%.3f\n", vg_ledger_cpu(&l, (int64_t)(a * 1000)) / 1000.0);
+            continue;
+        } else {
+            fprintf(stderr, "ledger_trace: bad line: %s", line);
+            return 2;
+        }
+        printf("end=%.3f busy=%.3f per=%.3f endcpu=%.3f\n", l.have_end ? l.last_end / 1000.0 : -1.0,
+               l.busy_ns / 1000.0, l.per_ns / 1000.0, l.have_end ? vg_ledger_end_cpu(&l, 0) / 1000.0 : -1.0);
+    }
+    return 0;
+}

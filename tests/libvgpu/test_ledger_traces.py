@@ -1,0 +1,127 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The slice's GPU-time ledger, rule by rule, on traces (libvgpu/src/ledger.h).
+
+libvgpu dates its work by the GPU's clock: timing events recorded in the app's streams,
+reaped by the holder thread in the order they were recorded. build/tests/ledger_trace
+feeds the pure ledger a trace of such events and prints what it concludes. A trace holds
+no reap time at all: when a CPU thread wakes up to an event cannot change what the
+ledger says, which is what makes a compute share the same on every host. Times in us.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from support.paths import TEST_BIN
+
+LEDGER_TRACE = TEST_BIN / "ledger_trace"
+
+
+def run(trace: str) -> list[dict[str, float]]:
+    """Feed the trace; one dict per output line (end, busy, per, endcpu or cpu)."""
+    out = subprocess.run([str(LEDGER_TRACE)], input=trace, capture_output=True, text=True,
+                         check=True, timeout=10).stdout
+    return [{k: float(v) for k, v in (f.split("=") for f in line.split())}
+            for line in out.splitlines()]
+
+
+def step(t0: float, kernels: int, us: float, every: int = 1, close_late: float | None = None) -> str:
+    """One step of a step loop launched at CPU time t0 on an idle GPU (CPU and GPU clocks
+    share an origin): the gap, its start event, a mark every `every` launches, and the
+    launches after the last mark closed by an event recorded when the app syncs (at t0,
+    while the work runs) or, with close_late, that long after the work ended."""
+    lines = [f"gap {t0}", f"ev {t0} {t0} 0"]
+    done = 0
+    for k in range(1, kernels + 1):
+        if k % every == 0:
+            lines.append(f"ev {t0 + k * us} {t0 + 1} {k - done}")
+            done = k
+    if done < kernels:
+        end = t0 + kernels * us
+        rec = end + close_late if close_late is not None else t0 + 2
+        lines.append(f"ev {max(end, rec)} {rec} {kernels - done}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_step_loop_is_charged_its_kernels_not_its_gaps() -> None:
+    """busy: two steps of 8 x 500 us with 2 ms of CPU between: 8 ms of GPU time, and the
+    work's end (the CPU time the next gap is claimed from) is the last kernel's end."""
+    out = run(step(1000, 8, 500) + step(7000, 8, 500))
+    assert out[-1]["busy"] == 8000
+    assert out[-1]["end"] == 11000 and out[-1]["endcpu"] == 11000
+    assert out[-1]["per"] == 500
+
+
+@pytest.mark.parametrize("late", [0, 30, 120, 900], ids=lambda v: f"close-{v}us-late")
+def test_a_close_recorded_after_the_work_ended_is_dated_by_the_kernel_length(late: float) -> None:
+    """at record: a holder that wakes late records the event that closes the last launches
+    after they ended; it completes as it is recorded, so their end is the last known end
+    plus their learnt length, whatever the lateness."""
+    out = run(step(1000, 8, 500, every=3, close_late=late) + step(7000, 8, 500, every=3, close_late=late))
+    assert out[-1]["busy"] == 8000
+    assert out[-1]["end"] == 11000
+
+
+def test_a_late_close_after_a_gap_counts_from_the_launch_that_ended_it() -> None:
+    """at record, after a gap: launches that came after an empty queue ran from that
+    launch's start event, not back to back with the work before the gap."""
+    trace = step(1000, 4, 500) + "gap 9000\nev 9000 9000 0\nev 9800 9800 1\n"
+    out = run(trace)
+    assert out[-1]["end"] == 9500
+    assert out[-1]["busy"] == 2000 + 500
+
+
+def test_a_late_close_never_ends_after_its_own_event() -> None:
+    """at record: the estimate is capped by the event's own GPU time."""
+    out = run(step(1000, 4, 500) + "ev 3300 3300 3\n")
+    assert out[-1]["end"] == 3300
+    assert out[-1]["busy"] == 2300
+
+
+def test_with_no_length_learnt_a_late_close_is_dated_at_its_event() -> None:
+    """at record: before any exact sample the length is unknown; the event's time stands."""
+    out = run("gap 100\nev 100 100 0\nev 900 900 2\n")
+    assert out[-1]["per"] == 0
+    assert out[-1]["end"] == 900 and out[-1]["busy"] == 800
+
+
+def test_the_clock_map_is_the_tightest_bound_events_give() -> None:
+    """clock map: GPU times on their own origin (here 5000 us behind the CPU's). An event
+    cannot complete before it was recorded; the largest rec - gpu is the map, and an event
+    recorded on an idle stream (a start) makes it exact."""
+    out = run("gap 5000\nev 0 5000 0\nev 500 5001 1\ncpu 500\n"
+              "ev 900 5300 1\ncpu 900\n"            # recorded at 5300 on a busy stream: no change
+              "gap 7000\nev 1990 7000 0\ncpu 1990\n")  # a start that shows the map 10 us off
+    cpus = [o["cpu"] for o in out if "cpu" in o]
+    assert cpus == [5500, 5900, 7000]
+
+
+def test_the_clock_map_follows_drift_within_two_windows() -> None:
+    """clock map: the bound is kept for two windows of 1 s, so a GPU clock that drifts
+    against the CPU's is followed, not pinned to an old maximum."""
+    trace = "ev 0 1000 0\n"                          # base 1000
+    trace += "ev 1500000 1500900 0\n"                # 1.5 s later the clocks drifted 100 us
+    trace += "ev 3100000 3100800 0\n"                # and 100 more: the 1000 is 3.1 s old
+    trace += "cpu 3100000\n"
+    assert run(trace)[-1]["cpu"] == 3100900          # the 1.6 s old bound holds, the old one is gone
+
+
+def test_the_kernel_length_is_the_median_of_exact_samples() -> None:
+    """length: one long sample (a kernel that waited behind another's) moves nothing."""
+    trace = "gap 0\nev 0 0 0\n" + "".join(f"ev {100 * k} 1 1\n" for k in range(1, 10))
+    trace += "ev 5000 2 1\n"
+    assert run(trace)[-1]["per"] == 100
+
+
+def test_samples_skip_events_that_completed_as_they_were_recorded() -> None:
+    """length: an event recorded after its launches ended says nothing of their length."""
+    trace = step(0, 6, 100) + "ev 5000 5000 4\n"
+    assert run(trace)[-1]["per"] == 100
+
+
+def test_events_of_two_streams_never_move_the_end_back() -> None:
+    """end: an event of another stream that completed earlier than the last one reaped
+    (reaped in record order) leaves the later end standing."""
+    out = run("gap 0\nev 0 0 0\nev 900 1 3\nev 600 2 1\n")
+    assert out[-1]["end"] == 900
+    assert out[-1]["busy"] == 900
