@@ -48,6 +48,11 @@ $(B)/tests/dlmopen_load: libvgpu/tests/dlmopen_load.c $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Ilibvgpu/include -o $@ $< $(LDLIBS)
 
+# The ledger's trace driver links the pure ledger alone (no driver, no clock).
+$(B)/tests/ledger_trace: libvgpu/tests/ledger_trace.c libvgpu/src/ledger.c libvgpu/src/ledger.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ libvgpu/tests/ledger_trace.c libvgpu/src/ledger.c
+
 # C test programs link the simulated driver directly (the "direct symbol" path);
 # at run time LD_LIBRARY_PATH picks simgpu or a real driver.
 $(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
