@@ -261,6 +261,20 @@ SIMGPU_API CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
     return cuEventRecord(hEvent, hStream);
 }
 
+/* CU_EVENT_RECORD_EXTERNAL only changes what a capture makes of the record (an event
+ * node rather than an ordering point); outside capture it is a plain record. */
+SIMGPU_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    if (flags & ~1u)
+        return sg_check_init() != CUDA_SUCCESS ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    return cuEventRecord(hEvent, hStream);
+}
+
+SIMGPU_API CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    return cuEventRecordWithFlags(hEvent, hStream, flags);
+}
+
 static CUresult event_get(CUevent h, struct sg_event **out)
 {
     CUresult rc = sg_check_init();
