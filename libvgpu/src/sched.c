@@ -636,8 +636,11 @@ static void report_drained(struct sdev *d, uint64_t now)
 /* Give the token back; the time our queue sat empty in this hold is not ours to pay. */
 static void give_back(struct sdev *d, uint64_t now)
 {
-    atomic_store(&d->q->idle_since, 0);
-    atomic_store(&d->q->idle_ns, d->idle_total + (now > d->idle_from ? now - d->idle_from : 0));
+    /* The empty spell we are in stays claimed (idle_since) up to whenever the broker ends
+     * the hold: a broker that sees the release late must not charge the wait as ours. */
+    if (!d->idle_from)
+        atomic_store(&d->q->idle_since, 0);
+    atomic_store(&d->q->idle_ns, d->idle_total);
     atomic_store(&d->q->release_ns, now);
     atomic_store(&d->q->release_seq, d->seq);
     __atomic_store_n(&d->holding, 0, __ATOMIC_SEQ_CST);
