@@ -38,12 +38,15 @@ before, without libvgpu) should get min(S, U):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,6 +57,7 @@ from support.gpu_loads import (  # noqa: E402
     load_env,
     run_loads,
     step_loop,
+    timeline_shares,
     use_alone,
     wear_sched_file,
 )
@@ -69,18 +73,56 @@ TARGET_HANDOVER_MS = 1.0
 TARGET_LAUNCH_NS = 200.0
 
 
+@dataclass(frozen=True)
+class Mode:
+    """A way simgpu behaves (docs/simgpu.md) or a load on the host, measured side by side."""
+
+    name: str
+    simgpu: dict[str, str] = field(default_factory=dict)
+    hog: bool = False                  # a CPU hog busy on one of the two cores meanwhile
+    tolerance: float = TARGET_ERROR_PP  # a workload row's target, in pp
+
+
+MODES = {m.name: m for m in (
+    Mode("default"),
+    Mode("wake", {"SIMGPU_WAKE_US": "20-200"}),
+    Mode("timeslice", {"SIMGPU_TIMESLICE_US": "1000", "SIMGPU_SWITCH_US": "20"}),
+    Mode("hog", hog=True, tolerance=2.0),
+)}
+GREEDY_TOLERANCE_PP = 0.5
+
+
+@contextlib.contextmanager
+def host_load(mode: Mode) -> Iterator[None]:
+    """A CPU hog on core 0 while the mode's rows run (hog mode), else nothing."""
+    if not mode.hog:
+        yield
+        return
+    hog = subprocess.Popen(["taskset", "-c", "0", sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
+
+
 def queue_for(kernel: str) -> list[str]:
     """A greedy load keeps ~4 ms queued, as a real training loop between syncs would."""
     us = int(kernel.removeprefix("busy_").removesuffix("us"))
     return ["--queue", str(max(4, 4000 // us))]
 
 
-def measure(loads: list[Load], window: float) -> list[float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        r = run_loads(Path(tmp), loads, WARM + window)
+def measure(loads: list[Load], window: float, mode: Mode = MODES["default"],
+            engine: bool = False) -> list[float]:
+    """Each load's share of the window; engine: from simgpu's engine timeline (long kernels),
+    else from launch times."""
+    with tempfile.TemporaryDirectory() as tmp, host_load(mode):
+        r = run_loads(Path(tmp), loads, WARM + window, simgpu=mode.simgpu)
         for i, t in enumerate(r.traces):
             if t.summary.get("returncode") != 0:
                 sys.exit(f"bench: load {i} failed: {t.stderr.strip()}")
+        if engine:
+            return timeline_shares(Path(tmp), r, r.at(WARM), r.at(WARM + window))
         return [t.share(r.at(WARM), r.at(WARM + window)) for t in r.traces]
 
 
@@ -92,22 +134,31 @@ def verdict(err_pp: float) -> str:
     return "ok" if err_pp <= TARGET_ERROR_PP else "MISSED"
 
 
-def shares_table(kernel: str, window: float) -> list[str]:
+def cell(got: float, err: float, tolerance: float) -> str:
+    return f"{got:6.2f} {err:5.2f} {'ok' if err <= tolerance else 'MISSED':<6}"
+
+
+def shares_table(kernel: str, window: float, modes: list[Mode]) -> list[str]:
+    """Greedy slices: a fixed share against a greedy neighbour, and splits; per mode the
+    achieved share (for a split, the worst one's error) and its error in pp."""
     q = queue_for(kernel)
     rows = []
     for x in TARGETS:
-        got = measure([Load(env(x, "fixed"), kernel=kernel, args=q),
-                       Load(env(100 - x, "burst"), kernel=kernel, args=q)], window)
-        err = abs(got[0] - x)
-        rows.append(f"{kernel:<12} {x:>3}% vs greedy      {got[0]:7.2f}  {err:6.2f}  "
-                    f"{max(0.0, 100 - sum(got)):6.2f}  {verdict(err)}")
+        cells = []
+        for m in modes:
+            got = measure([Load(env(x, "fixed"), kernel=kernel, args=q),
+                           Load(env(100 - x, "burst"), kernel=kernel, args=q)], window, m)
+            cells.append(cell(got[0], abs(got[0] - x), GREEDY_TOLERANCE_PP))
+        rows.append(f"{kernel:<12} {x:>3}% vs greedy      " + "  ".join(cells))
+        print(rows[-1], flush=True)
     for split in SPLITS:
-        got = measure([Load(env(p, "fixed"), kernel=kernel, args=q) for p in split], window)
-        err = max(abs(g - p) for g, p in zip(got, split, strict=False))
-        name = ":".join(map(str, split))
-        achieved = ":".join(f"{g:.1f}" for g in got)
-        rows.append(f"{kernel:<12} split {name:<12} {achieved:>7}  {err:6.2f}  "
-                    f"{max(0.0, 100 - sum(got)):6.2f}  {verdict(err)}")
+        cells = []
+        for m in modes:
+            got = measure([Load(env(p, "fixed"), kernel=kernel, args=q) for p in split], window, m)
+            worst = max(range(len(split)), key=lambda i: abs(got[i] - split[i]))
+            cells.append(cell(got[worst], abs(got[worst] - split[worst]), GREEDY_TOLERANCE_PP))
+        rows.append(f"{kernel:<12} split {':'.join(map(str, split)):<12} " + "  ".join(cells))
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -182,6 +233,10 @@ GREEDY_50US = Load(kernel="busy_50us", args=queue_for("busy_50us"))
 GREEDY_5MS = Load(kernel="busy_5000us", args=queue_for("busy_5000us"))
 MIXED = Load(kernel="busy_50us,busy_2000us", args=["--queue", "8"])
 GREEDY_500US = Load(kernel="busy_500us", args=queue_for("busy_500us"))
+GREEDY_50MS = Load(kernel="busy_50000us", args=["--queue", "2"])
+GREEDY_1S = Load(kernel="busy_1000000us", args=["--queue", "2"])
+TWO_STREAMS = Load(kernel="busy_500us", args=["--threads", "2", "--queue", "8"])  # a stream each
+LONG_WINDOW = 10.0  # kernels of 50 ms and 1 s need a window of many kernels
 USED_FILE_RUNS = 6      # alternately 10% and 20%
 USED_FILE_WINDOW = 2.0  # seconds each, after WARM
 
@@ -190,14 +245,14 @@ def as_slice(load: Load, pct: int, policy: str) -> Load:
     return Load(env(pct, policy), kernel=load.kernel, args=load.args)
 
 
-def workload_row(name: str, target: float, got: float, use: float | None = None) -> str:
+def workload_cell(target: float, got: float, tolerance: float) -> str:
     err = abs(got - target)
-    u = f"{use:5.1f}" if use is not None else "  100"
-    return f"{name:<46} {u}  {target:6.2f}  {got:8.2f}  {err:6.2f}  {verdict(err)}"
+    return f"{target:6.2f} {got:6.2f} {err:5.2f} {'ok' if err <= tolerance else 'MISSED':<6}"
 
 
-def workloads_table(window: float) -> list[str]:
-    """min(S, U) for step loops, short synced kernels, mixed lengths, a used file."""
+def workloads_table(window: float, modes: list[Mode]) -> list[str]:
+    """min(S, U) for step loops, short synced kernels, mixed lengths, a used file; per mode
+    the target (U measured alone in that mode), the achieved share and the error."""
     rows = []
     for name, load, share, neighbour in (
             ("step loop, fixed 50% alone", STEP_LOOP, 50, None),
@@ -208,39 +263,50 @@ def workloads_table(window: float) -> list[str]:
             ("50us sync/8 +100us CPU, fixed 70% alone", SHORT_GAPS, 70, None),
             ("50us sync/8 +100us CPU, fixed 70% + burst 10%", SHORT_GAPS, 70, 10),
             ("10us polled/8 +20us CPU, fixed 50% alone", POLLED_GAPS, 50, None),
-            ("10us polled/8 +20us CPU, fixed 50% + burst 30%", POLLED_GAPS, 50, 30)):
-        with tempfile.TemporaryDirectory() as tmp:
-            use = use_alone(Path(tmp), load, WARM + min(window, 3.0), WARM)
-        loads = [as_slice(load, share, "fixed")]
-        if neighbour is not None:
-            loads.append(Load(env(neighbour, "burst")))
-        got = measure(loads, window)
-        rows.append(workload_row(name, min(share, use), got[0], use))
+            ("10us polled/8 +20us CPU, fixed 50% + burst 30%", POLLED_GAPS, 50, 30),
+            ("two streams 500us, fixed 40% + burst 60%", TWO_STREAMS, 40, 60)):
+        cells = []
+        for m in modes:
+            with tempfile.TemporaryDirectory() as tmp, host_load(m):
+                use = use_alone(Path(tmp), load, WARM + min(window, 3.0), WARM, simgpu=m.simgpu)
+            loads = [as_slice(load, share, "fixed")]
+            if neighbour is not None:
+                loads.append(Load(env(neighbour, "burst")))
+            got = measure(loads, window, m)
+            cells.append(workload_cell(min(share, use), got[0], m.tolerance))
+        rows.append(f"{name:<48} " + "  ".join(cells))
         print(rows[-1], flush=True)
-    for name, small, large, pct in (
-            ("50us fixed 30% + 5ms burst 70%", GREEDY_50US, GREEDY_5MS, 30),
-            ("5ms fixed 30% + 50us burst 70%", GREEDY_5MS, GREEDY_50US, 30),
-            ("50us+2ms fixed 40% + 500us burst 60%", MIXED, GREEDY_500US, 40)):
-        got = measure([as_slice(small, pct, "fixed"), as_slice(large, 100 - pct, "burst")], window)
+    for name, small, large, pct, w in (
+            ("50us fixed 30% + 5ms burst 70%", GREEDY_50US, GREEDY_5MS, 30, window),
+            ("5ms fixed 30% + 50us burst 70%", GREEDY_5MS, GREEDY_50US, 30, window),
+            ("50us+2ms fixed 40% + 500us burst 60%", MIXED, GREEDY_500US, 40, window),
+            ("50ms fixed 30% + burst 70%", GREEDY_50MS, GREEDY_50MS, 30, LONG_WINDOW),
+            ("1s fixed 30% + burst 70%", GREEDY_1S, GREEDY_1S, 30, LONG_WINDOW)):
+        got = {m.name: measure([as_slice(small, pct, "fixed"), as_slice(large, 100 - pct, "burst")], w, m,
+                               engine=w == LONG_WINDOW) for m in modes}
         for i, (target, part) in enumerate(((pct, "fixed"), (100 - pct, "burst"))):
-            rows.append(workload_row(f"{name}: {part}", target, got[i]))
+            cells = [workload_cell(target, got[m.name][i], m.tolerance) for m in modes]
+            rows.append(f"{name + ': ' + part:<48} " + "  ".join(cells))
             print(rows[-1], flush=True)
     used_window = min(window, USED_FILE_WINDOW)
-    with tempfile.TemporaryDirectory() as tmp:
-        wear_sched_file(Path(tmp))
-        worst: dict[int, float] = {}
-        for i in range(USED_FILE_RUNS):
-            pct = (10, 20)[i % 2]
-            r = run_loads(Path(tmp), [Load(env(pct, "fixed"))], WARM + used_window)
-            (t,) = r.traces
-            if t.summary.get("returncode") != 0:
-                sys.exit(f"bench: used-file run {i} failed: {t.stderr.strip()}")
-            got_pct = t.ran_alone(r.at(WARM), r.at(WARM + used_window))
-            if abs(got_pct - pct) >= abs(worst.get(pct, pct) - pct):
-                worst[pct] = got_pct
-    for pct, got_pct in sorted(worst.items()):
-        rows.append(workload_row(f"used file, new fixed {pct}% (worst of {USED_FILE_RUNS // 2})",
-                                 pct, got_pct))
+    cells = {10: [], 20: []}
+    for m in modes:
+        with tempfile.TemporaryDirectory() as tmp, host_load(m):
+            wear_sched_file(Path(tmp))
+            worst: dict[int, float] = {}
+            for i in range(USED_FILE_RUNS):
+                pct = (10, 20)[i % 2]
+                r = run_loads(Path(tmp), [Load(env(pct, "fixed"))], WARM + used_window, simgpu=m.simgpu)
+                (t,) = r.traces
+                if t.summary.get("returncode") != 0:
+                    sys.exit(f"bench: used-file run {i} failed: {t.stderr.strip()}")
+                got_pct = t.ran_alone(r.at(WARM), r.at(WARM + used_window))
+                if abs(got_pct - pct) >= abs(worst.get(pct, pct) - pct):
+                    worst[pct] = got_pct
+        for pct, got_pct in worst.items():
+            cells[pct].append(workload_cell(pct, got_pct, m.tolerance))
+    for pct in (10, 20):
+        rows.append(f"{f'used file, new fixed {pct}% (worst of {USED_FILE_RUNS // 2})':<48} " + "  ".join(cells[pct]))
         print(rows[-1], flush=True)
     return rows
 
@@ -304,6 +370,9 @@ def main() -> None:
     ap.add_argument("--kernels", default="busy_100us,busy_2000us")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help="comma-separated, of: " + ", ".join(SECTIONS))
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="simgpu modes measured side by side (a column each in shares and "
+                         "workloads), comma-separated, of: " + ", ".join(MODES))
     args = ap.parse_args()
     if not (TEST_BIN / "gpu_load").exists() or not LIBVGPU.exists():
         sys.exit("bench: build first (make)")
@@ -312,13 +381,17 @@ def main() -> None:
     if unknown := set(sections) - set(SECTIONS):
         sys.exit(f"bench: unknown section(s) {', '.join(sorted(unknown))}: "
                  f"use {', '.join(SECTIONS)}")
+    if unknown := set(args.modes.split(",")) - set(MODES):
+        sys.exit(f"bench: --modes: unknown mode(s) {', '.join(sorted(unknown))}: use {', '.join(MODES)}")
+    modes = [MODES[n] for n in args.modes.split(",")]
+    heads = "  ".join(f"{m.name:<20}" for m in modes)
     if "shares" in sections:
         clock = StealClock()
-        print(f"achieved GPU share over {args.window:g} s windows on simgpu, 2 CPUs")
-        print("kernel       case                  achieved  err pp  idle %")
+        print(f"achieved GPU share over {args.window:g} s windows on simgpu, 2 CPUs; per mode: "
+              f"achieved, err pp (target {GREEDY_TOLERANCE_PP:g})")
+        print(f"{'kernel       case':<38}" + heads)
         for k in kernels:
-            for row in shares_table(k, args.window):
-                print(row, flush=True)
+            shares_table(k, args.window, modes)
         print(stolen_line(clock))
     if "priority" in sections:
         clock = StealClock()
@@ -343,11 +416,12 @@ def main() -> None:
         clock = StealClock()
         print(f"\nloads that are not greedy: target min(S, U) over {args.window:g} s windows "
               "(U: the load alone, no libvgpu)")
-        print(f"{'case':<46} {'U %':>5}  {'target':>6}  {'achieved':>8}  err pp")
-        workloads_table(args.window)
+        print("per mode: target min(S, U), achieved, err pp (target 1, 2 with a CPU hog)")
+        print(f"{'case':<48} " + "  ".join(f"{m.name:<26}" for m in modes))
+        workloads_table(args.window, modes)
         print(stolen_line(clock))
     print(f"command: python3 bench/compute.py --window {args.window:g} --kernels {args.kernels} "
-          f"--sections {args.sections}")
+          f"--sections {args.sections} --modes {args.modes}")
 
 
 if __name__ == "__main__":

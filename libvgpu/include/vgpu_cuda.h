@@ -358,6 +358,7 @@ CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, u
 CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream);
 CUresult cuGraphExecDestroy(CUgraphExec hGraphExec);
 CUresult cuGraphDestroy(CUgraph hGraph);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 
 /* Further entry points simgpu implements (signatures as in the CUDA 13 cuda.h). */
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);

@@ -6,7 +6,7 @@
  *            [--device N[,N...]] [--path kernel|ex|coop|graph|graph-procaddr] [--graph-kernels N]
  *            [--threads N] [--queue N] [--sync-every N] [--cpu-gap-us U]
  *            [--gap spin|sleep] [--wait sync|poll] [--start-at NS] [--until NS | --seconds S]
- *            [--trace FILE]
+ *            [--trace FILE] [--capture-every-us U]
  *
  * Launches KERNEL (simgpu: busy_<N>us occupies the engine N us) as fast as the
  * GPU takes it, keeping at most --queue launches in flight per thread (like a
@@ -22,7 +22,11 @@
  * --start-at / --until are CLOCK_MONOTONIC times, so processes started one
  * after another measure the same window. --trace writes one (launch time ns,
  * GPU ns of that launch, device) triple of little-endian uint64 per launch;
- * the summary line on stdout is JSON.
+ * the summary line on stdout is JSON. --capture-every-us U adds a thread that
+ * captures a graph in CU_STREAM_CAPTURE_MODE_GLOBAL every U us (--graph-kernels
+ * launches into its own stream, held open about U/2 us), as PyTorch captures CUDA
+ * graphs, while the other threads launch (in relaxed mode, so only someone else's
+ * calls can break a capture); the summary counts the captures and those that failed.
  */
 #include "vgpu_cuda.h"
 #include <pthread.h>
@@ -31,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_DEVS 8
 #define MAX_KERNELS 16
@@ -39,7 +44,7 @@ struct opts {
     const char *path, *trace;
     const char *kernels[MAX_KERNELS];
     int nkernels, devices[MAX_DEVS], ndev, threads, queue, graph_kernels, sync_every, gap_sleep, poll;
-    uint64_t start_at, until, kernel_ns[MAX_KERNELS], cpu_gap_ns;
+    uint64_t start_at, until, kernel_ns[MAX_KERNELS], cpu_gap_ns, capture_every_ns;
 };
 
 struct rec {
@@ -116,11 +121,52 @@ static int note(struct worker *w, uint64_t gpu_ns)
         }                                                                                                   \
     } while (0)
 
+struct capturer {
+    pthread_t th;
+    const struct opts *o;
+    CUcontext ctx;
+    CUfunction f;
+    uint64_t captures, failed;
+    CUresult err;
+    const char *what;
+};
+
+/* Capture a graph in global mode every capture_every_ns until the end. */
+static void *capture(void *arg)
+{
+    struct capturer *w = arg;
+    const struct opts *o = w->o;
+    CHECK("cuCtxSetCurrent", cuCtxSetCurrent(w->ctx));
+    CUstream s;
+    CHECK("cuStreamCreate", cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    sleep_until(o->start_at);
+    for (uint64_t next = now_ns(); next < o->until; next += o->capture_every_ns) {
+        sleep_until(next);
+        CHECK("cuStreamBeginCapture", cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        CUresult rc = CUDA_SUCCESS;
+        for (int i = 0; i < o->graph_kernels && rc == CUDA_SUCCESS; i++)
+            rc = cuLaunchKernel(w->f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+        sleep_until(now_ns() + o->capture_every_ns / 2); /* others work while it is open */
+        CUgraph g = NULL;
+        CUresult end = cuStreamEndCapture(s, &g);
+        w->captures++;
+        if (rc != CUDA_SUCCESS || end != CUDA_SUCCESS)
+            w->failed++;
+        if (g)
+            cuGraphDestroy(g);
+    }
+    return NULL;
+}
+
 static void *work(void *arg)
 {
     struct worker *w = arg;
     const struct opts *o = w->o;
     CHECK("cuCtxSetCurrent", cuCtxSetCurrent(w->ctx));
+    if (o->capture_every_ns) {
+        CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+        CHECK("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode(&relaxed));
+    }
     CUstream s;
     CHECK("cuStreamCreate", cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
     CUgraphExec exec = NULL;
@@ -248,6 +294,8 @@ int main(int argc, char **argv)
             o.until = strtoull(v, NULL, 10);
         else if (!strcmp(k, "--seconds"))
             seconds = atof(v);
+        else if (!strcmp(k, "--capture-every-us"))
+            o.capture_every_ns = strtoull(v, NULL, 10) * 1000;
         else {
             fprintf(stderr, "gpu_load: unknown option %s %s\n", k, v);
             return 2;
@@ -288,6 +336,9 @@ int main(int argc, char **argv)
         memcpy(ws[i].f, f[i % o.ndev], sizeof(ws[i].f));
         pthread_create(&ws[i].th, NULL, work, &ws[i]);
     }
+    struct capturer cap = {.o = &o, .ctx = ctx[0], .f = f[0][0]};
+    if (o.capture_every_ns)
+        pthread_create(&cap.th, NULL, capture, &cap);
     uint64_t launches = 0, gpu_ns = 0;
     FILE *trace = o.trace ? fopen(o.trace, "wb") : NULL;
     for (int i = 0; i < o.threads; i++) {
@@ -302,8 +353,14 @@ int main(int argc, char **argv)
     }
     if (trace)
         fclose(trace);
-    printf("{\"launches\":%llu,\"gpu_ns\":%llu,\"start\":%llu,\"until\":%llu,\"end\":%llu}\n",
+    if (o.capture_every_ns) {
+        pthread_join(cap.th, NULL);
+        if (cap.err)
+            die(cap.what, cap.err);
+    }
+    printf("{\"launches\":%llu,\"gpu_ns\":%llu,\"start\":%llu,\"until\":%llu,\"end\":%llu,\"pid\":%d,\"captures\":%llu,\"captures_failed\":%llu}\n",
            (unsigned long long)launches, (unsigned long long)gpu_ns, (unsigned long long)o.start_at,
-           (unsigned long long)o.until, (unsigned long long)now_ns());
+           (unsigned long long)o.until, (unsigned long long)now_ns(), (int)getpid(),
+           (unsigned long long)cap.captures, (unsigned long long)cap.failed);
     return 0;
 }

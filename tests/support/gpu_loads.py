@@ -109,22 +109,26 @@ def read_trace(path: Path, summary: dict | None = None, stderr: str = "") -> Tra
     return Trace(list(raw[0::3]), list(raw[1::3]), list(raw[2::3]), summary or {}, stderr)
 
 
-def load_env(tmp: Path, devices: str) -> dict[str, str]:
+def load_env(tmp: Path, devices: str, simgpu: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The env of a load: simgpu on tmp's state, libvgpu preloaded, one scheduling dir;
+    simgpu: more SIMGPU_* settings (a mode of docs/simgpu.md, e.g. SIMGPU_WAKE_US)."""
     env = clean_env()
     env.update(LD_LIBRARY_PATH=str(SIMGPU_DIR), SIMGPU_STATE=str(tmp / "simgpu.state"),
                SIMGPU_DEVICES=devices, LD_PRELOAD=str(LIBVGPU),
                VGPU_SCHED_DIR=str(tmp / "sched"))
+    env.update(simgpu or {})
     return env
 
 
 def run_loads(tmp: Path, loads: Sequence[Load], seconds: float, devices: str = "16Gi",
-              lead_s: float = 0.3, on_started: object = None) -> Run:
+              lead_s: float = 0.3, on_started: object = None,
+              simgpu: Mapping[str, str] | None = None) -> Run:
     """Start every load, wait for all, return their traces.
 
     on_started(procs, run) is called once all processes are started (e.g. to kill one).
     """
     (tmp / "sched").mkdir(exist_ok=True)
-    base = load_env(tmp, devices)
+    base = load_env(tmp, devices, simgpu)
     t0 = time.monotonic_ns() + int(lead_s * 1e9)   # after every process has booted
     procs = []
     for i, load in enumerate(loads):
@@ -155,10 +159,23 @@ def run_loads(tmp: Path, loads: Sequence[Load], seconds: float, devices: str = "
     return run
 
 
+def timeline_shares(tmp: Path, run: Run, a: int, b: int) -> list[float]:
+    """Percent of [a, b) each load's kernels ran on simgpu's engine, from the engine's own
+    timeline (build/tests/simgpu_timeline: its last 4096 kernels, so for long kernels),
+    not from launch times: a 1 s kernel launched before the window runs in it."""
+    out = subprocess.run([str(TEST_BIN / "simgpu_timeline"), str(tmp / "simgpu.state")],
+                         check=True, capture_output=True, text=True).stdout
+    busy: dict[int, int] = {}
+    for line in out.splitlines():
+        start, end, pid = (int(v) for v in line.split())
+        busy[pid] = busy.get(pid, 0) + max(0, min(end, b) - max(start, a))
+    return [busy.get(int(t.summary.get("pid", -1)), 0) / (b - a) * 100 for t in run.traces]
+
+
 def use_alone(tmp: Path, load: Load, seconds: float, warm: float,
-              devices: str = "16Gi") -> float:
+              devices: str = "16Gi", simgpu: Mapping[str, str] | None = None) -> float:
     """U: the percent of the GPU the load uses alone, without libvgpu, over [warm, seconds)."""
-    run = run_loads(tmp, [load.unlimited()], seconds, devices=devices)
+    run = run_loads(tmp, [load.unlimited()], seconds, devices=devices, simgpu=simgpu)
     (t,) = run.traces
     assert t.summary["returncode"] == 0, f"load alone: {t.stderr}"
     return t.share(run.at(warm), run.at(seconds))
