@@ -95,7 +95,7 @@ SIMGPU_API CUresult cuInit(unsigned int flags)
         return CUDA_ERROR_INVALID_VALUE;
     /* simgpu_state() prints its own one-line reason when the file is unusable. */
     struct simgpu_state *st = simgpu_state();
-    if (!st || st->ndev == 0)
+    if (!st || st->ndev == 0 || simgpu_wake_check() != 0)
         return CUDA_ERROR_NO_DEVICE;
     if (!atomic_load(&g_st)) {
         parse_visible(st);

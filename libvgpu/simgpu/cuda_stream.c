@@ -293,14 +293,12 @@ SIMGPU_API CUresult cuEventSynchronize(CUevent hEvent)
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t t = atomic_load(&e->t_ns); /* never recorded: 0, returns at once */
-    if (e->flags & CU_EVENT_BLOCKING_SYNC) {
+    /* As the driver does without CU_EVENT_BLOCKING_SYNC the calling thread busy-waits
+     * (a CPU's worth of time, which tests of a waiter's CPU use must see). */
+    if (e->flags & CU_EVENT_BLOCKING_SYNC)
         simgpu_wait_until(t);
-    } else {
-        /* As the driver does without CU_EVENT_BLOCKING_SYNC: the calling thread busy-waits
-         * (a CPU's worth of time, which tests of a waiter's CPU use must see). */
-        while (simgpu_now_ns() < t)
-            ;
-    }
+    else
+        simgpu_spin_until(t);
     return CUDA_SUCCESS;
 }
 

@@ -72,10 +72,17 @@ uint64_t simgpu_mem_used(unsigned dev);
 /* Put a kernel of dur_ns on device dev's engine after everything queued;
  * returns its end time. Records the interval for utilisation queries. */
 uint64_t simgpu_engine_submit(unsigned dev, uint64_t dur_ns);
-/* Sleep until CLOCK_MONOTONIC >= t_ns (a CU_EVENT_BLOCKING_SYNC wait). */
+/* The waits of a sync for work that ends at t_ns. Each returns at t_ns, or, with
+ * SIMGPU_WAKE_US=MIN-MAX, a random MIN..MAX us after it when it had to wait (a host's
+ * wake-up latency); at once when t_ns has passed. */
+/* Sleep (a CU_EVENT_BLOCKING_SYNC wait). */
 void simgpu_wait_until(uint64_t t_ns);
+/* Busy-wait (an event sync without CU_EVENT_BLOCKING_SYNC, as the driver does). */
+void simgpu_spin_until(uint64_t t_ns);
 /* A stream or context sync, as the driver's default (CU_CTX_SCHED_AUTO) does it with a
- * CPU to spare: it returns within a few us of t_ns, not a sleep's timer slack later. */
+ * CPU to spare: it returns within a few us of its time, not a sleep's timer slack later. */
 void simgpu_sync_until(uint64_t t_ns);
+/* 0, or -1 after one line on stderr when SIMGPU_WAKE_US is malformed (cuInit refuses). */
+int simgpu_wake_check(void);
 
 #endif

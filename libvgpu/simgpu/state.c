@@ -33,22 +33,123 @@ uint64_t simgpu_now_ns(void)
 }
 
 #define SYNC_SPIN_NS 100000ull
+#define WAKE_MAX_US 1000000ul /* SIMGPU_WAKE_US's largest MAX: 1 s */
 
-void simgpu_wait_until(uint64_t t_ns)
+/* SIMGPU_WAKE_US (this process's): parsed once; min/max in ns, wake_bad when refused. */
+static pthread_once_t g_wake_once = PTHREAD_ONCE_INIT;
+static uint64_t g_wake_min, g_wake_max;
+static int g_wake_set, g_wake_bad;
+
+static int parse_us(const char *s, const char **end, unsigned long *out)
+{
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *e;
+    *out = strtoul(s, &e, 10);
+    *end = e;
+    return errno ? -1 : 0;
+}
+
+static void wake_init(void)
+{
+    const char *v = getenv("SIMGPU_WAKE_US");
+    if (!v || !*v)
+        return;
+    unsigned long lo, hi;
+    const char *e;
+    if (parse_us(v, &e, &lo) != 0) {
+        g_wake_bad = 1;
+    } else if (*e == '\0') {
+        hi = lo; /* one number: a fixed latency */
+    } else if (*e != '-' || parse_us(e + 1, &e, &hi) != 0 || *e != '\0') {
+        g_wake_bad = 1;
+    }
+    if (g_wake_bad) {
+        fprintf(stderr, "simgpu: SIMGPU_WAKE_US=\"%s\": not MIN-MAX in whole microseconds (e.g. 20-200)\n", v);
+        return;
+    }
+    if (lo > hi || hi > WAKE_MAX_US) {
+        fprintf(stderr, "simgpu: SIMGPU_WAKE_US=\"%s\": %s\n", v,
+                lo > hi ? "MIN is above MAX" : "MAX is above 1000000 (1 s)");
+        g_wake_bad = 1;
+        return;
+    }
+    g_wake_min = lo * 1000ull;
+    g_wake_max = hi * 1000ull;
+    g_wake_set = 1;
+}
+
+int simgpu_wake_check(void)
+{
+    pthread_once(&g_wake_once, wake_init);
+    return g_wake_bad ? -1 : 0;
+}
+
+/* A per-thread xorshift64*: wake-up latencies need spread, not quality. */
+static uint64_t wake_random(void)
+{
+    static __thread uint64_t x;
+    if (!x) {
+        if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != (ssize_t)sizeof(x))
+            x = simgpu_now_ns() ^ ((uint64_t)gettid() << 32);
+        x |= 1;
+    }
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+/* When a thread that waits for work ending at t_ns resumes: a host's wake-up latency
+ * after it (SIMGPU_WAKE_US) when it had to wait; at once when the work is already done. */
+static uint64_t wake_time(uint64_t t_ns)
+{
+    pthread_once(&g_wake_once, wake_init);
+    if (!g_wake_set || t_ns <= simgpu_now_ns())
+        return t_ns;
+    return t_ns + g_wake_min + wake_random() % (g_wake_max - g_wake_min + 1);
+}
+
+static void sleep_until(uint64_t t_ns)
 {
     struct timespec ts = {.tv_sec = (time_t)(t_ns / 1000000000ull), .tv_nsec = (long)(t_ns % 1000000000ull)};
     while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
         ;
 }
 
-void simgpu_sync_until(uint64_t t_ns)
+/* Sleep through all but the last stretch (a sleep wakes up to its 50 us timer slack
+ * late), then yield until the time. */
+static void yield_until(uint64_t t_ns)
 {
-    /* Sleep through all but the last stretch (a sleep wakes up to its 50 us timer slack
-     * late), then yield until the time: the driver spins or yields, it does not sleep. */
     if (t_ns > SYNC_SPIN_NS)
-        simgpu_wait_until(t_ns - SYNC_SPIN_NS);
+        sleep_until(t_ns - SYNC_SPIN_NS);
     while (simgpu_now_ns() < t_ns)
         sched_yield();
+}
+
+void simgpu_wait_until(uint64_t t_ns)
+{
+    /* A plain sleep wakes up as late as this host makes it; with SIMGPU_WAKE_US the
+     * latency is the drawn one, so the wait hits its time. */
+    uint64_t t = wake_time(t_ns);
+    if (t != t_ns)
+        yield_until(t);
+    else
+        sleep_until(t);
+}
+
+void simgpu_spin_until(uint64_t t_ns)
+{
+    t_ns = wake_time(t_ns);
+    while (simgpu_now_ns() < t_ns)
+        ;
+}
+
+/* The driver spins or yields in a stream or context sync, it does not sleep. */
+void simgpu_sync_until(uint64_t t_ns)
+{
+    yield_until(wake_time(t_ns));
 }
 
 static const char *state_path(char *buf, size_t len)

@@ -10,6 +10,9 @@
  *                              and one recorded on the idle stream before them: the
  *                              events' elapsed times, when the first turned complete,
  *                              and the driver's answers for the cases that are errors
+ *   wake SYNC N US             N times: a kernel of US us on an idle stream and a sync of
+ *                              kind SYNC (stream, ctx, event-blocking, event-spin) for it;
+ *                              when each sync returned
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -156,9 +159,46 @@ static int cmd_events(unsigned long us)
     return 0;
 }
 
+/* ---- wake ---- */
+/* N times: one kernel of US us on an idle stream, then the sync KIND waits for it;
+ * the times the syncs returned (the test finds the kernels' ends on the timeline). */
+static int cmd_wake(const char *kind, unsigned long n, unsigned long us)
+{
+    setup();
+    CUfunction f = kernel(us);
+    CUstream s;
+    CUevent e;
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    int blocking = !strcmp(kind, "event-blocking");
+    if (!blocking && strcmp(kind, "event-spin") && strcmp(kind, "stream") && strcmp(kind, "ctx"))
+        die("wake: unknown sync \"%s\"", kind);
+    CK(cuEventCreate(&e, blocking ? CU_EVENT_BLOCKING_SYNC : CU_EVENT_DEFAULT));
+    uint64_t *ret = calloc(n, sizeof(*ret));
+    if (!ret)
+        die("out of memory");
+    for (unsigned long i = 0; i < n; i++) {
+        CK(launch(f, s));
+        if (!strncmp(kind, "event", 5)) {
+            CK(cuEventRecord(e, s));
+            CK(cuEventSynchronize(e));
+        } else if (!strcmp(kind, "stream")) {
+            CK(cuStreamSynchronize(s));
+        } else {
+            CK(cuCtxSynchronize());
+        }
+        ret[i] = now_ns();
+    }
+    printf("{\"pid\": %d, \"returned\": [", (int)getpid());
+    for (unsigned long i = 0; i < n; i++)
+        printf("%s%" PRIu64, i ? ", " : "", ret[i]);
+    printf("]}\n");
+    free(ret);
+    return 0;
+}
+
 static void usage(void)
 {
-    fprintf(stderr, "usage: simgpu_probe events US\n");
+    fprintf(stderr, "usage: simgpu_probe events US | wake stream|ctx|event-blocking|event-spin N US\n");
     exit(2);
 }
 
@@ -169,6 +209,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "events") && argc == 3)
         return cmd_events(parse_ul(argv[2], "US"));
+    if (!strcmp(cmd, "wake") && argc == 5)
+        return cmd_wake(argv[2], parse_ul(argv[3], "N"), parse_ul(argv[4], "US"));
     usage();
     return 2;
 }

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""simgpu behaving like hardware (docs/simgpu.md): events dated on the engine's timeline.
+"""simgpu behaving like hardware (docs/simgpu.md): events dated on the engine's timeline,
+syncs that wake up as a host does (SIMGPU_WAKE_US).
 
 Real processes (build/tests/simgpu_probe, cuda_client) on a private simulated GPU; what
 they report is checked against the engine's own record of what ran when
@@ -35,6 +36,10 @@ def mode_env(request: pytest.FixtureRequest, simgpu_env: dict[str, str]) -> dict
 def probe(env: dict[str, str], *args: str) -> dict:
     p = run([PROBE, *args], env, timeout=60)
     return json.loads(p.stdout)
+
+
+def client(env: dict[str, str], *args: str) -> dict:
+    return json.loads(run([CLIENT, *args], env, timeout=60).stdout)
 
 
 def timeline(env: dict[str, str]) -> list[tuple[int, int, int]]:
@@ -83,3 +88,62 @@ def test_events_are_dated_by_the_engine(mode_env: dict[str, str]) -> None:
     assert r["query_pending"] == r["pending"] == "CUDA_ERROR_NOT_READY"
     # As the driver: no timing from an event made without it, nor from one never recorded.
     assert r["untimed"] == r["untimed_done"] == r["unrecorded"] == "CUDA_ERROR_INVALID_HANDLE"
+
+
+# ---- SIMGPU_WAKE_US: a host's wake-up latency after the work's end ----
+
+SYNCS = ["stream", "ctx", "event-blocking", "event-spin"]
+
+
+def wake_latencies(env: dict[str, str], sync: str, n: int = 30, us: int = 1000) -> list[int]:
+    """ns from each kernel's end on the engine to its sync's return."""
+    r = probe(env, "wake", sync, str(n), str(us))
+    ends = [e for _, e in kernels_of(timeline(env), r["pid"], us)]
+    assert len(ends) == n
+    return [ret - end for ret, end in zip(r["returned"], ends, strict=True)]
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_syncs_return_at_the_work_end_by_default(simgpu_env: dict[str, str], sync: str) -> None:
+    lat = sorted(wake_latencies(simgpu_env, sync))
+    assert lat[0] >= 0
+    assert lat[len(lat) // 2] < 100_000, lat  # a few us, with room for a loaded machine
+
+
+@pytest.mark.parametrize("sync", SYNCS)
+def test_syncs_wake_up_min_to_max_after_the_work_end(simgpu_env: dict[str, str],
+                                                      sync: str) -> None:
+    simgpu_env["SIMGPU_WAKE_US"] = "300-600"
+    lat = sorted(wake_latencies(simgpu_env, sync))
+    assert lat[0] >= 300_000, lat              # never before MIN: the sleep is to a time
+    assert lat[len(lat) // 2] <= 600_000, lat  # the machine's own latency comes on top
+    assert sum(x <= 700_000 for x in lat) >= 0.8 * len(lat), lat
+    assert lat[-1] - lat[0] >= 100_000, lat    # spread over the range, not one value
+
+
+def test_a_sync_of_finished_work_returns_at_once(simgpu_env: dict[str, str]) -> None:
+    simgpu_env["SIMGPU_WAKE_US"] = "50000"   # a fixed 50 ms, were it applied
+    r = client(simgpu_env, "exercise")
+    # exercise syncs a finished stream, queries and times events: all would take 50 ms
+    # more each if a sync of done work waited for a wake-up.
+    assert 19.5 <= r["sync_ms"] <= 20 + 50 + 30       # one real wait: 20 ms + one wake-up
+    assert 0.95 <= r["kernel_ms"] <= 1.5              # event times are the engine's, unmoved
+
+
+@pytest.mark.parametrize("value, why", [
+    ("fast", "not MIN-MAX in whole microseconds (e.g. 20-200)"),
+    ("20-", "not MIN-MAX in whole microseconds (e.g. 20-200)"),
+    ("-20", "not MIN-MAX in whole microseconds (e.g. 20-200)"),
+    ("20-200-300", "not MIN-MAX in whole microseconds (e.g. 20-200)"),
+    ("20 - 200", "not MIN-MAX in whole microseconds (e.g. 20-200)"),
+    ("300-200", "MIN is above MAX"),
+    ("0-2000000", "MAX is above 1000000 (1 s)"),
+])
+def test_a_bad_wake_value_is_refused_with_one_line(simgpu_env: dict[str, str], value: str,
+                                                   why: str) -> None:
+    simgpu_env["SIMGPU_WAKE_US"] = value
+    p = run([CLIENT, "info"], simgpu_env, check=False)
+    assert p.returncode == 1 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert lines[0] == f'simgpu: SIMGPU_WAKE_US="{value}": {why}'
+    assert "CUDA_ERROR_NO_DEVICE" in lines[-1] and len(lines) == 2
