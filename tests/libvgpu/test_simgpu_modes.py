@@ -114,11 +114,14 @@ def test_syncs_return_at_the_work_end_by_default(simgpu_env: dict[str, str], syn
 def test_syncs_wake_up_min_to_max_after_the_work_end(simgpu_env: dict[str, str],
                                                       sync: str) -> None:
     simgpu_env["SIMGPU_WAKE_US"] = "300-600"
-    lat = sorted(wake_latencies(simgpu_env, sync))
-    assert lat[0] >= 300_000, lat              # never before MIN: the sleep is to a time
-    assert lat[len(lat) // 2] <= 600_000, lat  # the machine's own latency comes on top
-    assert sum(x <= 700_000 for x in lat) >= 0.8 * len(lat), lat
-    assert lat[-1] - lat[0] >= 100_000, lat    # spread over the range, not one value
+    lat = sorted(wake_latencies(simgpu_env, sync, n=40))
+    # Never before MIN: the wait is to a time. A busy machine only delays a return, so
+    # the rest is counted loosely: most within MAX (and a little), and many in each half
+    # of the range, which a fixed latency would not give.
+    assert lat[0] >= 300_000, lat
+    assert sum(x <= 700_000 for x in lat) >= 0.5 * len(lat), lat
+    assert sum(x <= 450_000 for x in lat) >= 0.2 * len(lat), lat
+    assert sum(x >= 450_000 for x in lat) >= 0.2 * len(lat), lat
 
 
 def test_a_sync_of_finished_work_returns_at_once(simgpu_env: dict[str, str]) -> None:
