@@ -73,10 +73,18 @@ int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t
     }
     if (l->have_end && end < l->last_end)
         end = l->last_end; /* (events of several streams: the later end stands) */
-    if (!at_record && l->last_exact && !l->gap_since && l->have_end && gpu > l->last_end)
+    if (!at_record && l->last_exact && !l->gap_since && l->have_end && gpu > l->last_end) {
         sample(l, (uint64_t)(gpu - l->last_end) / launches);
-    else if (!at_record && l->gap_since && gpu > from)
+    } else if (!at_record && l->gap_since && gpu > from) {
         sample(l, (uint64_t)(gpu - from) / launches); /* (from the restart: back to back since) */
+    } else if (at_record && gpu >= from) {
+        /* Its launches ran within [from, gpu]: a bound, a sample only when it says the
+         * length is shorter than we think (kernels shorter than a launch never give an
+         * exact sample, and an unknown length would put an event on every launch). */
+        uint64_t bound = (uint64_t)(gpu - from) / launches;
+        if (!l->per_ns || bound < l->per_ns)
+            sample(l, bound);
+    }
     if (end > from)
         l->busy_ns += (uint64_t)(end - from);
     l->last_end = end;

@@ -26,9 +26,13 @@
  *   busy        the GPU time of closed launches: from the later of the last end
  *               and the gap's end to their end.
  *   end         otherwise the event's GPU time is when the launches it closes ended.
- *   length      per_ns is the median of the last VG_LEDGER_SAMPLES exact samples:
- *               the GPU time between two events that both completed after their
- *               recording, with no empty queue claimed between them, per launch.
+ *   length      per_ns is the median of the last VG_LEDGER_SAMPLES samples: the GPU
+ *               time between two events that both completed after their recording,
+ *               with no empty queue claimed between them (or from the start event
+ *               that ended the gap), per launch; and an event that completed as it
+ *               was recorded, whose launches ran within the time since the last end,
+ *               when that bound is shorter than the length known (kernels shorter
+ *               than a launch give no other sample).
  */
 #ifndef VG_LEDGER_H
 #define VG_LEDGER_H

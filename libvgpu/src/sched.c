@@ -733,19 +733,28 @@ static void *holder_thread(void *arg)
                 d->empty_since = 0;
                 continue;
             }
+            /* Launches after the last event, or an empty queue: either way, act only once a
+             * look finds no launch added since the one before (a launch loop faster than
+             * its kernels empties its queue between launches: not a gap to claim, and a
+             * claim costs the next launch the lock). What acting dates, the GPU's clock
+             * dates: the wait only decides whether a gap is long enough to bother. */
             uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
-            if (n > __atomic_load_n(&d->done, __ATOMIC_SEQ_CST)) {
-                /* Launches after the last event, none pending: once a look finds no launch
-                 * added since the one before, an event closes them (recorded while they
-                 * run, it dates their end; recorded after, the ledger dates it). */
-                if (d->empty_since && n == d->seen_launches && !__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST)) {
-                    close_uncovered(d);
-                    d->empty_since = 0;
-                    continue;
-                }
+            if (!d->idle_from && (!d->empty_since || n != d->seen_launches)) {
                 d->empty_since = now;
                 d->seen_launches = n;
                 wait_ns = EMPTY_POLL_NS;
+                continue;
+            }
+            if (!d->idle_from && now - d->empty_since < EMPTY_POLL_NS) {
+                wait_ns = EMPTY_POLL_NS - (now - d->empty_since);
+                continue;
+            }
+            if (n > __atomic_load_n(&d->done, __ATOMIC_SEQ_CST)) {
+                /* Launches after the last event, none pending: an event closes them
+                 * (recorded while they run, it dates their end; after, the ledger does). */
+                if (!__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
+                    close_uncovered(d);
+                d->empty_since = 0;
                 continue;
             }
             if (!d->idle_from) {

@@ -79,10 +79,19 @@ def test_a_late_close_never_ends_after_its_own_event() -> None:
 
 
 def test_with_no_length_learnt_a_late_close_is_dated_at_its_event() -> None:
-    """at record: before any exact sample the length is unknown; the event's time stands."""
+    """at record: before any sample the length is unknown; the event's time stands, and its
+    bound (its launches ran within 800 us) becomes the first sample."""
     out = run("gap 100\nev 100 100 0\nev 900 900 2\n")
-    assert out[-1]["per"] == 0
     assert out[-1]["end"] == 900 and out[-1]["busy"] == 800
+    assert out[-1]["per"] == 400
+
+
+def test_kernels_shorter_than_a_launch_are_learnt_from_bounds() -> None:
+    """length: launches that complete before the next is made never give an exact sample;
+    each event then bounds their length, and a shorter bound is a sample (else an event
+    would be recorded at every launch)."""
+    trace = "gap 0\nev 0 0 0\n" + "".join(f"ev {k}.5 {k}.5 1\n" for k in range(1, 30))
+    assert run(trace)[-1]["per"] == 1
 
 
 def test_the_clock_map_is_the_tightest_bound_events_give() -> None:
