@@ -59,6 +59,12 @@ $(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fvisibility=default -Ilibvgpu/include -o $@ $< -L$(B)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 $(LDLIBS)
 
+# The real-GPU measurement (tests/gpu/gpucheck.sh): dlopen()s libcuda.so.1 itself, links no
+# driver, so the one binary runs on a GPU machine without gcc (copy it with the tree).
+$(B)/tests/gpucheck: tests/gpu/gpucheck.c
+	@mkdir -p $(@D)
+	$(CC) -O2 -g -std=gnu11 -Wall -Wextra -o $@ $< -ldl -lm
+
 clean:
 	rm -rf $(B)
 

@@ -1,0 +1,2232 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * gpucheck.c - what the GPU itself does, measured without libvgpu (issue 24, part 1).
+ *
+ *   gpucheck [OUTDIR]            (tests/gpu/gpucheck.sh builds and runs it)
+ *
+ * gcc alone, no CUDA toolkit: the few driver API types and entry points used are
+ * declared here and taken from dlopen("libcuda.so.1"). The kernels are a PTX string at
+ * .version 7.0 / .target sm_52, which any CUDA 12 or 13 driver JIT-compiles for its GPU.
+ *
+ * spin(ns, rec, gap) runs one thread that reads %globaltimer until it has run for ns and
+ * writes its start and end stamps to rec. When two consecutive reads are more than gap
+ * apart the thread was not running (another context had the GPU): the hole does not
+ * count as running (a kernel's work is fixed, as simgpu's busy_<N>us kernels are), and
+ * the first 61 holes are written too. Every process's kernels so land on one GPU-side timeline:
+ * timeslices and the gaps between them are read off the merged stamps.
+ *
+ * Sections (each prints rows of the table and fills one object of OUTDIR/gpucheck.json):
+ *   clock  %globaltimer <-> CLOCK_MONOTONIC offset, bracketed from below (a kernel
+ *          publishes the timer into mapped host memory, the host reads it) and from
+ *          above (the host publishes CLOCK_MONOTONIC, a kernel reads it), and by
+ *          idle-stream round trips;
+ *   a      launch, event record, event query, stream query, idle-stream sync costs;
+ *   b      how late a waiting call returns after the kernel's end stamp;
+ *   c      the queue depth at which cuLaunchKernel blocks;
+ *   d      cuEventElapsedTime's resolution, the timer's tick, when an event recorded on
+ *          an idle stream completes;
+ *   e      two greedy processes (timeslice, switch gap), one process with two streams
+ *          (overlap), a light process beside a greedy one (its wait), 20 ms kernels
+ *          beside 200 us ones (preemption inside a kernel).
+ *
+ * On simgpu (LD_LIBRARY_PATH=build/simgpu) the spin kernel runs no code, so no stamps
+ * come back: the program notices (a probe kernel writes nothing), says "host-only", and
+ * uses simgpu's busy_<N>us kernels with host-side measurements only. Should simgpu
+ * some day honour spin's duration and stamps, the probe passes and the GPU mode runs.
+ *
+ * Exit status: 0 when every section ran, 1 when one failed, 2 when nothing could run.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- the driver ABI used (values as in cuda.h) ---- */
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef int CUjit_option;
+
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_NOT_READY 600
+#define CU_CTX_SCHED_AUTO 0x00
+#define CU_CTX_SCHED_SPIN 0x01
+#define CU_CTX_SCHED_YIELD 0x02
+#define CU_CTX_SCHED_BLOCKING_SYNC 0x04
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_EVENT_DEFAULT 0x0
+#define CU_EVENT_BLOCKING_SYNC 0x1
+#define CU_EVENT_DISABLE_TIMING 0x2
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define CU_JIT_ERROR_LOG_BUFFER 5
+#define CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES 6
+#define CU_DEVICE_ATTRIBUTE_CLOCK_RATE 13
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_MODE 20
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR 75
+#define CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR 76
+
+#define CU_REQUIRED(X)                                                                                                \
+    X(cuInit, (unsigned int))                                                                                         \
+    X(cuDriverGetVersion, (int *))                                                                                    \
+    X(cuDeviceGet, (CUdevice *, int))                                                                                 \
+    X(cuDeviceGetCount, (int *))                                                                                      \
+    X(cuDeviceGetName, (char *, int, CUdevice))                                                                       \
+    X(cuDeviceGetAttribute, (int *, int, CUdevice))                                                                   \
+    X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                                      \
+    X(cuCtxSetCurrent, (CUcontext))                                                                                   \
+    X(cuCtxDestroy_v2, (CUcontext))                                                                                   \
+    X(cuCtxSynchronize, (void))                                                                                       \
+    X(cuModuleLoadDataEx, (CUmodule *, const void *, unsigned int, CUjit_option *, void **))                          \
+    X(cuModuleGetFunction, (CUfunction *, CUmodule, const char *))                                                    \
+    X(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,              \
+                       unsigned int, unsigned int, CUstream, void **, void **))                                       \
+    X(cuStreamCreate, (CUstream *, unsigned int))                                                                     \
+    X(cuStreamSynchronize, (CUstream))                                                                                \
+    X(cuStreamQuery, (CUstream))                                                                                      \
+    X(cuEventCreate, (CUevent *, unsigned int))                                                                       \
+    X(cuEventRecord, (CUevent, CUstream))                                                                             \
+    X(cuEventQuery, (CUevent))                                                                                        \
+    X(cuEventSynchronize, (CUevent))                                                                                  \
+    X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                                         \
+    X(cuMemsetD8_v2, (CUdeviceptr, unsigned char, size_t))                                                            \
+    X(cuMemcpyDtoH_v2, (void *, CUdeviceptr, size_t))                                                                 \
+    X(cuGetErrorString, (CUresult, const char **))
+/* Looked up too, but the program copes without them. */
+#define CU_OPTIONAL(X)                                                                                                \
+    X(cuCtxCreate_v2, (CUcontext *, unsigned int, CUdevice))                                                          \
+    X(cuCtxCreate_v4, (CUcontext *, void *, unsigned int, CUdevice))                                                  \
+    X(cuEventElapsedTime, (float *, CUevent, CUevent))                                                                \
+    X(cuEventElapsedTime_v2, (float *, CUevent, CUevent))                                                             \
+    X(cuMemHostAlloc, (void **, size_t, unsigned int))                                                                \
+    X(cuMemHostGetDevicePointer_v2, (CUdeviceptr *, void *, unsigned int))                                            \
+    X(cuGetErrorName, (CUresult, const char **))
+
+#define DECLARE(name, args) static CUresult(*name) args;
+CU_REQUIRED(DECLARE)
+CU_OPTIONAL(DECLARE)
+#undef DECLARE
+
+/* ---- the kernels ---- */
+/* rec: 128 u64 per kernel: start, end, holes, hole ns, smallest timer step, largest
+ * timer step, then up to 61 holes as (last read before, first read after). */
+#define REC_WORDS 128
+#define REC_BYTES (REC_WORDS * 8)
+#define R_START 0
+#define R_END 1
+#define R_NGAP 2
+#define R_GAPNS 3
+#define R_MINSTEP 4
+#define R_MAXSTEP 5
+#define R_GAP0 6
+#define MAX_GAPS 61 /* the 61 in spin's PTX */
+
+static const char PTX[] =
+    ".version 7.0\n"
+    ".target sm_52\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry spin(.param .u64 spin_ns, .param .u64 spin_rec, .param .u64 spin_gap)\n"
+    "{\n"
+    "  .reg .pred %p<8>;\n"
+    "  .reg .b64 %rd<24>;\n"
+    "  ld.param.u64 %rd1, [spin_ns];\n"
+    "  ld.param.u64 %rd2, [spin_rec];\n"
+    "  ld.param.u64 %rd3, [spin_gap];\n"
+    "  setp.eq.u64 %p1, %rd2, 0;\n"
+    "  cvta.to.global.u64 %rd11, %rd2;\n"
+    "  mov.u64 %rd4, %globaltimer;\n"
+    "  add.u64 %rd5, %rd4, %rd1;\n"
+    "  mov.u64 %rd6, %rd4;\n"
+    "  mov.u64 %rd7, 0;\n"
+    "  mov.u64 %rd8, 0;\n"
+    "  mov.u64 %rd9, -1;\n"
+    "  mov.u64 %rd10, 0;\n"
+    "  mov.u64 %rd12, %rd4;\n"
+    "$S_loop:\n"
+    "  setp.ge.u64 %p2, %rd12, %rd5;\n"
+    "  @%p2 bra $S_done;\n"
+    "  mov.u64 %rd12, %globaltimer;\n"
+    "  sub.u64 %rd13, %rd12, %rd6;\n"
+    "  setp.eq.u64 %p3, %rd13, 0;\n"
+    "  @%p3 bra $S_loop;\n"
+    "  mov.u64 %rd6, %rd12;\n"
+    "  min.u64 %rd9, %rd9, %rd13;\n"
+    "  max.u64 %rd10, %rd10, %rd13;\n"
+    "  setp.le.u64 %p4, %rd13, %rd3;\n"
+    "  @%p4 bra $S_loop;\n"
+    "  add.u64 %rd5, %rd5, %rd13;\n"
+    "  setp.ge.u64 %p5, %rd7, 61;\n"
+    "  or.pred %p6, %p1, %p5;\n"
+    "  @%p6 bra $S_count;\n"
+    "  shl.b64 %rd14, %rd7, 4;\n"
+    "  add.u64 %rd15, %rd11, %rd14;\n"
+    "  sub.u64 %rd16, %rd12, %rd13;\n"
+    "  st.global.u64 [%rd15+48], %rd16;\n"
+    "  st.global.u64 [%rd15+56], %rd12;\n"
+    "$S_count:\n"
+    "  add.u64 %rd7, %rd7, 1;\n"
+    "  add.u64 %rd8, %rd8, %rd13;\n"
+    "  bra.uni $S_loop;\n"
+    "$S_done:\n"
+    "  @%p1 bra $S_ret;\n"
+    "  st.global.u64 [%rd11], %rd4;\n"
+    "  st.global.u64 [%rd11+8], %rd12;\n"
+    "  st.global.u64 [%rd11+16], %rd7;\n"
+    "  st.global.u64 [%rd11+24], %rd8;\n"
+    "  st.global.u64 [%rd11+32], %rd9;\n"
+    "  st.global.u64 [%rd11+40], %rd10;\n"
+    "$S_ret:\n"
+    "  ret;\n"
+    "}\n"
+    "\n"
+    /* gtpub(buf, ns): keeps writing %globaltimer into mapped host memory for ns. */
+    ".visible .entry gtpub(.param .u64 gtpub_buf, .param .u64 gtpub_ns)\n"
+    "{\n"
+    "  .reg .pred %p<2>;\n"
+    "  .reg .b64 %rd<8>;\n"
+    "  ld.param.u64 %rd1, [gtpub_buf];\n"
+    "  ld.param.u64 %rd2, [gtpub_ns];\n"
+    "  cvta.to.global.u64 %rd3, %rd1;\n"
+    "  mov.u64 %rd4, %globaltimer;\n"
+    "  add.u64 %rd5, %rd4, %rd2;\n"
+    "$P_loop:\n"
+    "  mov.u64 %rd6, %globaltimer;\n"
+    "  st.volatile.global.u64 [%rd3], %rd6;\n"
+    "  membar.sys;\n"
+    "  setp.lt.u64 %p1, %rd6, %rd5;\n"
+    "  @%p1 bra $P_loop;\n"
+    "  ret;\n"
+    "}\n"
+    "\n"
+    /* gtecho(host, out, ns, max): for ns, whenever the u64 at host changes, writes
+     * (new value, %globaltimer read after it arrived) to out[1 + 2i]; out[0] = count. */
+    ".visible .entry gtecho(.param .u64 gtecho_host, .param .u64 gtecho_out, .param .u64 gtecho_ns,\n"
+    "                       .param .u64 gtecho_max)\n"
+    "{\n"
+    "  .reg .pred %p<4>;\n"
+    "  .reg .b64 %rd<16>;\n"
+    "  ld.param.u64 %rd1, [gtecho_host];\n"
+    "  ld.param.u64 %rd2, [gtecho_out];\n"
+    "  ld.param.u64 %rd3, [gtecho_ns];\n"
+    "  ld.param.u64 %rd4, [gtecho_max];\n"
+    "  cvta.to.global.u64 %rd1, %rd1;\n"
+    "  cvta.to.global.u64 %rd2, %rd2;\n"
+    "  mov.u64 %rd5, %globaltimer;\n"
+    "  add.u64 %rd6, %rd5, %rd3;\n"
+    "  ld.volatile.global.u64 %rd7, [%rd1];\n"
+    "  mov.u64 %rd8, 0;\n"
+    "$E_loop:\n"
+    "  ld.volatile.global.u64 %rd9, [%rd1];\n"
+    "  setp.ne.u64 %p1, %rd9, %rd7;\n"
+    "  @%p1 bra $E_new;\n"
+    "  mov.u64 %rd10, %globaltimer;\n"
+    "  setp.lt.u64 %p2, %rd10, %rd6;\n"
+    "  @%p2 bra $E_loop;\n"
+    "  bra.uni $E_done;\n"
+    "$E_new:\n"
+    "  mov.u64 %rd10, %globaltimer;\n"
+    "  mov.u64 %rd7, %rd9;\n"
+    "  setp.ge.u64 %p3, %rd8, %rd4;\n"
+    "  @%p3 bra $E_chk;\n"
+    "  shl.b64 %rd11, %rd8, 4;\n"
+    "  add.u64 %rd12, %rd2, %rd11;\n"
+    "  st.global.u64 [%rd12+16], %rd9;\n"
+    "  st.global.u64 [%rd12+24], %rd10;\n"
+    "  add.u64 %rd8, %rd8, 1;\n"
+    "$E_chk:\n"
+    "  setp.lt.u64 %p2, %rd10, %rd6;\n"
+    "  @%p2 bra $E_loop;\n"
+    "$E_done:\n"
+    "  st.global.u64 [%rd2], %rd8;\n"
+    "  ret;\n"
+    "}\n";
+
+/* ---- state ---- */
+static const char *g_outdir = "gpucheck-out";
+static char g_libpath[PATH_MAX] = "?";
+static CUdevice g_dev;
+static int g_devidx;
+static int g_stamps;             /* 1: spin writes stamps (a GPU); 0: host-only (simgpu) */
+static int g_sim;                /* the device's name says SimGPU */
+static uint64_t g_gap_ns = 4000; /* a timer step above this is a hole in a kernel's run */
+static int64_t g_off;            /* %globaltimer - CLOCK_MONOTONIC, ns */
+static int g_off_known;
+static double g_off_halfwidth;   /* half the width of the offset's bracket, ns */
+static int g_failures;
+static FILE *g_table;
+
+static uint64_t mono(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static uint64_t realtime(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static void sleep_until(uint64_t t)
+{
+    struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* ---- JSON, built as the run goes and rewritten after every section ---- */
+static char *jb;
+static size_t jlen, jcap;
+static int jdepth;
+static int jfirst[32] = {1}; /* the top level has no comma before its object */
+static char jcloser[32];
+
+static void jput(const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int n = vsnprintf(jb ? jb + jlen : NULL, jb ? jcap - jlen : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return;
+        if (jb && jlen + (size_t)n < jcap) {
+            jlen += (size_t)n;
+            return;
+        }
+        size_t cap = (jcap ? jcap * 2 : 65536) + (size_t)n;
+        char *nb = realloc(jb, cap);
+        if (!nb)
+            return;
+        jb = nb;
+        jcap = cap;
+    }
+}
+
+static void jstrlit(const char *s)
+{
+    jput("\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            jput("\\%c", c);
+        else if (c < 0x20)
+            jput("\\u%04x", c);
+        else
+            jput("%c", c);
+    }
+    jput("\"");
+}
+
+static void jkey(const char *k)
+{
+    if (!jfirst[jdepth])
+        jput(",");
+    jfirst[jdepth] = 0;
+    if (k) {
+        jstrlit(k);
+        jput(":");
+    }
+}
+
+static void jopen(const char *k, char c)
+{
+    jkey(k);
+    jput("%c", c);
+    jdepth++;
+    jfirst[jdepth] = 1;
+    jcloser[jdepth] = c == '{' ? '}' : ']';
+}
+
+static void jclose(void)
+{
+    jput("%c", jcloser[jdepth]);
+    jdepth--;
+}
+
+static void jnum(const char *k, double v)
+{
+    jkey(k);
+    if (isfinite(v))
+        jput("%.6g", v);
+    else
+        jput("null");
+}
+
+static void jint(const char *k, long long v)
+{
+    jkey(k);
+    jput("%lld", v);
+}
+
+static void jstr(const char *k, const char *v)
+{
+    jkey(k);
+    jstrlit(v);
+}
+
+static void jbool(const char *k, int v)
+{
+    jkey(k);
+    jput(v ? "true" : "false");
+}
+
+static void json_flush(void)
+{
+    char path[PATH_MAX], tmp[PATH_MAX];
+    snprintf(path, sizeof path, "%s/gpucheck.json", g_outdir);
+    snprintf(tmp, sizeof tmp, "%s/.gpucheck.json.tmp", g_outdir);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return;
+    fwrite(jb, 1, jlen, f);
+    for (int d = jdepth; d >= 1; d--)
+        fputc(jcloser[d], f);
+    fputc('\n', f);
+    if (fclose(f) == 0)
+        rename(tmp, path);
+}
+
+/* ---- errors ---- */
+static char g_errors[8192];
+
+static const char *cu_errstr(CUresult r)
+{
+    const char *s = NULL;
+    if (cuGetErrorString && cuGetErrorString(r, &s) == CUDA_SUCCESS && s)
+        return s;
+    return "unknown error";
+}
+
+static void note_error(const char *fmt, ...)
+{
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "gpucheck: %s\n", line);
+    size_t n = strlen(g_errors);
+    if (n + strlen(line) + 2 < sizeof g_errors)
+        snprintf(g_errors + n, sizeof g_errors - n, "%s\n", line);
+}
+
+static void cu_fail(const char *call, CUresult r, int line)
+{
+    const char *name = NULL;
+    if (cuGetErrorName)
+        cuGetErrorName(r, &name);
+    note_error("line %d: %s -> %d %s (%s)", line, call, r, name ? name : "", cu_errstr(r));
+}
+
+#define CK(call)                                                                                                      \
+    do {                                                                                                              \
+        CUresult r_ = (call);                                                                                         \
+        if (r_ != CUDA_SUCCESS) {                                                                                     \
+            cu_fail(#call, r_, __LINE__);                                                                             \
+            return -1;                                                                                                \
+        }                                                                                                             \
+    } while (0)
+
+#define CKQ(call) /* a query: CUDA_ERROR_NOT_READY is an answer */                                                    \
+    do {                                                                                                              \
+        CUresult r_ = (call);                                                                                         \
+        if (r_ != CUDA_SUCCESS && r_ != CUDA_ERROR_NOT_READY) {                                                       \
+            cu_fail(#call, r_, __LINE__);                                                                             \
+            return -1;                                                                                                \
+        }                                                                                                             \
+    } while (0)
+
+/* ---- statistics and the table ---- */
+struct st {
+    int n;
+    double min, p10, p50, p90, p99, max, mean;
+};
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct_sorted(const double *v, int n, double p)
+{
+    if (n <= 0)
+        return NAN;
+    double idx = p * (n - 1);
+    int i = (int)idx;
+    if (i >= n - 1)
+        return v[n - 1];
+    return v[i] + (idx - i) * (v[i + 1] - v[i]);
+}
+
+static struct st stats(const double *v, int n)
+{
+    struct st s = {0, NAN, NAN, NAN, NAN, NAN, NAN, NAN};
+    if (n <= 0)
+        return s;
+    double *c = malloc(sizeof(double) * (size_t)n);
+    if (!c)
+        return s;
+    memcpy(c, v, sizeof(double) * (size_t)n);
+    qsort(c, (size_t)n, sizeof(double), cmp_d);
+    double sum = 0;
+    for (int i = 0; i < n; i++)
+        sum += c[i];
+    s.n = n;
+    s.min = c[0];
+    s.max = c[n - 1];
+    s.p10 = pct_sorted(c, n, 0.10);
+    s.p50 = pct_sorted(c, n, 0.50);
+    s.p90 = pct_sorted(c, n, 0.90);
+    s.p99 = pct_sorted(c, n, 0.99);
+    s.mean = sum / n;
+    free(c);
+    return s;
+}
+
+static void out(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    if (g_table) {
+        va_start(ap, fmt);
+        vfprintf(g_table, fmt, ap);
+        va_end(ap);
+        fflush(g_table);
+    }
+}
+
+static void fmtnum(char *b, size_t n, double v)
+{
+    if (!isfinite(v))
+        snprintf(b, n, "-");
+    else if (fabs(v) >= 1e6)
+        snprintf(b, n, "%.4g", v);
+    else if (fabs(v) >= 100)
+        snprintf(b, n, "%.0f", v);
+    else if (fabs(v) >= 10)
+        snprintf(b, n, "%.1f", v);
+    else
+        snprintf(b, n, "%.2f", v);
+}
+
+static void table_head(const char *title)
+{
+    out("\n== %s\n", title);
+    out("%-54s %9s %9s %9s %9s %6s  %s\n", "", "p50", "p99", "min", "max", "n", "unit");
+}
+
+/* A distribution: one row, one JSON object {p50, p99, ...}. v is in ns; scale divides. */
+static void metric(const char *key, const char *label, const double *v, int n, double scale, const char *unit)
+{
+    double *w = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int i = 0; i < n; i++)
+        w[i] = v[i] / scale;
+    struct st s = stats(w, n);
+    free(w);
+    char a[32], b[32], c[32], d[32];
+    fmtnum(a, sizeof a, s.p50);
+    fmtnum(b, sizeof b, s.p99);
+    fmtnum(c, sizeof c, s.min);
+    fmtnum(d, sizeof d, s.max);
+    out("%-54s %9s %9s %9s %9s %6d  %s\n", label, a, b, c, d, s.n, unit);
+    jopen(key, '{');
+    jnum("p10", s.p10);
+    jnum("p50", s.p50);
+    jnum("p90", s.p90);
+    jnum("p99", s.p99);
+    jnum("min", s.min);
+    jnum("max", s.max);
+    jnum("mean", s.mean);
+    jint("n", s.n);
+    jstr("unit", unit);
+    jclose();
+}
+
+/* One number: a row with the value in the p50 column. */
+static void value(const char *key, const char *label, double v, const char *unit)
+{
+    char a[32];
+    fmtnum(a, sizeof a, v);
+    out("%-54s %9s %9s %9s %9s %6s  %s\n", label, a, "", "", "", "", unit);
+    jnum(key, v);
+}
+
+static void note(const char *key, const char *label, const char *text)
+{
+    out("%-54s %s\n", label, text);
+    if (key)
+        jstr(key, text);
+}
+
+/* ---- driver, contexts, kernels ---- */
+static int load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "gpucheck: dlopen(libcuda.so.1): %s\n", dlerror());
+        return -1;
+    }
+    int missing = 0;
+#define LOAD(name, args)                                                                                              \
+    if (!(*(void **)&name = dlsym(h, #name))) {                                                                       \
+        fprintf(stderr, "gpucheck: libcuda.so.1 lacks %s\n", #name);                                                  \
+        missing = 1;                                                                                                  \
+    }
+    CU_REQUIRED(LOAD)
+#undef LOAD
+#define LOAD_OPT(name, args) *(void **)&name = dlsym(h, #name);
+    CU_OPTIONAL(LOAD_OPT)
+#undef LOAD_OPT
+    if (!cuCtxCreate_v2 && !cuCtxCreate_v4) {
+        fprintf(stderr, "gpucheck: libcuda.so.1 has neither cuCtxCreate_v2 nor cuCtxCreate_v4\n");
+        missing = 1;
+    }
+    if (!cuEventElapsedTime)
+        cuEventElapsedTime = cuEventElapsedTime_v2;
+    Dl_info di;
+    if (dladdr(*(void **)&cuInit, &di) && di.dli_fname)
+        snprintf(g_libpath, sizeof g_libpath, "%s", di.dli_fname);
+    return missing ? -1 : 0;
+}
+
+struct busyfn {
+    unsigned us;
+    CUfunction f;
+};
+
+struct gctx {
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction spin, gtpub, gtecho;
+    CUstream s;
+    struct busyfn busy[32];
+    int nbusy;
+};
+
+static int ctx_open(struct gctx *g, unsigned flags)
+{
+    memset(g, 0, sizeof *g);
+    if (cuCtxCreate_v2)
+        CK(cuCtxCreate_v2(&g->ctx, flags, g_dev));
+    else
+        CK(cuCtxCreate_v4(&g->ctx, NULL, flags, g_dev));
+    CK(cuCtxSetCurrent(g->ctx));
+    char log[8192] = "";
+    CUjit_option opt[2] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *val[2] = {log, (void *)(uintptr_t)sizeof log};
+    CUresult r = cuModuleLoadDataEx(&g->mod, PTX, 2, opt, val);
+    if (r != CUDA_SUCCESS) {
+        cu_fail("cuModuleLoadDataEx(PTX)", r, __LINE__);
+        if (log[0])
+            fprintf(stderr, "gpucheck: JIT log: %s\n", log);
+        return -1;
+    }
+    CK(cuModuleGetFunction(&g->spin, g->mod, "spin"));
+    if (cuModuleGetFunction(&g->gtpub, g->mod, "gtpub") != CUDA_SUCCESS)
+        g->gtpub = NULL;
+    if (cuModuleGetFunction(&g->gtecho, g->mod, "gtecho") != CUDA_SUCCESS)
+        g->gtecho = NULL;
+    CK(cuStreamCreate(&g->s, CU_STREAM_NON_BLOCKING));
+    return 0;
+}
+
+static int use(struct gctx *g)
+{
+    CK(cuCtxSetCurrent(g->ctx));
+    return 0;
+}
+
+/* The kernel that runs ns: spin on a GPU, simgpu's busy_<N>us in host-only mode. */
+static CUresult kernel_for(struct gctx *g, uint64_t ns, CUfunction *f)
+{
+    if (g_stamps) {
+        *f = g->spin;
+        return CUDA_SUCCESS;
+    }
+    unsigned us = (unsigned)(ns / 1000);
+    for (int i = 0; i < g->nbusy; i++)
+        if (g->busy[i].us == us) {
+            *f = g->busy[i].f;
+            return CUDA_SUCCESS;
+        }
+    char name[32];
+    snprintf(name, sizeof name, "busy_%uus", us);
+    CUresult r = cuModuleGetFunction(f, g->mod, name);
+    if (r == CUDA_SUCCESS && g->nbusy < 32) {
+        g->busy[g->nbusy].us = us;
+        g->busy[g->nbusy++].f = *f;
+    }
+    return r;
+}
+
+static CUresult launch(struct gctx *g, CUstream s, uint64_t ns, CUdeviceptr rec)
+{
+    CUfunction f;
+    CUresult r = kernel_for(g, ns, &f);
+    if (r != CUDA_SUCCESS)
+        return r;
+    uint64_t gap = g_gap_ns;
+    void *args[3] = {&ns, &rec, &gap};
+    return cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, args, NULL);
+}
+
+static int recs_alloc(CUdeviceptr *d, size_t n)
+{
+    *d = 0;
+    if (!g_stamps || !n)
+        return 0;
+    CK(cuMemAlloc_v2(d, n * REC_BYTES));
+    CK(cuMemsetD8_v2(*d, 0, n * REC_BYTES));
+    CK(cuCtxSynchronize()); /* the memset is on the legacy stream; ours do not wait for it */
+    return 0;
+}
+
+static int recs_fetch(uint64_t **h, CUdeviceptr d, size_t n)
+{
+    *h = calloc(n ? n : 1, REC_BYTES);
+    if (!*h)
+        return -1;
+    if (!g_stamps || !d || !n)
+        return 0;
+    CK(cuMemcpyDtoH_v2(*h, d, n * REC_BYTES));
+    return 0;
+}
+
+#define REC(base, i) ((base) + (size_t)(i) * REC_WORDS)
+
+/* The offset is measured again and again (a "fix") and interpolated between fixes: on
+ * the first GPU measured, %globaltimer ran about 5 ppm off CLOCK_MONOTONIC, so one
+ * offset taken at the start was 40 us wrong eight seconds later. */
+struct fix {
+    uint64_t t;   /* CLOCK_MONOTONIC when taken */
+    int64_t off;  /* %globaltimer - CLOCK_MONOTONIC */
+    double half;  /* half the bracket's width */
+};
+static struct fix g_fix[64];
+static int g_nfix;
+static struct gctx *g_main;
+static void *g_hostp;
+static CUdeviceptr g_hostd, g_echo_out;
+static int g_map_ok = -1;
+#define ECHO_MAX 16384ull
+
+static int64_t off_at_mono(double t)
+{
+    if (!g_nfix)
+        return g_off;
+    if (t <= (double)g_fix[0].t || g_nfix == 1)
+        return g_fix[0].off;
+    int i = 0;
+    while (i + 1 < g_nfix && (double)g_fix[i + 1].t < t)
+        i++;
+    if (i + 1 >= g_nfix)
+        return g_fix[g_nfix - 1].off;
+    double f = (t - (double)g_fix[i].t) / (double)(g_fix[i + 1].t - g_fix[i].t);
+    return g_fix[i].off + (int64_t)llround(f * (double)(g_fix[i + 1].off - g_fix[i].off));
+}
+
+static double gt_to_mono(uint64_t gt)
+{
+    int64_t first = g_nfix ? g_fix[0].off : g_off;
+    double t = (double)((int64_t)gt - first); /* close enough to pick the fixes around it */
+    return (double)((int64_t)gt - off_at_mono(t));
+}
+
+static double mono_to_gt_rel(uint64_t t, uint64_t gt_base) /* (t on the GPU timeline) - gt_base */
+{
+    return (double)((int64_t)t + off_at_mono((double)t) - (int64_t)gt_base);
+}
+
+static int map_init(void)
+{
+    if (g_map_ok >= 0)
+        return 0;
+    g_map_ok = 0;
+    if (!g_main->gtpub || !g_main->gtecho || !cuMemHostAlloc || !cuMemHostGetDevicePointer_v2)
+        return 0;
+    if (cuMemHostAlloc(&g_hostp, 4096, CU_MEMHOSTALLOC_DEVICEMAP) != CUDA_SUCCESS ||
+        cuMemHostGetDevicePointer_v2(&g_hostd, g_hostp, 0) != CUDA_SUCCESS)
+        return 0;
+    CK(cuMemAlloc_v2(&g_echo_out, (size_t)(2 + 2 * ECHO_MAX) * 8));
+    g_map_ok = 1;
+    return 0;
+}
+
+/* Brackets the offset through mapped host memory. From below: a kernel keeps writing
+ * %globaltimer, the host reads it, then CLOCK_MONOTONIC (offset >= value - host time).
+ * From above: the host keeps writing CLOCK_MONOTONIC, a kernel notes the timer when it
+ * sees a new value (offset <= timer - value). */
+static int bracket(uint64_t ns, int64_t *lo, int64_t *hi, long *nlo, long *nhi)
+{
+    *lo = INT64_MIN;
+    *hi = INT64_MAX;
+    *nlo = *nhi = 0;
+    volatile uint64_t *pub = (volatile uint64_t *)g_hostp;
+    volatile uint64_t *echo = (volatile uint64_t *)((char *)g_hostp + 256);
+    *pub = 0;
+    void *args[2] = {&g_hostd, &ns};
+    CK(cuLaunchKernel(g_main->gtpub, 1, 1, 1, 1, 1, 1, 0, g_main->s, args, NULL));
+    uint64_t tstop = mono() + 2000000000ull, last = 0;
+    while (mono() < tstop) {
+        uint64_t v = *pub;
+        uint64_t t = mono();
+        if (v && v != last) {
+            last = v;
+            (*nlo)++;
+            int64_t b = (int64_t)v - (int64_t)t;
+            if (b > *lo)
+                *lo = b;
+            tstop = t + 1000000; /* 1 ms after the last change: the kernel ended */
+        }
+    }
+    CK(cuStreamSynchronize(g_main->s));
+
+    uint64_t max = ECHO_MAX;
+    CK(cuMemsetD8_v2(g_echo_out, 0, (size_t)(2 + 2 * max) * 8));
+    CK(cuCtxSynchronize());
+    CUdeviceptr echod = g_hostd + 256;
+    uint64_t ens = ns / 2 > 1000000 ? ns / 2 : 1000000;
+    void *eargs[4] = {&echod, &g_echo_out, &ens, &max};
+    *echo = mono();
+    CK(cuLaunchKernel(g_main->gtecho, 1, 1, 1, 1, 1, 1, 0, g_main->s, eargs, NULL));
+    tstop = mono() + ens + 200000000ull;
+    while (mono() < tstop) {
+        *echo = mono();
+        for (volatile int k = 0; k < 20; k++)
+            ;
+        if (cuStreamQuery(g_main->s) == CUDA_SUCCESS)
+            break;
+    }
+    CK(cuStreamSynchronize(g_main->s));
+    uint64_t *eo = calloc((size_t)(2 + 2 * max), 8);
+    CK(cuMemcpyDtoH_v2(eo, g_echo_out, (size_t)(2 + 2 * max) * 8));
+    *nhi = (long)(eo[0] < max ? eo[0] : max);
+    for (long i = 0; i < *nhi; i++) {
+        int64_t b = (int64_t)eo[3 + 2 * i] - (int64_t)eo[2 + 2 * i];
+        if (b < *hi)
+            *hi = b;
+    }
+    free(eo);
+    return 0;
+}
+
+/* A fix between measurements (a few ms); the current context is the main one after. */
+static int clock_fix(void)
+{
+    if (!g_stamps || g_map_ok != 1)
+        return 0;
+    CK(use(g_main));
+    int64_t lo, hi;
+    long a, b;
+    if (bracket(2000000, &lo, &hi, &a, &b))
+        return -1;
+    if (!a || !b || lo > hi) {
+        note_error("clock fix: no bracket (low %" PRId64 ", high %" PRId64 ", %ld/%ld reads)", lo, hi, a, b);
+        return 0;
+    }
+    if (g_nfix < (int)(sizeof g_fix / sizeof g_fix[0]))
+        g_fix[g_nfix++] = (struct fix){mono(), lo + (hi - lo) / 2, (double)(hi - lo) / 2};
+    return 0;
+}
+
+/* ---- clock: %globaltimer against CLOCK_MONOTONIC ---- */
+static int sec_clock(struct gctx *g, const char *key, int last)
+{
+    CK(use(g));
+    if (map_init())
+        return -1;
+    jopen(key, '{');
+    /* idle-stream round trips: the kernel starts after the launch call began and ends
+     * before the synchronize returned */
+    int n = last ? 50 : 200;
+    CUdeviceptr d;
+    if (recs_alloc(&d, (size_t)n))
+        return -1;
+    uint64_t *t0 = calloc((size_t)n, 8), *t1 = calloc((size_t)n, 8), *h;
+    for (int i = 0; i < n; i++) {
+        t0[i] = mono();
+        CK(launch(g, g->s, 0, d + (CUdeviceptr)i * REC_BYTES));
+        CK(cuStreamSynchronize(g->s));
+        t1[i] = mono();
+    }
+    if (recs_fetch(&h, d, (size_t)n))
+        return -1;
+    int64_t rt_lo = INT64_MIN, rt_hi = INT64_MAX;
+    double *lat = calloc((size_t)n, sizeof(double));
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (!REC(h, i)[R_END])
+            continue;
+        int64_t a = (int64_t)REC(h, i)[R_END] - (int64_t)t1[i], b = (int64_t)REC(h, i)[R_START] - (int64_t)t0[i];
+        if (a > rt_lo)
+            rt_lo = a;
+        if (b < rt_hi)
+            rt_hi = b;
+        lat[m++] = (double)(t1[i] - t0[i]);
+    }
+    metric("roundtrip", "idle round trip: launch spin(0) + cuStreamSynchronize", lat, m, 1e3, "us");
+    free(lat);
+    free(h);
+    free(t0);
+    free(t1);
+    if (!m) {
+        note_error("clock: no round trip came back with stamps");
+        jclose();
+        return -1;
+    }
+    int64_t lo = rt_lo, hi = rt_hi, pub_lo = 0, echo_hi = 0;
+    long npub = 0, necho = 0;
+    if (g_map_ok == 1) {
+        if (bracket(last ? 5000000 : 20000000, &pub_lo, &echo_hi, &npub, &necho))
+            return -1;
+        if (npub && pub_lo > lo)
+            lo = pub_lo;
+        if (necho && echo_hi < hi)
+            hi = echo_hi;
+    } else {
+        out("%-54s %s\n", "mapped host memory", "not available: round trips only");
+    }
+    jint("roundtrip_low_ns", rt_lo);
+    jint("roundtrip_high_ns", rt_hi);
+    jint("published_low_ns", npub ? pub_lo : 0);
+    jint("published_samples", npub);
+    jint("echo_high_ns", necho ? echo_hi : 0);
+    jint("echo_samples", necho);
+    int consistent = lo <= hi;
+    int64_t off = consistent ? lo + (hi - lo) / 2 : (npub ? pub_lo : rt_lo);
+    double half = consistent ? (double)(hi - lo) / 2 : NAN;
+    jint("offset_ns", off);
+    jnum("offset_halfwidth_ns", half);
+    jbool("consistent", consistent);
+    int64_t rt_minus_mono = (int64_t)realtime() - (int64_t)mono();
+    jint("realtime_minus_monotonic_ns", rt_minus_mono);
+    char txt[160];
+    snprintf(txt, sizeof txt, "%+.6f s (+/- %.2f us); round trips alone: [%+.1f, %+.1f] us around it",
+             (double)off / 1e9, half / 1e3, (double)(rt_lo - off) / 1e3, (double)(rt_hi - off) / 1e3);
+    note(NULL, "%globaltimer - CLOCK_MONOTONIC", txt);
+    if (npub || necho) {
+        snprintf(txt, sizeof txt, "from below %+.2f us (%ld reads), from above %+.2f us (%ld reads)",
+                 (double)(pub_lo - off) / 1e3, npub, (double)(echo_hi - off) / 1e3, necho);
+        note(NULL, "  mapped-memory bracket around it", txt);
+    }
+    snprintf(txt, sizeof txt, "%+.1f us", (double)(off - rt_minus_mono) / 1e3);
+    note(NULL, "%globaltimer - CLOCK_REALTIME", txt);
+    if (!consistent)
+        note_error("clock: the bounds cross (low %" PRId64 " > high %" PRId64 "): offset from below only", lo, hi);
+    if (!g_nfix)
+        g_off = off;
+    g_off_known = 1;
+    if (consistent && g_nfix < (int)(sizeof g_fix / sizeof g_fix[0]))
+        g_fix[g_nfix++] = (struct fix){mono(), off, half};
+    g_off_halfwidth = consistent ? half : g_off_halfwidth;
+    if (last && g_nfix >= 2) {
+        /* drift: a least-squares line through every fix of the run */
+        double st = 0, so = 0, stt = 0, sto = 0;
+        int k = g_nfix;
+        for (int i = 0; i < k; i++) {
+            double t = (double)(g_fix[i].t - g_fix[0].t) / 1e9, o = (double)(g_fix[i].off - g_fix[0].off);
+            st += t;
+            so += o;
+            stt += t * t;
+            sto += t * o;
+        }
+        double slope = (k * sto - st * so) / (k * stt - st * st), icpt = (so - slope * st) / k, res = 0;
+        for (int i = 0; i < k; i++) {
+            double t = (double)(g_fix[i].t - g_fix[0].t) / 1e9, o = (double)(g_fix[i].off - g_fix[0].off);
+            if (fabs(o - (icpt + slope * t)) > res)
+                res = fabs(o - (icpt + slope * t));
+        }
+        double span = (double)(g_fix[k - 1].t - g_fix[0].t) / 1e9;
+        value("drift_ppm", "%globaltimer drift against CLOCK_MONOTONIC", slope / 1e3, "ppm");
+        value("drift_us", "  the offset moved, first fix to last", (double)(g_fix[k - 1].off - g_fix[0].off) / 1e3,
+              "us");
+        value("drift_span_s", "  over", span, "s");
+        value("drift_residual_us", "  largest distance of a fix from the line", res / 1e3, "us");
+        jint("fixes", k);
+        jopen("fix_list", '[');
+        for (int i = 0; i < k; i++) {
+            jopen(NULL, '{');
+            jnum("t_s", (double)(g_fix[i].t - g_fix[0].t) / 1e9);
+            jnum("offset_us", (double)(g_fix[i].off - g_fix[0].off) / 1e3);
+            jnum("halfwidth_us", g_fix[i].half / 1e3);
+            jclose();
+        }
+        jclose();
+    }
+    jclose();
+    return 0;
+}
+
+/* ---- a: costs of the calls libvgpu wraps ---- */
+static int time_calls(double *v, int n, CUresult (*fn)(void *), void *arg, int queries)
+{
+    for (int i = 0; i < n; i++) {
+        uint64_t a = mono();
+        CUresult r = fn(arg);
+        uint64_t b = mono();
+        if (r != CUDA_SUCCESS && !(queries && r == CUDA_ERROR_NOT_READY)) {
+            cu_fail("timed call", r, __LINE__);
+            return -1;
+        }
+        v[i] = (double)(b - a);
+    }
+    return 0;
+}
+
+static CUresult q_event(void *e) { return cuEventQuery((CUevent)e); }
+static CUresult q_stream(void *s) { return cuStreamQuery((CUstream)s); }
+static CUresult sync_stream(void *s) { return cuStreamSynchronize((CUstream)s); }
+
+struct recarg {
+    CUevent e;
+    CUstream s;
+};
+static CUresult rec_event(void *a) { return cuEventRecord(((struct recarg *)a)->e, ((struct recarg *)a)->s); }
+
+static int sec_costs(struct gctx *g)
+{
+    CK(use(g));
+    table_head("a: call costs (host CPU time per call)");
+    jopen("a_costs", '{');
+    enum { N = 4000 };
+    double *v = calloc(N, sizeof(double));
+
+    /* launches of a kernel that does nothing (spin(0)), asynchronous, 20 batches of 200 */
+    int k = 0;
+    for (int b = 0; b < 20; b++) {
+        for (int i = 0; i < 200; i++) {
+            uint64_t t0 = mono();
+            CK(launch(g, g->s, 0, 0));
+            v[k++] = (double)(mono() - t0);
+        }
+        CK(cuStreamSynchronize(g->s));
+    }
+    metric("launch_us", "cuLaunchKernel, empty kernel, async", v, k, 1e3, "us");
+    /* launches while the GPU is busy with a long kernel (the queue holds them) */
+    CK(launch(g, g->s, 50000000, 0));
+    for (int i = 0; i < 500; i++) {
+        uint64_t t0 = mono();
+        CK(launch(g, g->s, 0, 0));
+        v[i] = (double)(mono() - t0);
+    }
+    metric("launch_busy_us", "cuLaunchKernel behind a 50 ms kernel", v, 500, 1e3, "us");
+    CK(cuStreamSynchronize(g->s));
+
+    CUevent et, en, eb;
+    CK(cuEventCreate(&et, CU_EVENT_DEFAULT));
+    CK(cuEventCreate(&en, CU_EVENT_DISABLE_TIMING));
+    CK(cuEventCreate(&eb, CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING));
+    struct recarg ra = {et, g->s};
+    if (time_calls(v, 2000, rec_event, &ra, 0))
+        return -1;
+    metric("event_record_timing_us", "cuEventRecord, timing event, idle stream", v, 2000, 1e3, "us");
+    ra.e = en;
+    if (time_calls(v, 2000, rec_event, &ra, 0))
+        return -1;
+    metric("event_record_notiming_us", "cuEventRecord, DISABLE_TIMING, idle stream", v, 2000, 1e3, "us");
+    CK(launch(g, g->s, 50000000, 0));
+    ra.e = et;
+    if (time_calls(v, 2000, rec_event, &ra, 0))
+        return -1;
+    metric("event_record_busy_us", "cuEventRecord, timing event, busy stream", v, 2000, 1e3, "us");
+    CK(cuStreamSynchronize(g->s));
+
+    CK(cuEventRecord(en, g->s));
+    CK(cuEventSynchronize(en));
+    if (time_calls(v, 2000, q_event, en, 1))
+        return -1;
+    metric("event_query_done_us", "cuEventQuery, completed event", v, 2000, 1e3, "us");
+    CK(launch(g, g->s, 50000000, 0));
+    CK(cuEventRecord(en, g->s));
+    if (time_calls(v, 2000, q_event, en, 1))
+        return -1;
+    metric("event_query_pending_us", "cuEventQuery, pending event (NOT_READY)", v, 2000, 1e3, "us");
+    if (time_calls(v, 2000, q_stream, g->s, 1))
+        return -1;
+    metric("stream_query_busy_us", "cuStreamQuery, busy stream (NOT_READY)", v, 2000, 1e3, "us");
+    CK(cuStreamSynchronize(g->s));
+    if (time_calls(v, 2000, q_stream, g->s, 1))
+        return -1;
+    metric("stream_query_idle_us", "cuStreamQuery, idle stream", v, 2000, 1e3, "us");
+    if (time_calls(v, 2000, sync_stream, g->s, 0))
+        return -1;
+    metric("stream_sync_idle_us", "cuStreamSynchronize, idle stream", v, 2000, 1e3, "us");
+    jclose();
+    free(v);
+    return 0;
+}
+
+/* ---- b: how late a waiting call returns ---- */
+enum { W_STREAM_SYNC, W_EVENT_SYNC, W_EVENT_POLL, W_STREAM_POLL };
+
+static int wake_run(struct gctx *g, const char *key, const char *label, int how, unsigned evflags, int n)
+{
+    CK(use(g));
+    CUevent ev = NULL;
+    if (how == W_EVENT_SYNC || how == W_EVENT_POLL)
+        CK(cuEventCreate(&ev, evflags));
+    CUdeviceptr d;
+    if (recs_alloc(&d, (size_t)n))
+        return -1;
+    uint64_t *tr = calloc((size_t)n, 8), *tw = calloc((size_t)n, 8), *dur = calloc((size_t)n, 8);
+    for (int i = 0; i < n; i++) {
+        dur[i] = 300000 + (uint64_t)((i * 7919) % 1000) * 1000; /* 0.3 to 1.3 ms */
+        CK(launch(g, g->s, dur[i], d + (CUdeviceptr)i * REC_BYTES));
+        if (ev)
+            CK(cuEventRecord(ev, g->s));
+        tr[i] = mono();
+        switch (how) {
+        case W_STREAM_SYNC:
+            CK(cuStreamSynchronize(g->s));
+            break;
+        case W_EVENT_SYNC:
+            CK(cuEventSynchronize(ev));
+            break;
+        case W_EVENT_POLL: {
+            CUresult r;
+            while ((r = cuEventQuery(ev)) == CUDA_ERROR_NOT_READY)
+                ;
+            CK(r);
+            break;
+        }
+        case W_STREAM_POLL: {
+            CUresult r;
+            while ((r = cuStreamQuery(g->s)) == CUDA_ERROR_NOT_READY)
+                ;
+            CK(r);
+            break;
+        }
+        }
+        tw[i] = mono();
+    }
+    uint64_t *h;
+    if (recs_fetch(&h, d, (size_t)n))
+        return -1;
+    double *late = calloc((size_t)n, sizeof(double));
+    int m = 0;
+    if (g_stamps) {
+        for (int i = 0; i < n; i++)
+            if (REC(h, i)[R_END])
+                late[m++] = (double)tw[i] - gt_to_mono(REC(h, i)[R_END]);
+    } else {
+        for (int i = 0; i < n; i++)
+            late[m++] = (double)tw[i] - (double)(tr[i] + dur[i]);
+    }
+    metric(key, label, late, m, 1e3, "us");
+    free(late);
+    free(h);
+    free(tr);
+    free(tw);
+    free(dur);
+    return 0;
+}
+
+static int sec_wake(struct gctx *g)
+{
+    table_head(g_stamps ? "b: wake-up lateness: the call's return - the kernel's end stamp (0.3-1.3 ms kernels)"
+                        : "b: wake-up lateness: the call's return - (launch + kernel time), host-only");
+    jopen("b_wake", '{');
+    jstr("reference", g_stamps ? "kernel end stamp (%globaltimer) mapped to CLOCK_MONOTONIC" : "launch + duration");
+    if (g_stamps)
+        jnum("offset_halfwidth_us", g_off_halfwidth / 1e3);
+    int n = 200, rc = 0;
+    rc |= clock_fix();
+    rc |= wake_run(g, "stream_sync_auto", "cuStreamSynchronize, ctx SCHED_AUTO", W_STREAM_SYNC, 0, n);
+    rc |= clock_fix();
+    rc |= wake_run(g, "event_sync_blocking", "cuEventSynchronize, BLOCKING_SYNC event", W_EVENT_SYNC,
+                   CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING, n);
+    rc |= clock_fix();
+    rc |= wake_run(g, "event_sync_default", "cuEventSynchronize, default event", W_EVENT_SYNC,
+                   CU_EVENT_DISABLE_TIMING, n);
+    rc |= clock_fix();
+    rc |= wake_run(g, "event_query_poll", "cuEventQuery in a busy loop", W_EVENT_POLL, CU_EVENT_DISABLE_TIMING, n);
+    rc |= clock_fix();
+    rc |= wake_run(g, "stream_query_poll", "cuStreamQuery in a busy loop", W_STREAM_POLL, 0, n);
+    static const struct {
+        unsigned flags;
+        const char *key, *label;
+    } ctxs[] = {
+        {CU_CTX_SCHED_SPIN, "stream_sync_spin_ctx", "cuStreamSynchronize, ctx SCHED_SPIN"},
+        {CU_CTX_SCHED_YIELD, "stream_sync_yield_ctx", "cuStreamSynchronize, ctx SCHED_YIELD"},
+        {CU_CTX_SCHED_BLOCKING_SYNC, "stream_sync_blocking_ctx", "cuStreamSynchronize, ctx SCHED_BLOCKING_SYNC"},
+    };
+    for (size_t i = 0; i < sizeof ctxs / sizeof ctxs[0]; i++) {
+        struct gctx c;
+        if (ctx_open(&c, ctxs[i].flags)) {
+            rc = -1;
+            continue;
+        }
+        rc |= clock_fix();
+        rc |= wake_run(&c, ctxs[i].key, ctxs[i].label, W_STREAM_SYNC, 0, n);
+        if (cuCtxDestroy_v2(c.ctx) != CUDA_SUCCESS)
+            rc = -1;
+    }
+    rc |= clock_fix();
+    CK(use(g));
+    jclose();
+    return rc;
+}
+
+/* ---- c: the queue depth at which a launch blocks ---- */
+static int sec_queue(struct gctx *g)
+{
+    CK(use(g));
+    table_head("c: launch queue depth (200 us kernels launched without waiting)");
+    jopen("c_queue", '{');
+    const int maxn = g_stamps ? 16384 : 4096;
+    const uint64_t ns = 200000;
+    double *v = calloc((size_t)maxn, sizeof(double));
+    int n = 0, first = -1, blocked = 0;
+    uint64_t t0 = mono();
+    for (; n < maxn && blocked < 32; n++) {
+        uint64_t a = mono();
+        CK(launch(g, g->s, ns, 0));
+        v[n] = (double)(mono() - a);
+        if (v[n] > ns / 2.0) {
+            if (first < 0)
+                first = n;
+            blocked++;
+        }
+    }
+    uint64_t t1 = mono();
+    CK(cuStreamSynchronize(g->s));
+    uint64_t t2 = mono();
+    char txt[128];
+    if (first >= 0) {
+        snprintf(txt, sizeof txt, "launch #%d (0-based) was the first to block > 100 us", first);
+        value("depth", "launches queued before one blocks", first, "kernels");
+        metric("before_us", "launch time before the queue filled", v, first, 1e3, "us");
+        metric("blocked_us", "launch time once full (next 31 launches)", v + first, n - first, 1e3, "us");
+    } else {
+        snprintf(txt, sizeof txt, "no launch blocked in %d", n);
+        value("depth", "launches queued before one blocks (none blocked)", NAN, "kernels");
+        metric("before_us", "launch time", v, n, 1e3, "us");
+    }
+    note("result", "  ", txt);
+    jint("launched", n);
+    value("drain_ms", "queued work drained in", (double)(t2 - t1) / 1e6, "ms");
+    jnum("launch_loop_ms", (double)(t1 - t0) / 1e6);
+    jclose();
+    free(v);
+    return 0;
+}
+
+/* ---- d: event timing resolution, the timer's tick, idle-stream event completion ---- */
+static int sec_events(struct gctx *g)
+{
+    CK(use(g));
+    table_head("d: events and timers");
+    jopen("d_events", '{');
+    CUevent e0, e1, en;
+    CK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
+    CK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+    CK(cuEventCreate(&en, CU_EVENT_DISABLE_TIMING));
+    enum { N = 400 };
+    CUdeviceptr d;
+    if (recs_alloc(&d, N))
+        return -1;
+    double *el = calloc(N, sizeof(double)), *diff = calloc(N, sizeof(double));
+    uint64_t *kns = calloc(N, 8);
+    for (int i = 0; i < N; i++) {
+        kns[i] = g_stamps ? (uint64_t)i * 53 : (uint64_t)(i % 20) * 1000; /* 0 to 21 us */
+        CK(cuEventRecord(e0, g->s));
+        CK(launch(g, g->s, kns[i], d + (CUdeviceptr)i * REC_BYTES));
+        CK(cuEventRecord(e1, g->s));
+        CK(cuEventSynchronize(e1));
+        float ms = 0;
+        CK(cuEventElapsedTime(&ms, e0, e1));
+        el[i] = (double)ms * 1e6;
+    }
+    uint64_t *h;
+    if (recs_fetch(&h, d, N))
+        return -1;
+    /* the quantum: the smallest step between distinct elapsed times */
+    double *u = calloc(N, sizeof(double));
+    memcpy(u, el, N * sizeof(double));
+    qsort(u, N, sizeof(double), cmp_d);
+    double q = INFINITY;
+    for (int i = 1; i < N; i++) {
+        double s = round(u[i]) - round(u[i - 1]);
+        if (s > 0.5 && s < q)
+            q = s;
+    }
+    int distinct = 1;
+    for (int i = 1; i < N; i++)
+        distinct += round(u[i]) != round(u[i - 1]);
+    value("elapsed_quantum_ns", "cuEventElapsedTime: smallest step between values", isfinite(q) ? q : NAN, "ns");
+    jint("elapsed_distinct_values", distinct);
+    metric("elapsed_empty_us", "elapsed around an empty kernel (i=0..9)", el, 10, 1e3, "us");
+    if (g_stamps) {
+        int m = 0;
+        for (int i = 0; i < N; i++)
+            if (REC(h, i)[R_END])
+                diff[m++] = el[i] - (double)(REC(h, i)[R_END] - REC(h, i)[R_START]);
+        metric("elapsed_minus_kernel_us", "elapsed - kernel's own end-start (stamps)", diff, m, 1e3, "us");
+        /* the timer's tick: the smallest nonzero step the kernels saw */
+        m = 0;
+        for (int i = 0; i < N; i++)
+            if (REC(h, i)[R_END] && REC(h, i)[R_MINSTEP] != UINT64_MAX && REC(h, i)[R_MINSTEP])
+                diff[m++] = (double)REC(h, i)[R_MINSTEP];
+        metric("globaltimer_step_ns", "%globaltimer: smallest step seen in a kernel", diff, m, 1, "ns");
+        m = 0;
+        for (int i = 0; i < N; i++)
+            if (REC(h, i)[R_END] && REC(h, i)[R_MAXSTEP])
+                diff[m++] = (double)REC(h, i)[R_MAXSTEP];
+        metric("globaltimer_maxstep_ns", "%globaltimer: largest step in a kernel (idle GPU)", diff, m, 1, "ns");
+    }
+    free(u);
+    free(h);
+    free(kns);
+
+    /* an event recorded on an idle stream: when is it complete? */
+    enum { M = 500 };
+    double *after = calloc(M, sizeof(double)), *rec = calloc(M, sizeof(double));
+    for (int pass = 0; pass < 2; pass++) {
+        CUevent e = pass ? en : e0;
+        int first_ok = 0;
+        for (int i = 0; i < M; i++) {
+            CK(cuStreamSynchronize(g->s));
+            uint64_t t0 = mono();
+            CK(cuEventRecord(e, g->s));
+            uint64_t t1 = mono();
+            CUresult r = cuEventQuery(e);
+            if (r == CUDA_SUCCESS)
+                first_ok++;
+            while (r == CUDA_ERROR_NOT_READY)
+                r = cuEventQuery(e);
+            CK(r);
+            uint64_t t2 = mono();
+            after[i] = (double)(t2 - t1);
+            rec[i] = (double)(t2 - t0);
+        }
+        jopen(pass ? "idle_record_notiming" : "idle_record_timing", '{');
+        metric("done_after_record_returned_us",
+               pass ? "idle stream, no-timing event: done after record returned"
+                    : "idle stream, timing event: done after record returned",
+               after, M, 1e3, "us");
+        metric("done_after_record_called_us", "  ... after the record call began", rec, M, 1e3, "us");
+        char txt[64];
+        snprintf(txt, sizeof txt, "%d of %d", first_ok, M);
+        note("first_query_success", "  first cuEventQuery already CUDA_SUCCESS", txt);
+        jclose();
+    }
+    free(after);
+    free(rec);
+    free(el);
+    free(diff);
+    jclose();
+    return 0;
+}
+
+/* ---- e: sharing between processes and streams ---- */
+#define WMAGIC 0x6770756368656b31ull /* "gpuchek1" */
+
+struct wres {
+    uint64_t n, tgo, tend, ns;
+    uint64_t *rec, *tl, *td;
+};
+
+static void wres_free(struct wres *w)
+{
+    free(w->rec);
+    free(w->tl);
+    free(w->td);
+    memset(w, 0, sizeof *w);
+}
+
+static int greedy_loop(struct gctx *g, uint64_t ns, uint64_t dur, CUdeviceptr d, uint64_t max, uint64_t *n_out)
+{
+    CUevent ev[4];
+    for (int i = 0; i < 4; i++)
+        CK(cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+    uint64_t batch = ns >= 3200000 ? 1 : 3200000 / ns; /* ~3 ms of work per batch */
+    if (batch > 64)
+        batch = 64;
+    uint64_t tend = mono() + dur, i = 0, b = 0;
+    while (i < max && mono() < tend) {
+        for (uint64_t k = 0; k < batch && i < max; k++, i++)
+            CK(launch(g, g->s, ns, d ? d + (CUdeviceptr)i * REC_BYTES : 0));
+        CK(cuEventRecord(ev[b % 4], g->s));
+        b++;
+        if (b >= 3) /* keep two batches queued */
+            CK(cuEventSynchronize(ev[(b - 3) % 4]));
+    }
+    CK(cuStreamSynchronize(g->s));
+    *n_out = i;
+    return 0;
+}
+
+static uint64_t g_lcg = 88172645463325252ull;
+static uint64_t rnd(void)
+{
+    g_lcg = g_lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return g_lcg >> 33;
+}
+
+static int light_loop(struct gctx *g, uint64_t ns, uint64_t period, uint64_t dur, CUdeviceptr d, uint64_t max,
+                      uint64_t *tl, uint64_t *td, uint64_t *n_out)
+{
+    uint64_t t0 = mono(), next = t0, i = 0;
+    while (i < max) {
+        /* 0.5 to 1.5 periods after the last one finished (not on a fixed schedule, which
+         * a process that waits long falls behind and then catches up on after its
+         * neighbour has gone) */
+        next = (i ? td[i - 1] : t0) + period / 2 + rnd() % period;
+        if (next >= t0 + dur)
+            break;
+        sleep_until(next);
+        tl[i] = mono();
+        CK(launch(g, g->s, ns, d ? d + (CUdeviceptr)i * REC_BYTES : 0));
+        CK(cuStreamSynchronize(g->s));
+        td[i] = mono();
+        i++;
+    }
+    *n_out = i;
+    return 0;
+}
+
+/* gpucheck --worker KIND NS DUR_MS PERIOD_US OUTFILE STAMPS GAP_NS DEVICE */
+static int worker_main(int argc, char **argv)
+{
+    if (argc < 10)
+        return 2;
+    alarm(120);
+    const char *kind = argv[2];
+    uint64_t ns = strtoull(argv[3], NULL, 10), dur = strtoull(argv[4], NULL, 10) * 1000000ull;
+    uint64_t period = strtoull(argv[5], NULL, 10) * 1000ull;
+    const char *file = argv[6];
+    g_stamps = atoi(argv[7]);
+    g_gap_ns = strtoull(argv[8], NULL, 10);
+    g_devidx = atoi(argv[9]);
+    int light = strcmp(kind, "light") == 0;
+    struct gctx g;
+    if (load_driver() || cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&g_dev, g_devidx) != CUDA_SUCCESS ||
+        ctx_open(&g, CU_CTX_SCHED_AUTO)) {
+        printf("fail\n");
+        return 1;
+    }
+    uint64_t max = light ? dur / (period / 2) + 16 : dur / ns * 3 / 2 + 256;
+    if (max > 100000)
+        max = 100000;
+    CUdeviceptr d;
+    uint64_t *tl = calloc(max, 8), *td = calloc(max, 8), n = 0, *h = NULL;
+    if (recs_alloc(&d, max)) {
+        printf("fail\n");
+        return 1;
+    }
+    printf("ready\n");
+    fflush(stdout);
+    char line[32];
+    if (!fgets(line, sizeof line, stdin) || strncmp(line, "go", 2) != 0)
+        return 1;
+    uint64_t tgo = mono();
+    int rc = light ? light_loop(&g, ns, period, dur, d, max, tl, td, &n) : greedy_loop(&g, ns, dur, d, max, &n);
+    uint64_t tend = mono();
+    if (rc || recs_fetch(&h, d, n)) {
+        printf("fail\n");
+        return 1;
+    }
+    FILE *f = fopen(file, "wb");
+    uint64_t hdr[5] = {WMAGIC, n, tgo, tend, ns};
+    if (!f || fwrite(hdr, 8, 5, f) != 5 || fwrite(h, REC_BYTES, n, f) != n || fwrite(tl, 8, n, f) != n ||
+        fwrite(td, 8, n, f) != n || fclose(f) != 0) {
+        printf("fail\n");
+        return 1;
+    }
+    printf("done %" PRIu64 "\n", n);
+    return 0;
+}
+
+struct worker {
+    pid_t pid;
+    FILE *in, *out;
+    char file[PATH_MAX];
+};
+
+static int spawn(struct worker *w, const char *kind, uint64_t ns, uint64_t dur_ms, uint64_t period_us,
+                 const char *name)
+{
+    char self[PATH_MAX];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (k <= 0) {
+        note_error("readlink /proc/self/exe: %s", strerror(errno));
+        return -1;
+    }
+    self[k] = 0;
+    snprintf(w->file, sizeof w->file, "%s/worker-%s.bin", g_outdir, name);
+    int a[2], b[2];
+    if (pipe(a) || pipe(b)) {
+        note_error("pipe: %s", strerror(errno));
+        return -1;
+    }
+    char s_ns[32], s_dur[32], s_per[32], s_st[8], s_gap[32], s_dev[16];
+    snprintf(s_ns, sizeof s_ns, "%" PRIu64, ns);
+    snprintf(s_dur, sizeof s_dur, "%" PRIu64, dur_ms);
+    snprintf(s_per, sizeof s_per, "%" PRIu64, period_us);
+    snprintf(s_st, sizeof s_st, "%d", g_stamps);
+    snprintf(s_gap, sizeof s_gap, "%" PRIu64, g_gap_ns);
+    snprintf(s_dev, sizeof s_dev, "%d", g_devidx);
+    fflush(NULL);
+    w->pid = fork();
+    if (w->pid < 0) {
+        note_error("fork: %s", strerror(errno));
+        return -1;
+    }
+    if (w->pid == 0) {
+        dup2(a[0], 0);
+        dup2(b[1], 1);
+        close(a[0]);
+        close(a[1]);
+        close(b[0]);
+        close(b[1]);
+        char *args[] = {self, "--worker", (char *)kind, s_ns, s_dur, s_per, w->file, s_st, s_gap, s_dev, NULL};
+        execv(self, args);
+        _exit(127);
+    }
+    close(a[0]);
+    close(b[1]);
+    w->in = fdopen(a[1], "w");
+    w->out = fdopen(b[0], "r");
+    return 0;
+}
+
+static int expect(struct worker *w, const char *word)
+{
+    char line[64];
+    if (!fgets(line, sizeof line, w->out) || strncmp(line, word, strlen(word)) != 0) {
+        note_error("worker %d: expected '%s', got '%s'", (int)w->pid, word, feof(w->out) ? "EOF" : line);
+        return -1;
+    }
+    return 0;
+}
+
+static int reap(struct worker *w, struct wres *r)
+{
+    int rc = expect(w, "done");
+    fclose(w->in);
+    fclose(w->out);
+    int status;
+    waitpid(w->pid, &status, 0);
+    if (rc)
+        return -1;
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(w->file, "rb");
+    uint64_t hdr[5];
+    if (!f || fread(hdr, 8, 5, f) != 5 || hdr[0] != WMAGIC) {
+        note_error("worker file %s unreadable", w->file);
+        if (f)
+            fclose(f);
+        return -1;
+    }
+    r->n = hdr[1];
+    r->tgo = hdr[2];
+    r->tend = hdr[3];
+    r->ns = hdr[4];
+    r->rec = calloc(r->n ? r->n : 1, REC_BYTES);
+    r->tl = calloc(r->n ? r->n : 1, 8);
+    r->td = calloc(r->n ? r->n : 1, 8);
+    if (fread(r->rec, REC_BYTES, r->n, f) != r->n || fread(r->tl, 8, r->n, f) != r->n ||
+        fread(r->td, 8, r->n, f) != r->n) {
+        note_error("worker file %s short", w->file);
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    unlink(w->file);
+    return 0;
+}
+
+/* Runs workers side by side: all get ready (contexts made, modules loaded), then go together. */
+static int run_workers(int n, struct worker *w, struct wres *r)
+{
+    int rc = 0;
+    for (int i = 0; i < n; i++)
+        if (expect(&w[i], "ready"))
+            rc = -1;
+    for (int i = 0; i < n; i++) {
+        fprintf(w[i].in, rc ? "stop\n" : "go\n");
+        fflush(w[i].in);
+    }
+    for (int i = 0; i < n; i++)
+        if (reap(&w[i], &r[i]))
+            rc = -1;
+    return rc;
+}
+
+/* Intervals in which a stream ran: each kernel's [start, end] less the holes it saw. */
+struct seg {
+    uint64_t a, b;
+    int who;
+};
+
+static int cmp_seg(const void *x, const void *y)
+{
+    const struct seg *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+static size_t segments(const uint64_t *rec, uint64_t n, int who, struct seg *s, size_t k, uint64_t *truncated)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t *r = REC(rec, i);
+        if (!r[R_END])
+            continue;
+        uint64_t cur = r[R_START], ng = r[R_NGAP];
+        if (ng > MAX_GAPS)
+            (*truncated)++;
+        for (uint64_t j = 0; j < ng && j < MAX_GAPS; j++) {
+            uint64_t ga = r[R_GAP0 + 2 * j], gb = r[R_GAP0 + 2 * j + 1];
+            if (ga > cur)
+                s[k++] = (struct seg){cur, ga, who};
+            cur = gb;
+        }
+        if (r[R_END] > cur)
+            s[k++] = (struct seg){cur, r[R_END], who};
+    }
+    return k;
+}
+
+static uint64_t seg_count(const uint64_t *rec, uint64_t n)
+{
+    uint64_t k = 0;
+    for (uint64_t i = 0; i < n; i++)
+        k += 1 + (REC(rec, i)[R_NGAP] < MAX_GAPS ? REC(rec, i)[R_NGAP] : MAX_GAPS);
+    return k;
+}
+
+/* Length of the intersection of two sorted lists of disjoint intervals. */
+static double intersect(const struct seg *x, size_t nx, const struct seg *y, size_t ny)
+{
+    double t = 0;
+    size_t i = 0, j = 0;
+    while (i < nx && j < ny) {
+        uint64_t a = x[i].a > y[j].a ? x[i].a : y[j].a, b = x[i].b < y[j].b ? x[i].b : y[j].b;
+        if (b > a)
+            t += (double)(b - a);
+        if (x[i].b < y[j].b)
+            i++;
+        else
+            j++;
+    }
+    return t;
+}
+
+/* Two processes' kernels on the GPU timeline: who ran when. */
+static void analyze_pair(const struct wres *A, const struct wres *B, const char *na, const char *nb)
+{
+    uint64_t trunc = 0;
+    size_t cap = seg_count(A->rec, A->n) + seg_count(B->rec, B->n) + 1;
+    struct seg *s = calloc(cap, sizeof *s), *sa = calloc(cap, sizeof *s), *sb = calloc(cap, sizeof *s);
+    size_t na_ = segments(A->rec, A->n, 0, sa, 0, &trunc), nb_ = segments(B->rec, B->n, 1, sb, 0, &trunc);
+    if (!na_ || !nb_) {
+        note_error("pair %s/%s: no stamps", na, nb);
+        free(s);
+        free(sa);
+        free(sb);
+        return;
+    }
+    /* the window in which both ran */
+    uint64_t w0 = sa[0].a > sb[0].a ? sa[0].a : sb[0].a;
+    uint64_t w1 = sa[na_ - 1].b < sb[nb_ - 1].b ? sa[na_ - 1].b : sb[nb_ - 1].b;
+    size_t k = 0;
+    for (size_t i = 0; i < na_; i++)
+        if (sa[i].b > w0 && sa[i].a < w1)
+            s[k++] = sa[i];
+    for (size_t i = 0; i < nb_; i++)
+        if (sb[i].b > w0 && sb[i].a < w1)
+            s[k++] = sb[i];
+    qsort(s, k, sizeof *s, cmp_seg);
+    /* runs of one owner's consecutive segments = its timeslices */
+    size_t maxruns = k + 1;
+    double *slice[2], *gap = calloc(maxruns, sizeof(double)), *kper[2], *kgap = calloc(maxruns, sizeof(double));
+    int nkg = 0;
+    slice[0] = calloc(maxruns, sizeof(double));
+    slice[1] = calloc(maxruns, sizeof(double));
+    kper[0] = calloc(maxruns, sizeof(double));
+    kper[1] = calloc(maxruns, sizeof(double));
+    int ns[2] = {0, 0}, ng = 0, overlaps = 0;
+    size_t i = 0;
+    int first = 1;
+    uint64_t prev_end = 0;
+    while (i < k) {
+        size_t j = i;
+        uint64_t end = s[i].b;
+        while (j + 1 < k && s[j + 1].who == s[i].who) {
+            j++;
+            kgap[nkg++] = (double)((int64_t)s[j].a - (int64_t)s[j - 1].b);
+            if (s[j].b > end)
+                end = s[j].b;
+        }
+        int last = j + 1 >= k;
+        if (!first) {
+            double gp = (double)((int64_t)s[i].a - (int64_t)prev_end);
+            gap[ng++] = gp;
+            if (gp < 0)
+                overlaps++;
+        }
+        if (!first && !last) { /* the first and last runs are cut by the window */
+            slice[s[i].who][ns[s[i].who]] = (double)(end - s[i].a);
+            kper[s[i].who][ns[s[i].who]++] = (double)(j - i + 1);
+        }
+        prev_end = end;
+        first = 0;
+        i = j + 1;
+    }
+    char l[128];
+    snprintf(l, sizeof l, "timeslice of %s (a run of its kernels)", na);
+    metric("slice_a_us", l, slice[0], ns[0], 1e3, "us");
+    snprintf(l, sizeof l, "timeslice of %s", nb);
+    metric("slice_b_us", l, slice[1], ns[1], 1e3, "us");
+    snprintf(l, sizeof l, "  segments per slice, %s", na);
+    metric("segments_per_slice_a", l, kper[0], ns[0], 1, "");
+    metric("switch_gap_us", "switch gap: one's last stamp to the other's first", gap, ng, 1e3, "us");
+    metric("back_to_back_gap_us", "gap between one process's kernels inside a slice", kgap, nkg, 1e3, "us");
+    double win = (double)(w1 - w0);
+    /* shares of the window */
+    size_t ka = 0, kb = 0;
+    for (size_t t = 0; t < k; t++)
+        (s[t].who ? sb : sa)[s[t].who ? kb++ : ka++] = s[t];
+    double busy_a = 0, busy_b = 0;
+    for (size_t t = 0; t < ka; t++)
+        busy_a += (double)((sa[t].b < w1 ? sa[t].b : w1) - (sa[t].a > w0 ? sa[t].a : w0));
+    for (size_t t = 0; t < kb; t++)
+        busy_b += (double)((sb[t].b < w1 ? sb[t].b : w1) - (sb[t].a > w0 ? sb[t].a : w0));
+    double both = intersect(sa, ka, sb, kb);
+    value("window_ms", "window in which both ran", win / 1e6, "ms");
+    jint("switches", ng);
+    jint("overlapping_switches", overlaps);
+    snprintf(l, sizeof l, "share of the window: %s", na);
+    value("share_a_pct", l, 100 * busy_a / win, "%");
+    snprintf(l, sizeof l, "share of the window: %s", nb);
+    value("share_b_pct", l, 100 * busy_b / win, "%");
+    value("both_running_pct", "both running at once", 100 * both / win, "%");
+    value("idle_pct", "neither running (switches, launch gaps)", 100 * (win - busy_a - busy_b + both) / win, "%");
+    /* kernels that a switch cut in two */
+    double *hole = calloc(A->n + B->n + 1, sizeof(double));
+    int nh = 0;
+    uint64_t cut[2] = {0, 0}, tot[2] = {0, 0};
+    const struct wres *W[2] = {A, B};
+    for (int p = 0; p < 2; p++)
+        for (uint64_t t = 0; t < W[p]->n; t++) {
+            const uint64_t *r = REC(W[p]->rec, t);
+            if (!r[R_END])
+                continue;
+            tot[p]++;
+            if (r[R_NGAP]) {
+                cut[p]++;
+                for (uint64_t q = 0; q < r[R_NGAP] && q < MAX_GAPS; q++)
+                    hole[nh++] = (double)(r[R_GAP0 + 2 * q + 1] - r[R_GAP0 + 2 * q]);
+            }
+        }
+    snprintf(l, sizeof l, "%s kernels preempted mid-run", na);
+    value("preempted_a_pct", l, tot[0] ? 100.0 * cut[0] / tot[0] : NAN, "%");
+    snprintf(l, sizeof l, "%s kernels preempted mid-run", nb);
+    value("preempted_b_pct", l, tot[1] ? 100.0 * cut[1] / tot[1] : NAN, "%");
+    metric("hole_us", "  a hole inside a kernel (the other's turn)", hole, nh, 1e3, "us");
+    /* a kernel's end - start against its own duration */
+    double *stretch = calloc(A->n + B->n + 1, sizeof(double));
+    for (int p = 0; p < 2; p++) {
+        int m = 0;
+        for (uint64_t t = 0; t < W[p]->n; t++) {
+            const uint64_t *r = REC(W[p]->rec, t);
+            if (r[R_END])
+                stretch[m++] = (double)(r[R_END] - r[R_START]);
+        }
+        snprintf(l, sizeof l, "%s kernel end-start (runs %.0f us)", p ? nb : na, W[p]->ns / 1e3);
+        metric(p ? "kernel_wall_b_us" : "kernel_wall_a_us", l, stretch, m, 1e3, "us");
+    }
+    jint("holes_truncated", (long long)trunc);
+    free(stretch);
+    free(hole);
+    free(s);
+    free(sa);
+    free(sb);
+    free(gap);
+    free(kgap);
+    for (int p = 0; p < 2; p++) {
+        free(slice[p]);
+        free(kper[p]);
+    }
+}
+
+static void host_share(const struct wres *r, const char *key, const char *label)
+{
+    double t = (double)(r->tend - r->tgo);
+    value(key, label, t > 0 ? 100.0 * (double)r->n * (double)r->ns / t : NAN, "%");
+}
+
+static int sec_pair(const char *key, const char *title, const char *ka, uint64_t nsa, const char *kb, uint64_t nsb,
+                    uint64_t dur_ms)
+{
+    table_head(title);
+    jopen(key, '{');
+    struct worker w[2];
+    struct wres r[2];
+    memset(r, 0, sizeof r);
+    if (spawn(&w[0], "greedy", nsa, dur_ms, 0, ka) || spawn(&w[1], "greedy", nsb, dur_ms, 0, kb) ||
+        run_workers(2, w, r)) {
+        jclose();
+        return -1;
+    }
+    jint("kernels_a", (long long)r[0].n);
+    jint("kernels_b", (long long)r[1].n);
+    if (g_stamps)
+        analyze_pair(&r[0], &r[1], ka, kb);
+    else {
+        char l[128];
+        snprintf(l, sizeof l, "%s: kernels x duration / its run time (host)", ka);
+        host_share(&r[0], "share_a_pct", l);
+        snprintf(l, sizeof l, "%s: kernels x duration / its run time (host)", kb);
+        host_share(&r[1], "share_b_pct", l);
+    }
+    jclose();
+    wres_free(&r[0]);
+    wres_free(&r[1]);
+    return 0;
+}
+
+static int sec_streams(struct gctx *g)
+{
+    CK(use(g));
+    table_head("e2: one process, two streams, 200 us kernels on each");
+    jopen("e2_two_streams", '{');
+    CUstream s2;
+    CK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    enum { N = 1500 };
+    const uint64_t ns = 200000;
+    CUdeviceptr d;
+    if (recs_alloc(&d, 2 * N))
+        return -1;
+    uint64_t t0 = mono();
+    for (int i = 0; i < N; i++) {
+        CK(launch(g, g->s, ns, d ? d + (CUdeviceptr)(2 * i) * REC_BYTES : 0));
+        CK(launch(g, s2, ns, d ? d + (CUdeviceptr)(2 * i + 1) * REC_BYTES : 0));
+    }
+    CK(cuStreamSynchronize(g->s));
+    CK(cuStreamSynchronize(s2));
+    uint64_t t1 = mono();
+    double serial = 2.0 * N * ns;
+    value("host_ms", "host: all launched to both synchronized", (double)(t1 - t0) / 1e6, "ms");
+    value("serial_ms", "  the kernels' total if run one at a time", serial / 1e6, "ms");
+    if (g_stamps) {
+        uint64_t *h;
+        if (recs_fetch(&h, d, 2 * N))
+            return -1;
+        struct seg *x = calloc(N, sizeof *x), *y = calloc(N, sizeof *y);
+        size_t nx = 0, ny = 0;
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (int i = 0; i < 2 * N; i++) {
+            const uint64_t *r = REC(h, i);
+            if (!r[R_END])
+                continue;
+            struct seg sg = {r[R_START], r[R_END], i & 1};
+            if (i & 1)
+                y[ny++] = sg;
+            else
+                x[nx++] = sg;
+            if (sg.a < lo)
+                lo = sg.a;
+            if (sg.b > hi)
+                hi = sg.b;
+        }
+        double bx = 0, by = 0;
+        for (size_t i = 0; i < nx; i++)
+            bx += (double)(x[i].b - x[i].a);
+        for (size_t i = 0; i < ny; i++)
+            by += (double)(y[i].b - y[i].a);
+        double both = intersect(x, nx, y, ny);
+        value("makespan_ms", "GPU: first start to last end", (double)(hi - lo) / 1e6, "ms");
+        value("overlap_pct", "time both streams ran / one stream's busy time",
+              100 * both / (bx < by ? bx : by), "%");
+        note("overlap", "  do two streams of one process overlap?", both > 0.5 * (bx < by ? bx : by) ? "yes" : "no");
+        free(x);
+        free(y);
+        free(h);
+    } else {
+        note("overlap", "  do two streams of one process overlap?",
+             (double)(t1 - t0) < 0.75 * serial ? "yes (host time)" : "no (host time)");
+    }
+    jclose();
+    return 0;
+}
+
+/* A light process (20 us kernel, synchronized, every ~2 ms) alone and beside a greedy one. */
+/* Only the launches made between w0 and w1 (CLOCK_MONOTONIC) count. */
+static void light_metrics(const char *key, const char *label, const uint64_t *tl, const uint64_t *td,
+                          const uint64_t *rec, uint64_t n, uint64_t ns, double w0, double w1)
+{
+    jopen(key, '{');
+    double *v = calloc(n + 1, sizeof(double));
+    int m = 0;
+    char l[128];
+    if (g_stamps) {
+        for (uint64_t i = 0; i < n; i++)
+            if (REC(rec, i)[R_END] && tl[i] >= w0 && tl[i] <= w1)
+                v[m++] = gt_to_mono(REC(rec, i)[R_START]) - (double)tl[i];
+        snprintf(l, sizeof l, "%s: launch call to kernel start", label);
+        metric("start_delay_us", l, v, m, 1e3, "us");
+    }
+    m = 0;
+    for (uint64_t i = 0; i < n; i++)
+        if (tl[i] >= w0 && tl[i] <= w1)
+            v[m++] = (double)(td[i] - tl[i]) - (double)ns;
+    snprintf(l, sizeof l, "%s: launch+sync time - kernel time", label);
+    metric("extra_us", l, v, m, 1e3, "us");
+    free(v);
+    jclose();
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Where each light kernel fell among the greedy one's slices. */
+static void light_phase(const struct wres *G, const struct wres *L, double w0, double w1)
+{
+    uint64_t trunc = 0;
+    size_t cap = seg_count(G->rec, G->n) + 1;
+    struct seg *gs = calloc(cap, sizeof *gs);
+    size_t ng = segments(G->rec, G->n, 0, gs, 0, &trunc);
+    if (!ng || !L->n) {
+        free(gs);
+        return;
+    }
+    /* greedy's segment ends and starts, sorted, for binary searches */
+    uint64_t *ends = calloc(ng, 8), *starts = calloc(ng, 8);
+    for (size_t i = 0; i < ng; i++) {
+        ends[i] = gs[i].b;
+        starts[i] = gs[i].a;
+    }
+    qsort(ends, ng, 8, cmp_u64);
+    qsort(starts, ng, 8, cmp_u64);
+    double *kept = calloc(L->n, sizeof(double)), *sw = calloc(L->n, sizeof(double));
+    double *back = calloc(L->n, sizeof(double)), *run = calloc(L->n, sizeof(double));
+    int nk = 0, nb = 0, nr = 0;
+    uint64_t prev_end = 0;
+    for (uint64_t i = 0; i < L->n; i++) {
+        const uint64_t *r = REC(L->rec, i);
+        if (!r[R_END] || L->tl[i] < w0 || L->tl[i] > w1)
+            continue;
+        uint64_t ls = r[R_START], le = r[R_END];
+        /* greedy's last segment end before the light kernel started */
+        size_t lo = 0, hi = ng;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (ends[mid] <= ls)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo > 0 && ends[lo - 1] > starts[0]) {
+            uint64_t gend = ends[lo - 1];
+            kept[nk] = -mono_to_gt_rel(L->tl[i], gend);
+            sw[nk++] = (double)(ls - gend);
+            /* the greedy run that ended there began at the first greedy start after the
+             * previous light kernel */
+            if (prev_end) {
+                size_t a = 0, b = ng;
+                while (a < b) {
+                    size_t mid = (a + b) / 2;
+                    if (starts[mid] < prev_end)
+                        a = mid + 1;
+                    else
+                        b = mid;
+                }
+                if (a < ng && starts[a] < gend)
+                    run[nr++] = (double)(gend - starts[a]);
+            }
+        }
+        /* greedy's first segment start after the light kernel ended */
+        lo = 0, hi = ng;
+        while (lo < hi) {
+            size_t mid = (lo + hi) / 2;
+            if (starts[mid] < le)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < ng)
+            back[nb++] = (double)(starts[lo] - le);
+        prev_end = le;
+    }
+    metric("greedy_kept_gpu_after_launch_us", "greedy kept the GPU after the light launch call", kept, nk, 1e3, "us");
+    metric("switch_to_light_us", "greedy's last stamp to the light kernel's start", sw, nk, 1e3, "us");
+    metric("greedy_back_after_light_us", "light kernel's end to greedy's next start", back, nb, 1e3, "us");
+    metric("greedy_run_between_us", "greedy's run between two light kernels", run, nr, 1e3, "us");
+    free(kept);
+    free(sw);
+    free(back);
+    free(run);
+    free(ends);
+    free(starts);
+    free(gs);
+}
+
+static int sec_light(struct gctx *g)
+{
+    table_head("e3: a light process (20 us kernel + sync every ~2 ms) beside a greedy one (200 us kernels)");
+    jopen("e3_light_beside_greedy", '{');
+    const uint64_t ns = 20000, period = 2000000;
+    /* alone, in this process */
+    if (clock_fix())
+        return -1;
+    CK(use(g));
+    uint64_t max = 400, n = 0;
+    CUdeviceptr d;
+    if (recs_alloc(&d, max))
+        return -1;
+    uint64_t *tl = calloc(max, 8), *td = calloc(max, 8), *h;
+    if (light_loop(g, ns, period, 500000000ull, d, max, tl, td, &n) || recs_fetch(&h, d, n))
+        return -1;
+    if (clock_fix())
+        return -1;
+    light_metrics("alone", "alone", tl, td, h, n, ns, 0, INFINITY);
+    free(tl);
+    free(td);
+    free(h);
+    struct worker w[2];
+    struct wres r[2];
+    memset(r, 0, sizeof r);
+    if (spawn(&w[0], "greedy", 200000, 2000, 0, "greedy") || spawn(&w[1], "light", ns, 2000, period / 1000, "light") ||
+        run_workers(2, w, r)) {
+        jclose();
+        return -1;
+    }
+    if (clock_fix())
+        return -1;
+    /* beside greedy: the light launches made while the greedy one had work on the GPU */
+    double w0 = (double)r[0].tgo, w1 = (double)r[0].tend;
+    if (g_stamps && r[0].n) {
+        uint64_t first = UINT64_MAX, last = 0;
+        for (uint64_t i = 0; i < r[0].n; i++) {
+            const uint64_t *q = REC(r[0].rec, i);
+            if (!q[R_END])
+                continue;
+            if (q[R_START] < first)
+                first = q[R_START];
+            if (q[R_END] > last)
+                last = q[R_END];
+        }
+        if (last) {
+            w0 = gt_to_mono(first);
+            w1 = gt_to_mono(last);
+        }
+    }
+    light_metrics("beside_greedy", "beside greedy", r[1].tl, r[1].td, r[1].rec, r[1].n, ns, w0, w1);
+    if (g_stamps)
+        light_phase(&r[0], &r[1], w0, w1);
+    host_share(&r[0], "greedy_share_pct", "greedy: kernels x 200 us / its run time");
+    jclose();
+    wres_free(&r[0]);
+    wres_free(&r[1]);
+    return 0;
+}
+
+/* ---- main ---- */
+static int device_info(void)
+{
+    int v = 0, cnt = 0;
+    char name[256] = "";
+    CK(cuDriverGetVersion(&v));
+    CK(cuDeviceGetCount(&cnt));
+    CK(cuDeviceGet(&g_dev, g_devidx));
+    CK(cuDeviceGetName(name, sizeof name, g_dev));
+    int maj = 0, min = 0, sms = 0, clk = 0, cmode = 0;
+    cuDeviceGetAttribute(&maj, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, g_dev);
+    cuDeviceGetAttribute(&min, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, g_dev);
+    cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, g_dev);
+    cuDeviceGetAttribute(&clk, CU_DEVICE_ATTRIBUTE_CLOCK_RATE, g_dev);
+    cuDeviceGetAttribute(&cmode, CU_DEVICE_ATTRIBUTE_COMPUTE_MODE, g_dev);
+    size_t mem = 0;
+    cuDeviceTotalMem_v2(&mem, g_dev);
+    g_sim = strstr(name, "SimGPU") != NULL;
+    struct utsname u;
+    uname(&u);
+    jopen("device", '{');
+    jstr("name", name);
+    jint("index", g_devidx);
+    jint("count", cnt);
+    jint("driver_api_version", v);
+    jstr("libcuda", g_libpath);
+    jint("cc_major", maj);
+    jint("cc_minor", min);
+    jint("sm_count", sms);
+    jint("clock_khz", clk);
+    jint("compute_mode", cmode);
+    jint("memory_bytes", (long long)mem);
+    jbool("simgpu", g_sim);
+    jstr("kernel", u.release);
+    jint("host_cpus", sysconf(_SC_NPROCESSORS_ONLN));
+    jclose();
+    out("device %d of %d: %s, sm_%d%d, %d SMs, %.1f GiB, compute mode %d; driver API %d.%d; %s\n", g_devidx, cnt, name,
+        maj, min, sms, (double)mem / (1u << 30), cmode, v / 1000, v % 1000 / 10, g_libpath);
+    out("host: Linux %s, %ld CPUs\n", u.release, sysconf(_SC_NPROCESSORS_ONLN));
+    return 0;
+}
+
+/* Does spin write its stamps? On a GPU yes; simgpu runs no code. */
+static int probe_stamps(struct gctx *g)
+{
+    g_stamps = 1;
+    CUdeviceptr d;
+    if (recs_alloc(&d, 1))
+        return -1;
+    CK(launch(g, g->s, 2000, d));
+    CK(cuStreamSynchronize(g->s));
+    uint64_t r[REC_WORDS];
+    CK(cuMemcpyDtoH_v2(r, d, sizeof r));
+    g_stamps = r[R_START] != 0 && r[R_END] >= r[R_START] + 1000;
+    return 0;
+}
+
+typedef int (*section_fn)(struct gctx *);
+
+static void section(const char *name, section_fn fn, struct gctx *g)
+{
+    uint64_t t0 = mono();
+    int rc = fn(g);
+    if (rc) {
+        g_failures++;
+        note_error("section %s failed", name);
+        while (jdepth > 1) /* a section that failed half-way leaves its object open */
+            jclose();
+    }
+    fprintf(stderr, "gpucheck: section %s: %.1f s\n", name, (double)(mono() - t0) / 1e9);
+    json_flush();
+}
+
+static int s_clock(struct gctx *g)
+{
+    if (!g_stamps)
+        return 0;
+    table_head("clock: %globaltimer against CLOCK_MONOTONIC");
+    return sec_clock(g, "clock", 0);
+}
+
+static int s_e1(struct gctx *g)
+{
+    (void)g;
+    return sec_pair("e1_greedy_pair", "e1: two greedy processes, 200 us kernels back to back, 3 s", "A", 200000, "B",
+                    200000, 3000);
+}
+
+static int s_e4(struct gctx *g)
+{
+    (void)g;
+    return sec_pair("e4_long_vs_short", "e4: 20 ms kernels beside 200 us kernels, two processes, 2 s", "long",
+                    20000000, "short", 200000, 2000);
+}
+
+static int s_clock_end(struct gctx *g)
+{
+    if (!g_stamps)
+        return 0;
+    table_head("clock again at the end (drift)");
+    return sec_clock(g, "clock_end", 1);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--worker") == 0)
+        return worker_main(argc, argv);
+    if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
+        printf("usage: %s [OUTDIR]   (GPUCHECK_DEVICE=N picks the device; default 0)\n", argv[0]);
+        return 0;
+    }
+    if (argc > 1)
+        g_outdir = argv[1];
+    if (getenv("GPUCHECK_DEVICE"))
+        g_devidx = atoi(getenv("GPUCHECK_DEVICE"));
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    alarm(280); /* the whole run takes well under two minutes */
+    mkdir(g_outdir, 0755);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/gpucheck-table.txt", g_outdir);
+    g_table = fopen(path, "w");
+    uint64_t t_start = mono();
+
+    jopen(NULL, '{');
+    jint("gpucheck_version", 1);
+    {
+        time_t now = time(NULL);
+        char ts[64];
+        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+        jstr("started_utc", ts);
+    }
+    if (load_driver()) {
+        jstr("error", "libcuda.so.1 could not be loaded");
+        json_flush();
+        return 2;
+    }
+    CUresult r = cuInit(0);
+    if (r != CUDA_SUCCESS) {
+        cu_fail("cuInit(0)", r, __LINE__);
+        jstr("error", "cuInit failed");
+        json_flush();
+        return 2;
+    }
+    if (device_info()) {
+        json_flush();
+        return 2;
+    }
+    struct gctx g;
+    g_main = &g;
+    if (ctx_open(&g, CU_CTX_SCHED_AUTO) || probe_stamps(&g)) {
+        jstr("error", "no context or the kernels did not load");
+        json_flush();
+        return 2;
+    }
+    const char *mode = g_stamps ? "gpu-timeline" : "host-only";
+    jstr("mode", mode);
+    jint("hole_threshold_ns", (long long)g_gap_ns);
+    out("mode: %s (%s)\n", mode,
+        g_stamps ? "spin kernels stamp %globaltimer" : "no stamps came back: busy_<N>us kernels, host-side times");
+    json_flush();
+
+    section("clock", s_clock, &g);
+    section("a", sec_costs, &g);
+    section("b", sec_wake, &g);
+    section("c", sec_queue, &g);
+    section("d", sec_events, &g);
+    section("e1", s_e1, &g);
+    section("e2", sec_streams, &g);
+    section("e3", sec_light, &g);
+    section("e4", s_e4, &g);
+    section("clock_end", s_clock_end, &g);
+
+    jnum("runtime_s", (double)(mono() - t_start) / 1e9);
+    jint("failed_sections", g_failures);
+    jstr("errors", g_errors);
+    jclose();
+    json_flush();
+    out("\n%s: %d section(s) failed; %.1f s; %s/gpucheck.json\n", g_failures ? "FAILED" : "done", g_failures,
+        (double)(mono() - t_start) / 1e9, g_outdir);
+    return g_failures ? 1 : 0;
+}

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# tests/gpu/gpucheck.sh [OUTDIR] - measure the GPU itself, without libvgpu (about 12 s on an H200).
+#
+# Runs tests/gpu/gpucheck (source: tests/gpu/gpucheck.c) and leaves in OUTDIR
+# (default ./gpucheck-out): gpucheck.json, gpucheck.txt (the tables and anything the
+# program said), nvidia-smi.txt when nvidia-smi exists.
+#
+# The binary: with gcc on the machine, it is compiled from the source into
+# build/tests/gpucheck (or OUTDIR when build/ is not writable); without gcc, a prebuilt
+# build/tests/gpucheck is used (`make build/tests/gpucheck` where gcc is, then copy it
+# with the tree). GPUCHECK_BIN=/path/to/gpucheck overrides both.
+#
+# On simgpu: LD_LIBRARY_PATH=build/simgpu tests/gpu/gpucheck.sh /tmp/out. SIMGPU_STATE
+# defaults to a file in OUTDIR, so the run has a simulated GPU of its own.
+#
+# Exit status: the program's: 0 every section ran, 1 one failed, 2 nothing could run.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${1:-gpucheck-out}
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+SRC=$ROOT/tests/gpu/gpucheck.c
+
+# Measure the hardware alone: no libvgpu, no vgpu configuration from the caller.
+for v in $(env | sed -n 's/^\(VGPU_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+unset LD_PRELOAD
+export SIMGPU_STATE=${SIMGPU_STATE:-$OUT/simgpu.state}
+
+BIN=${GPUCHECK_BIN:-}
+if [ -z "$BIN" ]; then
+    if command -v gcc >/dev/null 2>&1; then
+        BIN=$ROOT/build/tests/gpucheck
+        mkdir -p "$ROOT/build/tests" 2>/dev/null && [ -w "$ROOT/build/tests" ] || BIN=$OUT/gpucheck
+        if [ ! -x "$BIN" ] || [ "$SRC" -nt "$BIN" ]; then
+            echo "== gcc -O2 -o $BIN tests/gpu/gpucheck.c"
+            gcc -O2 -g -std=gnu11 -Wall -Wextra -o "$BIN" "$SRC" -ldl -lm || exit 2
+        fi
+    elif [ -x "$ROOT/build/tests/gpucheck" ]; then
+        BIN=$ROOT/build/tests/gpucheck
+        echo "== no gcc here: using the prebuilt $BIN"
+    else
+        echo "gpucheck: no gcc and no prebuilt build/tests/gpucheck (make build/tests/gpucheck where gcc is)" >&2
+        exit 2
+    fi
+fi
+
+{
+    echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -srm)"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi -q >"$OUT/nvidia-smi.txt" 2>&1
+        nvidia-smi -L 2>&1
+        nvidia-smi --query-gpu=name,driver_version,compute_mode,persistence_mode,clocks.sm,clocks.max.sm \
+            --format=csv 2>&1
+    fi
+    echo "== $BIN $OUT"
+    timeout -k 10 290 "$BIN" "$OUT"
+} 2>&1 | tee "$OUT/gpucheck.txt"
+exit "${PIPESTATUS[0]}"
