@@ -310,6 +310,8 @@ SIMGPU_API CUresult cuCtxSynchronize(void)
 {
     struct sg_ctx *c;
     CUresult rc = sg_current_ctx(&c);
+    if (rc == CUDA_SUCCESS)
+        rc = sg_capture_guard(NULL, c, 0);
     if (rc != CUDA_SUCCESS)
         return rc;
     simgpu_sync_until(atomic_load(&c->last_end));
@@ -346,6 +348,8 @@ SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
     struct sg_ctx *c;
     CUresult rc = ctx_or_current(ctx, &c);
+    if (rc == CUDA_SUCCESS)
+        rc = sg_capture_guard(NULL, c, 0);
     if (rc == CUDA_SUCCESS)
         simgpu_sync_until(atomic_load(&c->last_end));
     return rc;

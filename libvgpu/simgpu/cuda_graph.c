@@ -230,7 +230,101 @@ SIMGPU_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     return CUDA_SUCCESS;
 }
 
-/* ---- stream capture ---- */
+/* ---- stream capture ----
+ *
+ * The driver's rules (cuStreamBeginCapture_v2, cuThreadExchangeStreamCaptureMode): each
+ * thread has an interaction mode, GLOBAL by default. A thread that is not RELAXED may not
+ * make a potentially unsafe call (simgpu checks the syncs and queries: cuStreamSynchronize,
+ * cuStreamQuery, cuEventSynchronize, cuEventQuery, cuCtxSynchronize) while it has a capture
+ * of its own that is not RELAXED, nor, in GLOBAL mode, while another thread has a GLOBAL
+ * one. Whatever the mode, syncing or querying a capturing stream, a context with one, or an
+ * event recorded into one conflicts necessarily. Such a call fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it conflicts with:
+ * their streams stay in capture until cuStreamEndCapture, which then fails with
+ * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph. Captures are per process.
+ */
+
+static pthread_mutex_t g_cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct sg_stream *g_capturing; /* under g_cap_lock */
+static _Atomic int g_captures;        /* its length: no capture, no lock taken */
+static uint64_t g_cap_ids;            /* under g_cap_lock */
+static __thread int tl_mode;          /* CU_STREAM_CAPTURE_MODE_GLOBAL (0) by default */
+static __thread char tl_token;        /* its address names the thread */
+
+int sg_capture_add(struct sg_stream *s, uint64_t dur_ns, CUresult *rc)
+{
+    if (!atomic_load(&g_captures))
+        return 0;
+    pthread_mutex_lock(&g_cap_lock);
+    int capturing = s->capture != NULL;
+    if (capturing)
+        *rc = s->cap_invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : sg_graph_append(s->capture, dur_ns, NULL);
+    pthread_mutex_unlock(&g_cap_lock);
+    return capturing;
+}
+
+uint64_t sg_capture_id(struct sg_stream *s, int *invalid)
+{
+    if (invalid)
+        *invalid = 0;
+    if (!atomic_load(&g_captures))
+        return 0;
+    pthread_mutex_lock(&g_cap_lock);
+    uint64_t id = s->capture ? s->cap_id : 0;
+    if (id && invalid)
+        *invalid = s->cap_invalid;
+    pthread_mutex_unlock(&g_cap_lock);
+    return id;
+}
+
+CUresult sg_capture_guard(const struct sg_stream *s, const struct sg_ctx *ctx, uint64_t cap_id)
+{
+    if (!atomic_load(&g_captures))
+        return CUDA_SUCCESS;
+    int prohibited = 0;
+    pthread_mutex_lock(&g_cap_lock);
+    for (struct sg_stream *c = g_capturing; c; c = c->cap_next) {
+        int mine = c->cap_thread == &tl_token;
+        int conflict = c == s || (ctx && c->ctx == ctx) || (cap_id && c->cap_id == cap_id);
+        if (tl_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+            conflict |= mine && c->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+            conflict |= !mine && tl_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
+        }
+        if (conflict) {
+            c->cap_invalid = 1;
+            prohibited = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_cap_lock);
+    return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+/* Take s out of capture (under g_cap_lock); returns its graph. */
+static struct sg_graph *capture_end(struct sg_stream *s)
+{
+    struct sg_graph *g = s->capture;
+    for (struct sg_stream **p = &g_capturing; *p; p = &(*p)->cap_next) {
+        if (*p == s) {
+            *p = s->cap_next;
+            atomic_fetch_sub(&g_captures, 1);
+            break;
+        }
+    }
+    s->capture = NULL;
+    s->cap_next = NULL;
+    return g;
+}
+
+void sg_capture_drop(struct sg_stream *s)
+{
+    if (!atomic_load(&g_captures))
+        return;
+    pthread_mutex_lock(&g_cap_lock);
+    struct sg_graph *g = s->capture ? capture_end(s) : NULL;
+    pthread_mutex_unlock(&g_cap_lock);
+    if (g && sg_handle_take(g, SG_MAGIC_GRAPH))
+        graph_free(g);
+}
 
 static CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode)
 {
@@ -248,12 +342,20 @@ static CUresult begin_capture(CUstream hStream, CUstreamCaptureMode mode)
     struct sg_graph *g = sg_graph_new();
     if (!g)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    pthread_mutex_lock(&s->lock);
-    if (s->capture)
+    pthread_mutex_lock(&g_cap_lock);
+    if (s->capture) {
         rc = CUDA_ERROR_ILLEGAL_STATE;
-    else
+    } else {
         s->capture = g;
-    pthread_mutex_unlock(&s->lock);
+        s->cap_id = ++g_cap_ids;
+        s->cap_mode = mode;
+        s->cap_invalid = 0;
+        s->cap_thread = &tl_token;
+        s->cap_next = g_capturing;
+        g_capturing = s;
+        atomic_fetch_add(&g_captures, 1);
+    }
+    pthread_mutex_unlock(&g_cap_lock);
     if (rc != CUDA_SUCCESS && sg_handle_take(g, SG_MAGIC_GRAPH))
         graph_free(g);
     return rc;
@@ -289,12 +391,26 @@ SIMGPU_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     struct sg_stream *s;
     if ((rc = sg_stream_resolve(hStream, &s)) != CUDA_SUCCESS)
         return rc;
-    pthread_mutex_lock(&s->lock);
-    struct sg_graph *g = s->capture;
-    s->capture = NULL;
-    pthread_mutex_unlock(&s->lock);
-    if (!g)
-        return CUDA_ERROR_ILLEGAL_STATE;
+    struct sg_graph *g = NULL;
+    int invalid = 0;
+    pthread_mutex_lock(&g_cap_lock);
+    if (!s->capture)
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    else if (s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->cap_thread != &tl_token)
+        rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD; /* the capture goes on */
+    else {
+        invalid = s->cap_invalid;
+        g = capture_end(s);
+    }
+    pthread_mutex_unlock(&g_cap_lock);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (invalid) {
+        if (sg_handle_take(g, SG_MAGIC_GRAPH))
+            graph_free(g);
+        *phGraph = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
     *phGraph = (CUgraph)g;
     return CUDA_SUCCESS;
 }
@@ -312,13 +428,28 @@ SIMGPU_API CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus 
         return rc;
     if (!captureStatus)
         return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&s->lock);
-    *captureStatus = s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
-    pthread_mutex_unlock(&s->lock);
+    pthread_mutex_lock(&g_cap_lock);
+    *captureStatus = !s->capture     ? CU_STREAM_CAPTURE_STATUS_NONE
+                     : s->cap_invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                      : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&g_cap_lock);
     return CUDA_SUCCESS;
 }
 
 SIMGPU_API CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
 {
     return cuStreamIsCapturing(hStream, captureStatus);
+}
+
+SIMGPU_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    CUresult rc = sg_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!mode || *mode < CU_STREAM_CAPTURE_MODE_GLOBAL || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    int old = tl_mode;
+    tl_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
 }

@@ -100,8 +100,14 @@ struct sg_stream {
     struct sg_ctx *ctx;
     unsigned flags;
     _Atomic uint64_t last_end;  /* when the work queued on this stream ends */
-    pthread_mutex_t lock;       /* guards capture */
+    pthread_mutex_t lock;       /* keeps one stream's submissions in order */
+    /* The capture sequence, under cuda_graph.c's capture lock. */
     struct sg_graph *capture;   /* non-NULL while capturing */
+    uint64_t cap_id;            /* the sequence's id (process-unique, never 0) */
+    int cap_mode;               /* its CUstreamCaptureMode */
+    int cap_invalid;            /* a prohibited call invalidated it */
+    const void *cap_thread;     /* the thread that began it */
+    struct sg_stream *cap_next; /* the process's list of capturing streams */
 };
 
 struct sg_ctx {
@@ -141,6 +147,23 @@ struct sg_func {
 struct sg_graph *sg_graph_new(void);
 CUresult sg_graph_append(struct sg_graph *g, uint64_t dur_ns, CUgraphNode *node_out);
 
+/* ---- stream capture (cuda_graph.c) ---- */
+/* While s captures: 1, with *rc the result of adding a kernel of dur_ns to its graph
+ * (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED once invalidated). 0 when s does not capture. */
+int sg_capture_add(struct sg_stream *s, uint64_t dur_ns, CUresult *rc);
+/* The id of the capture sequence s is in, 0 for none; *invalid (if not NULL) whether
+ * it was invalidated. */
+uint64_t sg_capture_id(struct sg_stream *s, int *invalid);
+/* Before a sync or query (potentially unsafe during capture) by the calling thread:
+ * CUDA_SUCCESS, or CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating each capture
+ * it conflicts with: one the thread's capture mode forbids it to run beside, or one it
+ * necessarily conflicts with: s's (the stream it syncs or queries, NULL: none), one in
+ * context ctx (the context it syncs, NULL: none), or sequence cap_id (an event recorded
+ * into that capture, 0: none). */
+CUresult sg_capture_guard(const struct sg_stream *s, const struct sg_ctx *ctx, uint64_t cap_id);
+/* s is being destroyed: end its capture, if any. */
+void sg_capture_drop(struct sg_stream *s);
+
 /* ---- legacy and per-thread-stream entry points (not in vgpu_cuda.h because
  * the real cuda.h maps these names to other signatures via macros) ---- */
 CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
@@ -168,6 +191,7 @@ CUresult cuStreamSynchronize_ptsz(CUstream hStream);
 CUresult cuStreamQuery_ptsz(CUstream hStream);
 CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
 CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags);
 CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);

@@ -16,6 +16,7 @@ struct sg_event {
     uint32_t magic;
     unsigned flags;
     _Atomic uint64_t t_ns; /* completion time of the recorded work; 0 = never recorded */
+    _Atomic uint64_t cap_id; /* the capture it was last recorded into, 0: none */
 };
 
 static void atomic_max(_Atomic uint64_t *a, uint64_t v)
@@ -33,6 +34,7 @@ void sg_stream_init(struct sg_stream *s, struct sg_ctx *ctx, unsigned flags)
     atomic_store(&s->last_end, 0);
     pthread_mutex_init(&s->lock, NULL);
     s->capture = NULL;
+    s->cap_next = NULL;
 }
 
 CUresult sg_stream_resolve(CUstream h, struct sg_stream **out)
@@ -65,26 +67,16 @@ void sg_stream_note_end(struct sg_stream *s, uint64_t end_ns)
 
 CUresult sg_stream_submit(struct sg_stream *s, uint64_t dur_ns)
 {
-    pthread_mutex_lock(&s->lock);
-    if (s->capture) {
-        CUresult rc = sg_graph_append(s->capture, dur_ns, NULL);
-        pthread_mutex_unlock(&s->lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (sg_capture_add(s, dur_ns, &rc))
         return rc;
-    }
     /* Submitting under the stream lock keeps one stream's kernels in order on
      * the engine even when several threads launch into it. */
+    pthread_mutex_lock(&s->lock);
     uint64_t end = simgpu_engine_submit(sg_phys(s->ctx->dev), dur_ns);
     sg_stream_note_end(s, end);
     pthread_mutex_unlock(&s->lock);
     return CUDA_SUCCESS;
-}
-
-static int capturing(struct sg_stream *s)
-{
-    pthread_mutex_lock(&s->lock);
-    int c = s->capture != NULL;
-    pthread_mutex_unlock(&s->lock);
-    return c;
 }
 
 static CUresult stream_create(CUstream *phStream, unsigned int flags)
@@ -128,6 +120,7 @@ SIMGPU_API CUresult cuStreamDestroy_v2(CUstream hStream)
     /* Queued work still completes on the engine; nothing waits for it here. */
     if (!s || !sg_handle_take(s, SG_MAGIC_STREAM))
         return CUDA_ERROR_INVALID_HANDLE;
+    sg_capture_drop(s);
     s->magic = SG_MAGIC_DEAD;
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -143,10 +136,10 @@ SIMGPU_API CUresult cuStreamSynchronize(CUstream hStream)
 {
     struct sg_stream *s;
     CUresult rc = sg_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS)
+        rc = sg_capture_guard(s, NULL, 0);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (capturing(s))
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     simgpu_sync_until(atomic_load(&s->last_end));
     return CUDA_SUCCESS;
 }
@@ -155,10 +148,10 @@ SIMGPU_API CUresult cuStreamQuery(CUstream hStream)
 {
     struct sg_stream *s;
     CUresult rc = sg_stream_resolve(hStream, &s);
+    if (rc == CUDA_SUCCESS)
+        rc = sg_capture_guard(s, NULL, 0);
     if (rc != CUDA_SUCCESS)
         return rc;
-    if (capturing(s))
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return simgpu_now_ns() >= atomic_load(&s->last_end) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -207,7 +200,7 @@ SIMGPU_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned
         return CUDA_ERROR_INVALID_HANDLE;
     if (Flags & ~1u)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!capturing(s))
+    if (!sg_capture_id(s, NULL))
         sg_stream_note_end(s, atomic_load(&e->t_ns));
     return CUDA_SUCCESS;
 }
@@ -246,9 +239,14 @@ SIMGPU_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     struct sg_stream *s;
     if ((rc = sg_stream_resolve(hStream, &s)) != CUDA_SUCCESS)
         return rc;
-    /* During capture an event record is an ordering point inside the graph;
-     * simgpu graphs are linear, so there is nothing to record. */
-    if (capturing(s))
+    /* During capture an event record is an ordering point inside the graph (simgpu
+     * graphs are linear, so there is nothing to add), and the event is the capture's. */
+    int invalid;
+    uint64_t cap = sg_capture_id(s, &invalid);
+    if (invalid)
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    atomic_store(&e->cap_id, cap);
+    if (cap)
         return CUDA_SUCCESS;
     uint64_t now = simgpu_now_ns();
     uint64_t end = atomic_load(&s->last_end);
@@ -290,6 +288,8 @@ SIMGPU_API CUresult cuEventSynchronize(CUevent hEvent)
 {
     struct sg_event *e;
     CUresult rc = event_get(hEvent, &e);
+    if (rc == CUDA_SUCCESS)
+        rc = sg_capture_guard(NULL, NULL, atomic_load(&e->cap_id));
     if (rc != CUDA_SUCCESS)
         return rc;
     uint64_t t = atomic_load(&e->t_ns); /* never recorded: 0, returns at once */
@@ -306,6 +306,8 @@ SIMGPU_API CUresult cuEventQuery(CUevent hEvent)
 {
     struct sg_event *e;
     CUresult rc = event_get(hEvent, &e);
+    if (rc == CUDA_SUCCESS)
+        rc = sg_capture_guard(NULL, NULL, atomic_load(&e->cap_id));
     if (rc != CUDA_SUCCESS)
         return rc;
     return simgpu_now_ns() >= atomic_load(&e->t_ns) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;

@@ -679,8 +679,9 @@ static int cmd_errors(void)
     CK(cu.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     report("capture_twice", cu.cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
     report("sync_while_capturing", cu.cuStreamSynchronize(s));
-    CK(cu.cuStreamEndCapture(s, &g));
-    CK(cu.cuGraphDestroy(g));
+    g = (CUgraph)bp;
+    report("end_capture_invalidated", cu.cuStreamEndCapture(s, &g));
+    printf(", \"invalidated_graph_null\": %s", g ? "false" : "true");
     CK(cu.cuStreamDestroy_v2(s));
     report("graph_launch_bogus", cu.cuGraphLaunch((CUgraphExec)bp, NULL));
     report("graph_instantiate_bogus", cu.cuGraphInstantiateWithFlags((CUgraphExec *)&p, (CUgraph)bp, 0));

@@ -13,9 +13,14 @@
  *   wake SYNC N US             N times: a kernel of US us on an idle stream and a sync of
  *                              kind SYNC (stream, ctx, event-blocking, event-spin) for it;
  *                              when each sync returned
+ *   capture                    captures in each mode while this or another thread (in
+ *                              each mode) syncs or queries: what each call, a launch into
+ *                              the capture after it, cuStreamIsCapturing and
+ *                              cuStreamEndCapture answered
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +32,7 @@
 
 /* Not in vgpu_cuda.h (libvgpu needs none of them). */
 CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags);
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 
 static void die(const char *fmt, ...)
 {
@@ -196,9 +202,157 @@ static int cmd_wake(const char *kind, unsigned long n, unsigned long us)
     return 0;
 }
 
+/* ---- capture ---- */
+/* Another thread: sets its capture mode, makes one call, answers what it returned. */
+enum call { Q_EVENT, SYNC_EVENT, Q_STREAM, SYNC_STREAM, SYNC_CTX, END_CAPTURE };
+static const char *const CALLS[] = {"cuEventQuery", "cuEventSynchronize", "cuStreamQuery",
+                                    "cuStreamSynchronize", "cuCtxSynchronize", "cuStreamEndCapture"};
+struct other {
+    CUcontext ctx;
+    int mode;
+    enum call call;
+    CUevent e;
+    CUstream s;
+    CUresult rc;
+};
+
+static void *other_thread(void *arg)
+{
+    struct other *o = arg;
+    CK(cuCtxSetCurrent(o->ctx));
+    CUstreamCaptureMode m = o->mode;
+    CK(cuThreadExchangeStreamCaptureMode(&m));
+    CUgraph g;
+    switch (o->call) {
+    case Q_EVENT: o->rc = cuEventQuery(o->e); break;
+    case SYNC_EVENT: o->rc = cuEventSynchronize(o->e); break;
+    case Q_STREAM: o->rc = cuStreamQuery(o->s); break;
+    case SYNC_STREAM: o->rc = cuStreamSynchronize(o->s); break;
+    case SYNC_CTX: o->rc = cuCtxSynchronize(); break;
+    case END_CAPTURE: o->rc = cuStreamEndCapture(o->s, &g); break;
+    }
+    return NULL;
+}
+
+static CUresult in_other_thread(int mode, enum call call, CUevent e, CUstream s)
+{
+    struct other o = {.mode = mode, .call = call, .e = e, .s = s};
+    CK(cuCtxGetCurrent(&o.ctx));
+    pthread_t th;
+    if (pthread_create(&th, NULL, other_thread, &o) != 0)
+        die("pthread_create");
+    pthread_join(th, NULL);
+    return o.rc;
+}
+
+static const char *const MODES[] = {"global", "thread_local", "relaxed"};
+static CUfunction g_k;
+static CUstream g_cs, g_other_s;
+static CUevent g_other_e;
+static int g_nout;
+
+/* One capture on g_cs in cap_mode (this thread, in its own mode self_mode); during it,
+ * another thread in mode other_mode makes call on its own stream and event (or on the
+ * capturing stream / an event recorded into the capture, with on_capture), or this thread
+ * does (by_self). Prints what the call, a launch into the capture after it,
+ * cuStreamIsCapturing and cuStreamEndCapture answered. */
+static void scenario(const char *name, int cap_mode, int self_mode, int other_mode, enum call call,
+                     int on_capture, int by_self)
+{
+    CUstreamCaptureMode m = self_mode;
+    CK(cuThreadExchangeStreamCaptureMode(&m));
+    CUevent captured;
+    CK(cuEventCreate(&captured, CU_EVENT_DEFAULT));
+    CK(cuStreamBeginCapture_v2(g_cs, cap_mode));
+    CK(launch(g_k, g_cs));
+    CK(cuEventRecord(captured, g_cs));
+    CUevent e = on_capture ? captured : g_other_e;
+    CUstream s = on_capture ? g_cs : g_other_s;
+    CUresult rc;
+    if (by_self) {
+        switch (call) {
+        case Q_EVENT: rc = cuEventQuery(e); break;
+        case SYNC_EVENT: rc = cuEventSynchronize(e); break;
+        case Q_STREAM: rc = cuStreamQuery(s); break;
+        case SYNC_STREAM: rc = cuStreamSynchronize(s); break;
+        case SYNC_CTX: rc = cuCtxSynchronize(); break;
+        default: rc = CUDA_ERROR_UNKNOWN;
+        }
+    } else {
+        rc = in_other_thread(other_mode, call, e, s);
+    }
+    CUresult after = launch(g_k, g_cs);
+    CUstreamCaptureStatus st;
+    CK(cuStreamIsCapturing(g_cs, &st));
+    CUgraph g = (CUgraph)&g;
+    CUresult end = cuStreamEndCapture(g_cs, &g);
+    if (end == CUDA_SUCCESS)
+        CK(cuGraphDestroy(g));
+    CK(cuEventDestroy_v2(captured));
+    m = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    CK(cuThreadExchangeStreamCaptureMode(&m));
+    printf("%s\"%s\": {\"capture\": \"%s\", \"self\": \"%s\", \"other\": \"%s\", \"call\": \"%s\", "
+           "\"rc\": \"%s\", \"launch_after\": \"%s\", \"status\": %d, \"end\": \"%s\", \"graph\": %s}",
+           g_nout++ ? ", " : "", name, MODES[cap_mode], MODES[self_mode], by_self ? "-" : MODES[other_mode],
+           CALLS[call], rname(rc), rname(after), (int)st, rname(end),
+           end == CUDA_SUCCESS ? "true" : g ? "\"set\"" : "false");
+}
+
+static int cmd_capture(void)
+{
+    setup();
+    g_k = kernel(100);
+    CK(cuStreamCreate(&g_cs, CU_STREAM_NON_BLOCKING));
+    CK(cuStreamCreate(&g_other_s, CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&g_other_e, CU_EVENT_DEFAULT));
+    CK(launch(g_k, g_other_s));
+    CK(cuEventRecord(g_other_e, g_other_s));
+    const int G = CU_STREAM_CAPTURE_MODE_GLOBAL, T = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+              R = CU_STREAM_CAPTURE_MODE_RELAXED;
+    printf("{");
+    /* another thread's unsafe calls during a global capture */
+    scenario("global/query_event", G, G, G, Q_EVENT, 0, 0);
+    scenario("global/sync_event", G, G, G, SYNC_EVENT, 0, 0);
+    scenario("global/query_stream", G, G, G, Q_STREAM, 0, 0);
+    scenario("global/sync_stream", G, G, G, SYNC_STREAM, 0, 0);
+    scenario("global/sync_ctx", G, G, G, SYNC_CTX, 0, 0);
+    /* ... by a thread that is not in global mode */
+    scenario("global/thread_local_query", G, G, T, Q_EVENT, 0, 0);
+    scenario("global/relaxed_query", G, G, R, Q_EVENT, 0, 0);
+    scenario("global/relaxed_sync_stream", G, G, R, SYNC_STREAM, 0, 0);
+    /* captures that are not global leave other threads alone */
+    scenario("thread_local/query_event", T, G, G, Q_EVENT, 0, 0);
+    scenario("relaxed/query_event", R, G, G, Q_EVENT, 0, 0);
+    /* the capturing thread's own calls */
+    scenario("self/global", G, G, 0, Q_EVENT, 0, 1);
+    scenario("self/thread_local", T, G, 0, Q_EVENT, 0, 1);
+    scenario("self/relaxed_capture", R, G, 0, Q_EVENT, 0, 1);
+    scenario("self/relaxed_thread", G, R, 0, Q_EVENT, 0, 1);
+    /* calls that conflict whatever the modes */
+    scenario("conflict/query_capturing_stream", R, G, R, Q_STREAM, 1, 0);
+    scenario("conflict/query_captured_event", R, G, R, Q_EVENT, 1, 0);
+    scenario("conflict/sync_ctx", R, G, R, SYNC_CTX, 0, 0);
+    /* a global capture ends only on its own thread */
+    scenario("end/other_thread", G, G, G, END_CAPTURE, 1, 0);
+    scenario("end/other_thread_relaxed", R, G, G, END_CAPTURE, 1, 0);
+
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    CUresult x1 = cuThreadExchangeStreamCaptureMode(&m);
+    int prev1 = m;
+    m = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    CUresult x2 = cuThreadExchangeStreamCaptureMode(&m);
+    int prev2 = m;
+    m = 7;
+    CUresult bad = cuThreadExchangeStreamCaptureMode(&m);
+    CUresult null = cuThreadExchangeStreamCaptureMode(NULL);
+    printf(", \"exchange\": [\"%s\", %d, \"%s\", %d], \"exchange_bad\": \"%s\", \"exchange_null\": \"%s\"}\n",
+           rname(x1), prev1, rname(x2), prev2, rname(bad), rname(null));
+    return 0;
+}
+
 static void usage(void)
 {
-    fprintf(stderr, "usage: simgpu_probe events US | wake stream|ctx|event-blocking|event-spin N US\n");
+    fprintf(stderr, "usage: simgpu_probe events US | wake stream|ctx|event-blocking|event-spin N US | capture\n");
     exit(2);
 }
 
@@ -209,6 +363,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "events") && argc == 3)
         return cmd_events(parse_ul(argv[2], "US"));
+    if (!strcmp(cmd, "capture") && argc == 2)
+        return cmd_capture();
     if (!strcmp(cmd, "wake") && argc == 5)
         return cmd_wake(argv[2], parse_ul(argv[3], "N"), parse_ul(argv[4], "US"));
     usage();

@@ -233,6 +233,8 @@ EXPECTED_ERRORS = {
     "capture_legacy_stream": "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
     "capture_twice": "CUDA_ERROR_ILLEGAL_STATE",
     "sync_while_capturing": "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+    "end_capture_invalidated": "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",  # by that sync
+    "invalidated_graph_null": True,
     "graph_launch_bogus": "CUDA_ERROR_INVALID_HANDLE",
     "graph_instantiate_bogus": "CUDA_ERROR_INVALID_VALUE",
     "graph_add_node_null_params": "CUDA_ERROR_INVALID_VALUE",

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """simgpu behaving like hardware (docs/simgpu.md): events dated on the engine's timeline,
-syncs that wake up as a host does (SIMGPU_WAKE_US).
+syncs that wake up as a host does (SIMGPU_WAKE_US), stream capture's rules.
 
 Real processes (build/tests/simgpu_probe, cuda_client) on a private simulated GPU; what
 they report is checked against the engine's own record of what ran when
@@ -13,8 +13,8 @@ import json
 import subprocess
 
 import pytest
-from support.paths import TEST_BIN
-from support.process import run
+from support.paths import SIMGPU_DIR, TEST_BIN
+from support.process import clean_env, run
 
 PROBE = str(TEST_BIN / "simgpu_probe")
 CLIENT = str(TEST_BIN / "cuda_client")
@@ -150,3 +150,64 @@ def test_a_bad_wake_value_is_refused_with_one_line(simgpu_env: dict[str, str], v
     lines = p.stderr.strip().splitlines()
     assert lines[0] == f'simgpu: SIMGPU_WAKE_US="{value}": {why}'
     assert "CUDA_ERROR_NO_DEVICE" in lines[-1] and len(lines) == 2
+
+
+# ---- stream capture: the driver's rules on unsafe calls beside a capture ----
+
+UNSUPPORTED = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
+INVALIDATED = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
+BROKEN = {"rc": UNSUPPORTED, "launch_after": INVALIDATED, "status": 2,  # ..._STATUS_INVALIDATED
+          "end": INVALIDATED, "graph": False}
+ALLOWED = {"rc": "CUDA_SUCCESS", "launch_after": "CUDA_SUCCESS", "status": 1,  # ..._ACTIVE
+           "end": "CUDA_SUCCESS", "graph": True}
+CAPTURE = {
+    # Another thread's sync or query (its own stream and event) while a thread captures in
+    # global mode: refused, and the capture is invalidated.
+    "global/query_event": BROKEN,
+    "global/sync_event": BROKEN,
+    "global/query_stream": BROKEN,
+    "global/sync_stream": BROKEN,
+    "global/sync_ctx": BROKEN,
+    # ... unless that thread is not in global mode itself.
+    "global/thread_local_query": ALLOWED,
+    "global/relaxed_query": ALLOWED,
+    "global/relaxed_sync_stream": ALLOWED,
+    # Thread-local and relaxed captures leave other threads alone.
+    "thread_local/query_event": ALLOWED,
+    "relaxed/query_event": ALLOWED,
+    # The capturing thread itself: refused in its own capture unless either is relaxed.
+    "self/global": BROKEN,
+    "self/thread_local": BROKEN,
+    "self/relaxed_capture": ALLOWED,
+    "self/relaxed_thread": ALLOWED,
+    # Whatever the modes: the capturing stream, an event recorded into the capture, the
+    # context that holds it.
+    "conflict/query_capturing_stream": BROKEN,
+    "conflict/query_captured_event": BROKEN,
+    "conflict/sync_ctx": BROKEN,
+    # A capture that is not relaxed ends on the thread that began it.
+    "end/other_thread": dict(ALLOWED, rc="CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"),
+    "end/other_thread_relaxed": {"rc": "CUDA_SUCCESS", "launch_after": "CUDA_SUCCESS",
+                                 "status": 0, "end": "CUDA_ERROR_ILLEGAL_STATE", "graph": "set"},
+}
+
+
+@pytest.fixture(scope="module")
+def capture_report(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    env = clean_env()
+    env["SIMGPU_STATE"] = str(tmp_path_factory.mktemp("capture") / "simgpu.state")
+    env["LD_LIBRARY_PATH"] = str(SIMGPU_DIR)
+    return probe(env, "capture")
+
+
+@pytest.mark.parametrize("case", list(CAPTURE))
+def test_capture_rules(capture_report: dict, case: str) -> None:
+    got = {k: capture_report[case][k] for k in CAPTURE[case]}
+    assert got == CAPTURE[case], capture_report[case]
+
+
+def test_exchange_capture_mode_swaps_and_checks(capture_report: dict) -> None:
+    # THREAD_LOCAL in, GLOBAL (the default) out; GLOBAL in, THREAD_LOCAL out.
+    assert capture_report["exchange"] == ["CUDA_SUCCESS", 0, "CUDA_SUCCESS", 1]
+    assert capture_report["exchange_bad"] == capture_report["exchange_null"] == \
+        "CUDA_ERROR_INVALID_VALUE"
