@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
 import tomllib
@@ -36,16 +37,30 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel installed (its dependencies from the interpreter
-    running the tests: --system-site-packages, nothing from an index)."""
+    """A fresh venv with the wheel installed; its dependencies are the packages of the
+    interpreter running the tests (nothing from an index), named in a .pth file."""
     root = tmp_path_factory.mktemp("venv") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(root)],
+    subprocess.run([sys.executable, "-m", "venv", str(root)],
                    check=True, capture_output=True, timeout=300)
     p = subprocess.run([str(root / "bin" / "python"), "-m", "pip", "install", "-q",
                         "--no-index", "--no-deps", str(wheel)],
                        capture_output=True, text=True, timeout=300, env=outside_env(root))
     assert p.returncode == 0, p.stderr[-4000:]
+    # Not --system-site-packages: a venv made from a venv (the project's .venv on Debian)
+    # sees the *base* interpreter's site-packages, not the running one's. A .pth names the
+    # running interpreter's own; it is read after the venv's site-packages, so the wheel's
+    # copy of vgpu comes first, and it is written after pip ran, so pip saw only the venv.
+    (site_dir,) = (root / "lib").glob("python3*/site-packages")
+    (site_dir / "vgpu-test-deps.pth").write_text("".join(f"{d}\n" for d in running_site_dirs()))
     return root
+
+
+def running_site_dirs() -> list[str]:
+    """The site-packages directories of the interpreter running the tests."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return dirs
 
 
 def outside_env(venv: Path) -> dict[str, str]:
