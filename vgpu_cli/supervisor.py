@@ -3,7 +3,7 @@
 signal dispositions, forwarding signals to it and turning its end into an exit status.
 
 The forwarded signals are blocked in every thread (block_signals, before any gRPC
-thread exists) and taken with sigtimedwait, so none is lost to a gRPC thread.
+thread exists) and taken with sigwaitinfo, so none is lost to a gRPC thread.
 """
 from __future__ import annotations
 
@@ -55,7 +55,10 @@ def exit_status(wait_status: int) -> int:
 
 def block_signals() -> set[int | signal.Signals]:
     """Block the forwarded signals and SIGCHLD in this thread (and threads it starts
-    later); return the old mask for restore_signals."""
+    later); return the old mask for restore_signals. Main thread only."""
+    # An ignored SIGCHLD survives exec; with it the kernel reaps the child and sends
+    # no SIGCHLD, and supervise() would wait for one forever.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     return signal.pthread_sigmask(signal.SIG_BLOCK, _WAITED)
 
 
@@ -95,12 +98,14 @@ def supervise(pid: int) -> int:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return status
-        info = signal.sigtimedwait(_WAITED, 0.5)
-        # Only a forwarded signal is sent on: a wait the cgroup freezer interrupted
-        # (vgpud's compute guard throttling this slice) can return an empty siginfo.
-        if info is None or info.si_signo not in FORWARDED:
-            continue
-        if info.si_code == _SI_KERNEL:
+        # sigwaitinfo, not sigtimedwait: when a wait is interrupted without a signal
+        # (EINTR: the cgroup freezer, as vgpud's compute guard throttles this slice) and
+        # its deadline has passed, CPython's sigtimedwait (3.11) returns the siginfo it
+        # never filled: stack garbage, whose si_signo can be 1, 2 or 15, a "signal" that
+        # would be forwarded and kill the child. sigwaitinfo retries on EINTR and returns
+        # only a signal the kernel delivered; the child's SIGCHLD ends the wait.
+        info = signal.sigwaitinfo(_WAITED)
+        if info.si_signo not in FORWARDED or info.si_code == _SI_KERNEL:
             continue
         with suppress(ProcessLookupError):
             os.kill(pid, info.si_signo)
