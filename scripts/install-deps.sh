@@ -6,6 +6,7 @@
 #                    busybox-static (an engine counts as present when its command
 #                    is on PATH, however it was installed: docker-ce's dockerd will do);
 #                    prometheus for tests/e2e/test_prometheus.py (a real server scraping vgpud)
+#   When it installs crun: a containers.conf drop-in that keeps Podman on runc (below)
 #   Python packages: the project's runtime dependencies and its `test` extra, read from
 #                    pyproject.toml (the tests import the packages from the checkout)
 set -euo pipefail
@@ -47,6 +48,31 @@ done
 if ! deb_installed busybox-static && ! { [[ -x /bin/busybox ]] && file -L /bin/busybox 2>/dev/null | grep -q "statically linked"; }; then
     missing+=(busybox-static)
 fi
+# Podman (and Buildah) run containers with crun rather than runc once crun is installed,
+# unless a containers.conf names the runtime; and Debian 12's crun refuses hosts with hybrid
+# cgroups. crun is here for tests/arbiter/test_liveness.py only (the tests that run podman
+# name runc), so installing it must not change what a plain `podman run` uses: the runtime
+# Podman had before, runc, is pinned in a drop-in (later drop-ins and ~/.config ones still
+# override it; /etc/containers/containers.conf does not). Written only when this script
+# installs crun and no containers.conf names a runtime.
+PODMAN_PIN=/etc/containers/containers.conf.d/10-vgpu-keep-runc.conf
+keep_podman_on_runc() {
+    local f
+    for f in /usr/share/containers/containers.conf /etc/containers/containers.conf \
+             /etc/containers/containers.conf.d/*.conf; do
+        if [[ -f $f ]] && grep -Eq '^[[:space:]]*runtime[[:space:]]*=' "$f"; then
+            echo "install-deps: $f names Podman's runtime: left as it is"
+            return 0
+        fi
+    done
+    echo "install-deps: $PODMAN_PIN keeps Podman's default runtime runc (crun is for the tests)"
+    "${SUDO[@]}" mkdir -p "$(dirname "$PODMAN_PIN")"
+    printf '%s\n' "# Written by vgpu's scripts/install-deps.sh when it installed crun for its tests:" \
+        "# Podman would otherwise switch from runc to crun. Delete it to let Podman choose" \
+        "# (or before naming a runtime in /etc/containers/containers.conf: this overrides it)." \
+        "[engine]" 'runtime = "runc"' | "${SUDO[@]}" tee "$PODMAN_PIN" >/dev/null
+}
+
 if ((${#missing[@]})); then
     echo "install-deps: apt-get install ${missing[*]}"
     SUDO=()
@@ -56,6 +82,9 @@ if ((${#missing[@]})); then
     fi
     "${SUDO[@]}" apt-get update -q
     DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+    if [[ " ${missing[*]} " == *" crun "* ]]; then
+        keep_podman_on_runc
+    fi
 else
     echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman prometheus busybox-static)"
 fi
