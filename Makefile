@@ -130,7 +130,10 @@ $(B)/bin/shim/runc: $(B)/bin/vgpu-runtime
 	@mkdir -p $(@D)
 	cp -f $< $@.tmp && mv -f $@.tmp $@
 
-# The token broker vgpud runs (libvgpu/src/broker.c is also inside libvgpu.so, for standalone slices).
-$(B)/bin/vgpu-broker: libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c libvgpu/src/broker.h libvgpu/include/vgpu_sched.h Makefile
+# The token broker vgpud runs (libvgpu/src/broker.c and policy.c are also inside libvgpu.so, for
+# standalone slices).
+BROKER_SRC := libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c libvgpu/src/policy.c
+$(B)/bin/vgpu-broker: $(BROKER_SRC) libvgpu/src/broker.h libvgpu/src/policy.h libvgpu/include/vgpu_sched.h \
+                      libvgpu/include/vgpu_timing.h Makefile
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) -pthread -o $@ libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c
+	$(CC) $(NATIVE_CFLAGS) -pthread -o $@ $(BROKER_SRC)

@@ -4,7 +4,8 @@
  * between tenants"). It decides who may submit work to the GPU and charges
  * each slice by its own clock. It runs in the vgpu-broker process (vgpud's,
  * one thread per GPU file) or, standalone, as a thread of one of the slices'
- * processes. It depends on nothing else of libvgpu.
+ * processes. It depends on nothing else of libvgpu but its rules, policy.c
+ * (pure: broker.c is the I/O around them).
  */
 #ifndef VG_BROKER_H
 #define VG_BROKER_H

@@ -1,0 +1,589 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * policy.c - the broker's rules (policy.h), pure: state, claims and `now` in,
+ * decisions out. docs/compute.md's rules table maps each rule to its function
+ * here, its constant and its trace test.
+ *
+ * Credit: a slice earns credit at its share of wall time (refill); `fixed` slices
+ * take the token only on credit, `burst` slices also when no slice with credit
+ * waits; among waiters a higher priority wins, then a slice with credit, then the
+ * one owed most per share; a slice that keeps its floor beats priority (better).
+ * Charges: a hold is charged from the grant (or from the end of the previous
+ * holder's queued work) to its end, less the time the holder claims its GPU queue
+ * sat empty -- honoured in full only for the part of the hold in which no other
+ * slice waited, so no claim moves time onto another slice (idle_allowed).
+ * A holder that stays past its quantum while others wait, runs out of credit or is
+ * outranked loses the token (should_revoke); the work it had queued is charged to
+ * it until it reports the drain (latched per hold when first seen: a later report
+ * of its own cannot hide it). A tail never reported costs VGPU_TAIL_MAX_NS and does
+ * not hold back the next holder's clock; a grant no process takes within
+ * VGPU_TAKE_NS (a made-up request) is taken back.
+ */
+#include "policy.h"
+
+#include <string.h>
+
+#include "../include/vgpu_region.h"
+
+/* A claimed time: within [lo, now + VGPU_FUTURE_NS], else not believed (0). */
+static uint64_t believed(uint64_t t, uint64_t lo, uint64_t now)
+{
+    return t >= lo && t <= now + VGPU_FUTURE_NS ? t : 0;
+}
+
+/* ---- slices ---- */
+
+void vg_pol_init(struct vg_pol *p, uint32_t epoch)
+{
+    memset(p, 0, sizeof(*p));
+    p->epoch = epoch;
+    p->holder = -1;
+}
+
+void vg_pol_settings(struct vg_pol *p, int i, uint32_t share, uint32_t prio, uint32_t policy, uint32_t floor)
+{
+    struct vg_pol_settings *s = &p->sl[i].set;
+    s->share = share < 2 ? 2 : share > 100 ? 100 : share;
+    s->prio = prio > VGPU_PRIORITY_HIGH ? VGPU_PRIORITY_NORMAL : prio;
+    s->policy = policy == VGPU_POLICY_BURST ? VGPU_POLICY_BURST : VGPU_POLICY_FIXED;
+    s->floor = floor > 100 ? 0 : floor;
+}
+
+void vg_pol_take_on(struct vg_pol *p, int i, uint64_t now)
+{
+    struct vg_pol_slice *b = &p->sl[i];
+    struct vg_pol_settings set = b->set;
+    memset(b, 0, sizeof(*b));
+    b->set = set;
+    b->in_use = 1;
+    b->credit = (int64_t)VG_POL_START_CREDIT_NS;
+    b->credit_ts = b->last_active = b->registered = b->last_seen = now;
+}
+
+int vg_pol_stale(const struct vg_pol *p, int i, uint64_t now)
+{
+    const struct vg_pol_slice *b = &p->sl[i];
+    if (!b->in_use || now - b->last_seen <= VG_POL_STALE_NS || p->holder == i)
+        return 0;
+    for (int k = 0; k < p->nseg; k++)
+        if (p->seg[k].slice == i)
+            return 0;
+    return 1;
+}
+
+int vg_pol_left_behind(const struct vg_pol_claims *c, uint64_t now)
+{
+    return !believed(c->want_ns, now - VG_POL_STALE_NS, now) && !believed(c->active_ns, now - VG_POL_STALE_NS, now);
+}
+
+/* ---- credit ---- */
+
+static void add_capped(int64_t *b, int64_t add, int64_t cap)
+{
+    int64_t next = *b + add;
+    if (next > cap)
+        next = *b > cap ? *b : cap;
+    *b = next;
+}
+
+/* Earn share% (and floor%) of the wall time since the last refill. The cap applies
+ * to credit net of what is charged but not settled yet (unsettled): a long hold
+ * earns while it runs and pays at its end, and must not lose what it earned. */
+static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled)
+{
+    if (now <= b->credit_ts)
+        return;
+    uint64_t dt = now - b->credit_ts;
+    b->credit_ts = now;
+    if (dt > 10 * VG_POL_CREDIT_CAP_NS)
+        dt = 10 * VG_POL_CREDIT_CAP_NS;
+    add_capped(&b->credit, (int64_t)(dt * b->set.share / 100), (int64_t)VG_POL_CREDIT_CAP_NS + unsettled);
+    if (b->set.floor)
+        add_capped(&b->floor_credit, (int64_t)(dt * b->set.floor / 100), (int64_t)VG_POL_CREDIT_CAP_NS + unsettled);
+}
+
+/* Charge slice i dt of GPU time: a burst slice owes at most VG_POL_DEBT_CAP_NS. */
+static void charge(struct vg_pol *p, int i, uint64_t dt, int on_floor)
+{
+    struct vg_pol_slice *b = &p->sl[i];
+    int64_t lo = b->set.policy == VGPU_POLICY_BURST ? -(int64_t)VG_POL_DEBT_CAP_NS : -(int64_t)(10 * VG_POL_CREDIT_CAP_NS);
+    b->credit -= (int64_t)dt;
+    if (b->credit < lo)
+        b->credit = lo;
+    if (on_floor) {
+        b->floor_credit -= (int64_t)dt;
+        if (b->floor_credit < -(int64_t)VG_POL_DEBT_CAP_NS)
+            b->floor_credit = -(int64_t)VG_POL_DEBT_CAP_NS;
+    }
+    b->used += dt;
+}
+
+/* ---- who goes next ---- */
+
+struct standing {
+    int eligible, on_floor, floor_due, credit;
+    uint32_t prio;
+    int64_t norm;
+};
+
+static int higher_active(const struct vg_pol *p, uint32_t prio, uint64_t now)
+{
+    for (unsigned i = 0; i < VG_POL_SLICES; i++) {
+        const struct vg_pol_slice *b = &p->sl[i];
+        if (b->in_use && b->set.prio > prio && now - b->last_active < VGPU_ACTIVE_NS)
+            return 1;
+    }
+    return 0;
+}
+
+/* The credit a fixed slice needs to take the token: enough for a worthwhile hold when
+ * other slices use the GPU too, a little when it is alone on it (its CPU work between
+ * steps then overlaps the time it earns credit in). */
+static int64_t min_hold(const struct vg_pol *p)
+{
+    return p->active > 1 ? (int64_t)VG_POL_MIN_HOLD_NS : (int64_t)VG_POL_MIN_HOLD_ALONE_NS;
+}
+
+static struct standing standing_of(const struct vg_pol *p, const struct vg_pol_slice *b, int64_t credit, uint64_t now)
+{
+    struct standing st = {0};
+    st.prio = b->set.prio;
+    st.credit = credit > 0;
+    st.norm = credit * 100 / b->set.share;
+    if (higher_active(p, b->set.prio, now)) {
+        st.on_floor = 1;
+        st.eligible = st.floor_due = b->set.floor && b->floor_credit >= (int64_t)VG_POL_MIN_HOLD_NS;
+    } else if (b->set.policy == VGPU_POLICY_FIXED) {
+        st.eligible = credit >= min_hold(p);
+    } else {
+        st.eligible = 1;
+    }
+    return st;
+}
+
+static int better(const struct standing *a, const struct standing *b)
+{
+    if (a->floor_due != b->floor_due)
+        return a->floor_due; /* the floor is a guarantee: it beats priority */
+    if (a->prio != b->prio)
+        return a->prio > b->prio;
+    if (a->credit != b->credit)
+        return a->credit > b->credit;
+    return a->norm > b->norm;
+}
+
+/* The best eligible waiter other than `self` (-1: none). */
+static int best_waiter(const struct vg_pol *p, int self, uint64_t now, struct standing *out)
+{
+    int best = -1;
+    for (unsigned i = 0; i < VG_POL_SLICES; i++) {
+        const struct vg_pol_slice *b = &p->sl[i];
+        if ((int)i == self || !b->in_use || !b->waiting)
+            continue;
+        struct standing st = standing_of(p, b, b->credit, now);
+        if (st.eligible && (best < 0 || better(&st, out))) {
+            *out = st;
+            best = (int)i;
+        }
+    }
+    return best;
+}
+
+/* ---- charges ---- */
+
+/* Idle time of the current hold that counts: claimed by the holder, in full for
+ * the part of the hold in which nobody else waited, and at most a quarter of the
+ * rest (the short sync gaps of a step loop that keeps the token through them:
+ * a false claim gains at most that, and the out-of-band guard sees the rest). */
+static uint64_t idle_allowed(const struct vg_pol *p, uint64_t now)
+{
+    const struct vg_pol_claims *r = &p->sl[p->holder].req;
+    uint64_t idle = 0;
+    if (r->owner_seq == p->seq) {
+        /* What it reported, and the empty spell it is in now (its end is not known yet). */
+        uint64_t since = believed(r->idle_since, p->granted, now);
+        idle = r->idle_ns + (since && since < now ? now - since : 0);
+    }
+    uint64_t span = now > p->granted ? now - p->granted : 0;
+    uint64_t contended = span > p->uncontended ? span - p->uncontended : 0;
+    uint64_t cap = p->uncontended + contended / VG_POL_CONTENDED_IDLE_DIV;
+    return idle > cap ? cap : idle;
+}
+
+/* GPU time of the current hold so far (0 while its work waits behind another's). */
+static uint64_t live_charge(const struct vg_pol *p, uint64_t now)
+{
+    const struct vg_pol_seg *c = &p->seg[p->nseg - 1];
+    if (p->nseg != 1 || now <= c->start)
+        return 0;
+    uint64_t span = now - c->start, idle = idle_allowed(p, now);
+    return span - (idle > span ? span : idle);
+}
+
+/* GPU time slice i ran in holds not settled yet, at most, as far as known now: a hold
+ * queued behind another's unreported tail earns while it waits to be settled and must
+ * not lose what it earned to the cap meanwhile. */
+static uint64_t unsettled(const struct vg_pol *p, int i, uint64_t now)
+{
+    uint64_t sum = 0;
+    for (int k = 0; k < p->nseg; k++) {
+        const struct vg_pol_seg *c = &p->seg[k];
+        if (c->slice != i)
+            continue;
+        if (!c->end) { /* the current hold */
+            sum += k == 0 ? live_charge(p, now) : (now > c->granted ? now - c->granted : 0);
+            continue;
+        }
+        uint64_t from = k == 0 && c->start ? c->start : c->granted;
+        uint64_t end = c->end > from ? c->end : from;
+        sum += (now > end ? now : end) - from;
+    }
+    return sum;
+}
+
+/* Settle segment 0, whose work ended at fin, and date the next one's start. */
+static void settle(struct vg_pol *p, uint64_t fin)
+{
+    struct vg_pol_seg *s0 = &p->seg[0];
+    if (fin < s0->start)
+        fin = s0->start;
+    uint64_t span = fin - s0->start;
+    if (s0->slice >= 0)
+        charge(p, s0->slice, span - (s0->idle > span ? span : s0->idle) + s0->penalty, s0->on_floor);
+    memmove(&p->seg[0], &p->seg[1], (size_t)(p->nseg - 1) * sizeof(p->seg[0]));
+    p->nseg--;
+    if (p->nseg) {
+        struct vg_pol_seg *n = &p->seg[0];
+        n->start = fin > n->granted ? fin : n->granted;
+    }
+}
+
+/* Latch each revoked hold's drain report the first time it is seen. A slice reports
+ * only its latest drain, and a hold queued behind another's unsettled tail may wait
+ * for it up to VGPU_TAIL_MAX_NS: by then a later hold of its own may have reported over
+ * it, and a slice that scrambles its reports would make its neighbours pay missing tails. */
+static void note_drains(struct vg_pol *p, uint64_t now)
+{
+    for (int k = 0; k < p->nseg; k++) {
+        struct vg_pol_seg *c = &p->seg[k];
+        if (!c->end || !c->revoked || c->slice < 0 || c->drained)
+            continue;
+        const struct vg_pol_claims *r = &p->sl[c->slice].req;
+        /* A slice gives a hold back only with its queue empty: one that gave it back as we
+         * took it (the two crossed) has nothing left to drain and reports no drain. */
+        int drain = r->drain_seq == c->seq, release = r->release_seq == c->seq;
+        if (drain || release) {
+            c->drained = 1;
+            c->drain_claim = drain ? r->drain_ns : r->release_ns;
+            c->drain_seen = now;
+        }
+    }
+}
+
+/* When a revoked hold's tail began: its end, or its start if its work waited longer. */
+static uint64_t tail_from(const struct vg_pol_seg *c)
+{
+    return c->start > c->end ? c->start : c->end;
+}
+
+/* Settle segment 0, a revoked hold whose drain was not reported, from `from` (when its
+ * tail began), charging its slice `tail`: the holds after it are charged from their own
+ * grants, not from behind what may be a made-up tail, and a drain it reports later pays
+ * the rest of a real one. */
+static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail)
+{
+    struct vg_pol_seg *s0 = &p->seg[0];
+    s0->penalty = tail;
+    p->sl[s0->slice].late_seq = s0->seq;
+    p->sl[s0->slice].late_from = from + tail;
+    settle(p, from);
+}
+
+/* Settle what can be: segments whose work is known to have ended, in the order they
+ * ran on the GPU. */
+static void settle_ready(struct vg_pol *p, uint64_t now)
+{
+    note_drains(p, now);
+    while (p->nseg) {
+        struct vg_pol_seg *s0 = &p->seg[0];
+        if (!s0->end)
+            return; /* the current hold */
+        uint64_t fin = 0;
+        if (!s0->revoked || s0->slice < 0) {
+            fin = s0->end; /* released drained, or revoked before any process took it */
+        } else {
+            uint64_t from = tail_from(s0);
+            if (s0->drained) {
+                fin = believed(s0->drain_claim, s0->start, s0->drain_seen);
+                if (!fin)
+                    fin = from; /* an impossible date: nothing was queued */
+                else if (fin < s0->end)
+                    fin = s0->end; /* it held the token until then */
+            } else if (now >= from + VGPU_TAIL_MAX_NS) {
+                /* Never reported (a waiter that died, or a tenant that scrambles its
+                 * reports): it pays the longest tail. */
+                give_up_tail(p, from, VGPU_TAIL_MAX_NS);
+                continue;
+            } else {
+                return;
+            }
+        }
+        settle(p, fin > now ? now : fin);
+    }
+}
+
+/* End the current hold at `end` (seen at now) for reason `why`. */
+static void end_hold(struct vg_pol *p, uint64_t end, uint64_t now, enum vg_pol_end why, struct vg_pol_decision *d)
+{
+    if (p->holder < 0)
+        return;
+    int revoked = why != VG_POL_RELEASED && why != VG_POL_GONE;
+    struct vg_pol_seg *c = &p->seg[p->nseg - 1];
+    c->end = end > c->granted ? end : c->granted;
+    /* A grant no process took before we took it back left nothing queued. Taken is
+     * latched the first time we see it (a taker rings us at once), so a tenant that
+     * scrambles owner_seq afterwards cannot make its tail look like a grant nobody took. */
+    c->revoked = revoked && (c->taken || p->sl[p->holder].req.owner_seq == p->seq);
+    c->idle = idle_allowed(p, end);
+    d->ended = why;
+    d->ended_slice = p->holder;
+    d->revoked = revoked;
+    p->holder = -1;
+    settle_ready(p, now);
+}
+
+void vg_pol_drop(struct vg_pol *p, int i, uint64_t now, struct vg_pol_decision *d)
+{
+    memset(d, 0, sizeof(*d));
+    if (p->holder == i)
+        end_hold(p, now, now, VG_POL_GONE, d);
+    for (int k = 0; k < p->nseg; k++)
+        if (p->seg[k].slice == i)
+            p->seg[k].slice = -1; /* gone: its time is nobody's */
+    p->sl[i].in_use = 0;
+}
+
+/* ---- the current hold ---- */
+
+/* Credit this close to the cap is lost while its slice waits (a step loop that cannot
+ * spend it for the holder's credit-backed hold): such a waiter goes before a holder that
+ * is not so close, or its share drains away into the cap. */
+static int capped(int64_t credit)
+{
+    return credit >= (int64_t)(VG_POL_CREDIT_CAP_NS - VG_POL_CAP_MARGIN_NS);
+}
+
+/* The holder's credit net of the current hold's charge so far. While an earlier hold's
+ * tail is unsettled our work's start is not known: count the hold from its grant (our
+ * credit runs out no later than it would). */
+static int64_t live_credit(const struct vg_pol *p, uint64_t now)
+{
+    const struct vg_pol_slice *b = &p->sl[p->holder];
+    return b->credit - (int64_t)(p->nseg == 1 ? live_charge(p, now) : now - p->granted);
+}
+
+static enum vg_pol_end should_revoke(const struct vg_pol *p, uint64_t now)
+{
+    int h = p->holder;
+    const struct vg_pol_slice *b = &p->sl[h];
+    int64_t live = live_credit(p, now);
+    if (!p->seg[p->nseg - 1].taken && b->req.owner_seq != p->seq && now - p->granted >= VGPU_TAKE_NS)
+        return VG_POL_UNTAKEN; /* nobody took it (a want that was a lie, or a waiter gone) */
+    struct standing me = standing_of(p, b, live, now), other;
+    if (me.on_floor && !p->on_floor)
+        return VG_POL_OUTRANKED; /* preempted by a higher priority */
+    if (p->on_floor && b->floor_credit - (int64_t)live_charge(p, now) <= 0)
+        return VG_POL_FLOOR_SPENT;
+    if (b->set.policy == VGPU_POLICY_FIXED && live <= 0)
+        return VG_POL_NO_CREDIT;
+    int quantum = now - p->granted >= VG_POL_QUANTUM_NS;
+    uint64_t beat = believed(b->req.active_ns, p->granted, now);
+    if ((beat ? beat : p->granted) + VGPU_LEASE_NS < now)
+        return VG_POL_LEASE; /* its processes died or stopped: the lease lapsed */
+    int w = best_waiter(p, h, now, &other);
+    if (w >= 0 && better(&other, &me)) {
+        if (other.prio > me.prio)
+            return VG_POL_PRIORITY;
+        if (other.floor_due)
+            return VG_POL_FLOOR;
+        if (!me.credit)
+            return VG_POL_OWES;
+        if (quantum)
+            return VG_POL_QUANTUM;
+        if (capped(p->sl[w].credit) > capped(live))
+            return VG_POL_CAP;
+        return VG_POL_HELD;
+    }
+    /* Other processes of this slice take turns too. */
+    return quantum && b->waiting ? VG_POL_TURN : VG_POL_HELD;
+}
+
+static void grant(struct vg_pol *p, int i, uint64_t now, struct vg_pol_decision *d)
+{
+    struct vg_pol_slice *b = &p->sl[i];
+    /* The epoch in the seq's top 4 bits: two brokers that overlap for a moment (an
+     * election race, a stopped broker replaced) never publish the same grant word, so a
+     * process that took one broker's grant cannot mistake another's for its own. */
+    uint32_t count = (p->seq + 1) & 0xFFFFFu;
+    p->seq = ((p->epoch & 0xFu) << 20) | (count ? count : 1);
+    if (p->nseg == VG_POL_SEG_MAX) {
+        /* The oldest, a tail not reported yet, makes room: charged its tail so far (had it
+         * ended now, the holds after it would be charged only from now, their GPU time
+         * before it lost: a tenant that never reports gave its neighbours free time). */
+        struct vg_pol_seg *s0 = &p->seg[0];
+        uint64_t from = tail_from(s0);
+        if (s0->slice >= 0 && s0->revoked && !s0->drained)
+            give_up_tail(p, from, now > from ? now - from : 0);
+        else
+            settle(p, from); /* (a gone slice's: nobody pays it) */
+    }
+    p->holder = i;
+    p->granted = p->last_step = now;
+    p->uncontended = 0;
+    p->on_floor = standing_of(p, b, b->credit, now).on_floor;
+    int k = p->nseg++;
+    p->seg[k] = (struct vg_pol_seg){.slice = i, .seq = p->seq, .on_floor = p->on_floor, .granted = now,
+                                    .start = k ? 0 : now};
+    b->holds++;
+    d->granted = 1;
+    d->word = (p->seq << 8) | (uint32_t)(i + 1);
+}
+
+/* ---- one step ---- */
+
+static void summarize(struct vg_pol *p, uint64_t now, struct vg_pol_summary *sum)
+{
+    memset(sum, 0, sizeof(*sum));
+    for (unsigned i = 0; i < VG_POL_SLICES; i++) {
+        const struct vg_pol_slice *b = &p->sl[i];
+        if (!b->in_use)
+            continue;
+        if (now - b->last_active < VGPU_ACTIVE_NS) {
+            sum->active_mask |= 1u << b->set.prio;
+            sum->active++;
+        }
+        if (now - b->last_seen < VGPU_PRESENT_NS)
+            sum->present[b->set.prio]++;
+        if (b->waiting && (int)i != p->holder)
+            sum->contended = 1;
+    }
+    p->active = sum->active;
+}
+
+/* When to look again without being rung. */
+static uint64_t next_look(const struct vg_pol *p, uint64_t now)
+{
+    uint64_t sleep = VGPU_BEAT_NS;
+    if (p->nseg && p->seg[0].end && p->seg[0].revoked) {
+        uint64_t from = tail_from(&p->seg[0]);
+        uint64_t t = from + VGPU_TAIL_MAX_NS > now ? from + VGPU_TAIL_MAX_NS - now : 50 * VGPU_US;
+        if (t < sleep)
+            sleep = t;
+    }
+    int waiters = 0;
+    for (unsigned i = 0; i < VG_POL_SLICES; i++) {
+        const struct vg_pol_slice *b = &p->sl[i];
+        if (!b->in_use || !b->waiting || (int)i == p->holder)
+            continue;
+        waiters = 1;
+        if (b->set.policy == VGPU_POLICY_FIXED && b->credit < min_hold(p)) {
+            uint64_t t = (uint64_t)(min_hold(p) - b->credit) * 100 / b->set.share;
+            if (t < sleep)
+                sleep = t;
+        }
+    }
+    if (p->holder >= 0) {
+        const struct vg_pol_slice *b = &p->sl[p->holder];
+        int64_t live = live_credit(p, now);
+        if (!p->seg[p->nseg - 1].taken && now - p->granted < VGPU_TAKE_NS && VGPU_TAKE_NS - (now - p->granted) < sleep)
+            sleep = VGPU_TAKE_NS - (now - p->granted); /* look again when an untaken grant lapses */
+        if (b->set.policy == VGPU_POLICY_FIXED || p->on_floor) {
+            uint64_t t = live > 0 ? (uint64_t)live : 0;
+            if (t < sleep)
+                sleep = t;
+        }
+        if (waiters && sleep > VGPU_MS)
+            sleep = VGPU_MS; /* standings change as credit accrues */
+    }
+    return sleep < 20 * VGPU_US ? 20 * VGPU_US : sleep;
+}
+
+void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
+{
+    memset(d, 0, sizeof(*d));
+    int others_wait = 0;
+    for (unsigned i = 0; i < VG_POL_SLICES; i++) {
+        struct vg_pol_slice *b = &p->sl[i];
+        if (!b->in_use)
+            continue;
+        refill(b, now, (int64_t)unsettled(p, (int)i, now));
+        const struct vg_pol_claims *r = &b->req;
+        b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, now - VGPU_ACTIVE_NS, now);
+        /* Active: waiting, or renewing its lease or its 100% activity (a lapsed
+         * holder is not: a dead high-priority slice must not hold the others back). */
+        if (b->waiting || ((int)i == p->holder && now - p->granted < VGPU_ACTIVE_NS))
+            b->last_active = now;
+        uint64_t seen = believed(r->want_ns, now - VGPU_PRESENT_NS, now);
+        uint64_t rep = believed(r->active_ns, now - VGPU_PRESENT_NS, now);
+        seen = rep > seen ? rep : seen;
+        if (b->waiting || (int)i == p->holder)
+            seen = now;
+        if (seen > b->last_seen)
+            b->last_seen = seen > now ? now : seen;
+        uint64_t a = believed(r->active_ns, now - VGPU_ACTIVE_NS, now);
+        if (a > b->last_active)
+            b->last_active = a > now ? now : a;
+        if (b->waiting && (int)i != p->holder)
+            others_wait = 1;
+        if (b->late_seq && r->drain_seq == b->late_seq) {
+            /* A tail longer than VGPU_TAIL_MAX_NS (one long launch) drained at last: its
+             * slice pays the rest of it (a false date costs only itself). */
+            uint64_t end = believed(r->drain_ns, b->late_from, now);
+            if (end)
+                charge(p, (int)i, end - b->late_from, 0);
+            b->late_seq = 0;
+        }
+    }
+    /* Holds before the current one: settled as their queued work reports its end. */
+    settle_ready(p, now);
+    if (p->holder >= 0) {
+        if (!others_wait)
+            p->uncontended += now - p->last_step;
+        p->last_step = now;
+        const struct vg_pol_claims *r = &p->sl[p->holder].req;
+        if (r->owner_seq == p->seq)
+            p->seg[p->nseg - 1].taken = 1;
+        enum vg_pol_end why;
+        if (r->release_seq == p->seq) {
+            uint64_t lo = now > VG_POL_RELEASE_SLACK_NS ? now - VG_POL_RELEASE_SLACK_NS : 0;
+            uint64_t end = believed(r->release_ns, lo > p->granted ? lo : p->granted, now);
+            end_hold(p, end ? (end > now ? now : end) : now, now, VG_POL_RELEASED, d);
+        } else if (r->yield_seq == p->seq && best_waiter(p, p->holder, now, &(struct standing){0}) >= 0) {
+            /* It syncs with its CPU work to follow: its tail runs out with the next
+             * holder's work queued behind it (charged to it until it reports the drain). */
+            end_hold(p, now, now, VG_POL_YIELDED, d);
+        } else if ((why = should_revoke(p, now)) != VG_POL_HELD) {
+            end_hold(p, now, now, why, d);
+        }
+    }
+    if (p->holder < 0) {
+        struct standing st;
+        int next = best_waiter(p, -1, now, &st);
+        if (next >= 0)
+            grant(p, next, now, d);
+    }
+    summarize(p, now, &d->sum);
+    d->sleep_ns = next_look(p, now);
+}
+
+const char *vg_pol_end_name(enum vg_pol_end e)
+{
+    static const char *const names[] = {
+        [VG_POL_HELD] = "held",         [VG_POL_RELEASED] = "released", [VG_POL_YIELDED] = "yielded",
+        [VG_POL_UNTAKEN] = "untaken",   [VG_POL_OUTRANKED] = "outranked", [VG_POL_FLOOR_SPENT] = "floor-spent",
+        [VG_POL_NO_CREDIT] = "credit",  [VG_POL_LEASE] = "lease",       [VG_POL_PRIORITY] = "priority",
+        [VG_POL_FLOOR] = "floor",       [VG_POL_OWES] = "owes",         [VG_POL_QUANTUM] = "quantum",
+        [VG_POL_CAP] = "cap",           [VG_POL_TURN] = "turn",         [VG_POL_GONE] = "gone",
+    };
+    return (unsigned)e < sizeof(names) / sizeof(names[0]) && names[e] ? names[e] : "?";
+}
