@@ -53,6 +53,12 @@ $(B)/tests/ledger_trace: libvgpu/tests/ledger_trace.c libvgpu/src/ledger.c libvg
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ libvgpu/tests/ledger_trace.c libvgpu/src/ledger.c
 
+# The broker's rules played on a trace (tests/libvgpu/test_policy_traces.py): the pure
+# policy alone, no driver and no broker around it.
+$(B)/tests/policy_trace: libvgpu/tests/policy_trace.c libvgpu/src/policy.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Ilibvgpu/include -o $@ $< libvgpu/src/policy.c $(LDLIBS)
+
 # C test programs link the simulated driver directly (the "direct symbol" path);
 # at run time LD_LIBRARY_PATH picks simgpu or a real driver.
 $(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1

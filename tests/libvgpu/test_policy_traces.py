@@ -1,0 +1,509 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The broker's rules, one trace each (libvgpu/src/policy.c; docs/compute.md, "Rules").
+
+build/tests/policy_trace plays the pure policy as a perfect broker: it looks at every line's
+time (the slice rang) and whenever its last look asked to look again, and plays each slice's
+libvgpu as far as the trace leaves it to it (a waiter renews its request and takes a grant
+at once, a holder renews its lease). What comes out is every decision and charge, in ms
+(the program's header comment has the language). No clock, no process, no timing: the
+numbers are exact, and a rule that changes changes them.
+"""
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+from support.paths import TEST_BIN
+
+POLICY_TRACE = TEST_BIN / "policy_trace"
+
+
+def play(trace: str) -> list[str]:
+    """The decisions and charges of a trace, one line each, without the accounting."""
+    return [line for line in _run(trace) if " account " not in line]
+
+
+def accounts(trace: str) -> dict[str, dict[str, float]]:
+    """Each slice's accounting at the trace's `end`: used, credit (ms), holds, waiting."""
+    out: dict[str, dict[str, float]] = {}
+    for line in _run(trace):
+        _, kind, name, *fields = line.split()
+        if kind == "account":
+            out[name] = {k: float(v) for k, v in (f.split("=") for f in fields)}
+    return out
+
+
+def _run(trace: str) -> list[str]:
+    return subprocess.run([str(POLICY_TRACE)], input=textwrap.dedent(trace), capture_output=True,
+                          text=True, check=True, timeout=10).stdout.splitlines()
+
+
+# ---- credit ----
+
+def test_a_fixed_slice_waits_for_credit() -> None:
+    """refill, min hold: a fixed slice earns credit at its share of wall time and takes the
+    token only on credit: 1 ms of it while it is the only active slice (it starts with 2 ms);
+    its hold ends when the credit is spent."""
+    assert play("""
+        0 a settings share=10
+        0 a want tail=0
+        3 a want
+        20 - end
+    """) == [
+        "0.000 grant a",          # the 2 ms it starts with, and 10 % of the hold's time
+        "2.240 end a credit",
+        "2.240 charge a 2.240",
+        "12.400 grant a",         # -0.016 ms at 2.24, +10 % a ms: 1 ms at 12.4
+        "13.520 end a credit",
+        "13.520 charge a 1.120",
+    ]
+
+
+def test_a_fixed_slice_waits_for_2ms_of_credit_beside_an_active_slice() -> None:
+    """min hold: while another slice is active a fixed slice waits for 2 ms of credit (fewer
+    hand-overs); a burst neighbour that holds with no credit of its own gives way to it."""
+    out = play("""
+        0 a settings share=10
+        0 b settings share=50 policy=burst
+        0 a want tail=0
+        3 a want
+        3 b greedy tail=0
+        30 - end
+    """)
+    assert out[:7] == [
+        "0.000 grant a",
+        "2.240 end a credit",
+        "2.240 charge a 2.240",
+        "3.000 grant b",
+        "22.400 end b owes",      # a has 2 ms again: -0.016 + 10 % of 20.16 ms
+        "22.400 grant a",
+        "22.400 charge b 19.400",
+    ]
+
+
+def test_credit_is_capped_at_20ms() -> None:
+    """credit cap: an idle slice banks at most 20 ms; a fixed slice then holds alone until
+    it has spent them and what it earns meanwhile (20 / (1 - 50 %) = 40 ms)."""
+    trace = """
+        0 a settings share=50
+        100 - account
+        100 a want tail=0
+        160 - end
+    """
+    assert "100.000 account a used=0.000 credit=20.000 holds=0 waiting=0" in _run(trace)
+    assert play(trace)[:3] == ["100.000 grant a", "140.001 end a credit", "140.001 charge a 40.001"]
+
+
+def test_a_burst_slice_takes_idle_time_and_owes_at_most_the_debt_cap() -> None:
+    """burst, debt cap: a burst slice holds the idle GPU beyond its share, and owes at most
+    20 ms for it: 100 ms used at 20 % leaves it -20 ms, which it earns back at its share."""
+    trace = """
+        0 b settings share=20 policy=burst
+        0 b want
+        100 b release
+        100 - account
+        150 - end
+    """
+    assert play(trace) == ["0.000 grant b", "100.000 end b released", "100.000 charge b 100.000"]
+    lines = _run(trace)
+    assert "100.000 account b used=100.000 credit=-20.000 holds=1 waiting=0" in lines
+    assert accounts(trace)["b"]["credit"] == -10.0
+
+
+# ---- priority and floor ----
+
+def test_a_higher_priority_preempts_and_the_lower_resumes_once_it_is_quiet() -> None:
+    """priority: a slice of higher priority that asks ends a lower one's hold at once; the
+    lower one may hold again once the higher has not been active for 5 ms (the broker sees
+    that at its next look, at most a beat, 10 ms, after the higher's last activity)."""
+    assert play("""
+        0 lo settings share=50 prio=low policy=burst
+        0 hi settings share=50 prio=high policy=burst
+        10 lo greedy tail=0
+        15 hi want tail=0
+        20 hi release
+        40 - end
+    """) == [
+        "10.000 grant lo",
+        "15.000 end lo outranked",
+        "15.000 grant hi",
+        "15.000 charge lo 5.000",
+        "20.000 end hi released",
+        "20.000 charge hi 5.000",
+        "30.000 grant lo",
+    ]
+
+
+def test_a_floor_beats_priority() -> None:
+    """floor: a lower-priority slice with a floor earns floor credit at its floor; once it has
+    2 ms of it, it takes the token from a higher priority, and holds until it spent it."""
+    assert play("""
+        0 lo settings share=50 prio=low floor=20
+        0 hi settings share=50 prio=high policy=burst
+        0 hi greedy tail=0
+        0 lo greedy tail=0
+        30 - end
+    """) == [
+        "0.000 grant hi",
+        "10.000 end hi floor",        # 20 % of 10 ms: 2 ms of floor credit
+        "10.000 grant lo",
+        "10.000 charge hi 10.000",
+        "13.000 end lo floor-spent",  # 2 ms + 20 % of 3 ms, spent at 100 %, seen at a look
+        "13.000 grant hi",
+        "13.000 charge lo 3.000",
+        "25.000 end hi floor",
+        "25.000 grant lo",
+        "25.000 charge hi 12.000",
+        "28.000 end lo floor-spent",
+        "28.000 grant hi",
+        "28.000 charge lo 3.000",
+    ]
+
+
+# ---- how long a hold lasts ----
+
+def test_a_holder_yields_to_an_equal_claim_after_the_quantum() -> None:
+    """quantum: a holder with credit keeps the token for 10 ms while a slice of equal
+    priority waits with a better claim, then gives way."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10
+        0 a want tail=0
+        0 b want tail=0
+        30 - end
+    """)[:4] == ["0.000 grant a", "10.000 end a quantum", "10.000 grant b", "10.000 charge a 10.000"]
+
+
+def test_a_waiter_losing_credit_to_the_cap_goes_first() -> None:
+    """cap margin: a waiter whose credit is within 2 ms of the 20 ms cap takes the token from a
+    holder whose credit is not, at once instead of at the quantum (it would lose what it
+    earns meanwhile: a step loop's share drained into the cap)."""
+    assert play("""
+        0 a settings share=50
+        0 b settings share=50
+        45 a greedy tail=0
+        50 b want tail=0
+        70 - end
+    """)[:4] == ["45.000 grant a", "50.000 end a cap", "50.000 grant b", "50.000 charge a 5.000"]
+
+
+def test_other_processes_of_the_holders_slice_take_turns_after_the_quantum() -> None:
+    """turn: past the quantum, a hold ends when another process of the same slice waits (it
+    is granted anew); the broker sees it at its next look, a beat after the last."""
+    assert play("""
+        0 a settings share=50 policy=burst
+        0 a want
+        3 a want
+        20 - end
+    """) == ["0.000 grant a", "13.000 end a turn", "13.000 grant a"]
+
+
+def test_a_lapsed_lease_loses_the_token() -> None:
+    """lease: a holder whose processes stop renewing its lease (killed, stopped) loses the
+    token 50 ms after the last renewal, even to a lower priority that could not take it
+    otherwise. Its last renewal was at the broker's look at 9 ms (one a ms while b waits)."""
+    assert play("""
+        0 a settings share=50 policy=burst
+        0 b settings share=50 prio=low policy=burst
+        0 a want
+        1 b want
+        10 a silence
+        80 - end
+    """) == ["0.000 grant a", "60.000 end a lease", "60.000 grant b"]
+
+
+def test_a_grant_nobody_takes_is_taken_back_and_charged_as_held() -> None:
+    """untaken: a grant no process of the slice takes within 5 ms (a request that was a lie,
+    or a waiter gone) is taken back, and its slice pays the 5 ms."""
+    assert play("""
+        0 a settings share=50 policy=burst
+        30 b settings share=10 policy=burst
+        40 a want notake
+        41 a stop
+        41 b want
+        60 - end
+    """) == ["40.000 grant a", "45.000 end a untaken", "45.000 grant b", "45.000 charge a 5.000"]
+
+
+def test_a_yield_offer_ends_the_hold_only_when_someone_waits() -> None:
+    """yield: a holder that offers its hold back (it syncs, CPU work follows) keeps it while
+    nobody waits; the offer stands, and the hold ends as soon as a slice waits. Its queued
+    work runs out as a revoked tail, charged to it until it reports the drain."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        2 a yield
+        4 b want
+        6 a drain
+        8 b release
+        20 - end
+    """) == [
+        "0.000 grant a",
+        "4.000 end a yielded",
+        "4.000 grant b",
+        "6.000 charge a 6.000",   # 4 ms held + its 2 ms tail
+        "8.000 end b released",
+        "8.000 charge b 2.000",   # b's work ran from a's drain, 6 to 8
+    ]
+
+
+# ---- tails and drains ----
+
+def test_a_revoked_tail_is_charged_until_the_drain_report() -> None:
+    """tail: the work a revoked holder had queued runs on after the revocation and is its
+    own until it reports the drain; the next holder's work, queued behind it, is charged
+    from then."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        14 a drain
+        16 b release
+        30 - end
+    """) == [
+        "0.000 grant a",
+        "10.000 end a quantum",
+        "10.000 grant b",
+        "14.000 charge a 14.000",
+        "16.000 end b released",
+        "16.000 charge b 2.000",
+    ]
+
+
+def test_an_unreported_tail_costs_the_max_tail_and_does_not_hold_back_the_next_holder() -> None:
+    """max tail: a revoked hold whose drain is never reported is settled 50 ms after its
+    tail began and charged those 50 ms; the hold behind it is charged from its own grant.
+    A drain reported later pays the rest of a tail that was longer."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        13 b release
+        80 a drain at=75
+        90 - end
+    """) == [
+        "0.000 grant a",
+        "10.000 end a quantum",
+        "10.000 grant b",
+        "13.000 end b released",
+        "60.000 charge a 60.000",   # 10 held + 50 of tail
+        "60.000 charge b 3.000",    # 10 to 13: not held back behind a's tail
+        "80.000 charge a 15.000",   # its tail ran 25 ms more, to 75
+    ]
+
+
+def test_a_hold_given_back_as_it_was_revoked_needs_no_drain_report() -> None:
+    """crossing: a slice that gives its hold back (queue drained) just as the broker takes
+    it has nothing queued; its release dates the end, no drain report is waited for."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        10.1 a claim release_seq=1 release_ns=10.1
+        20 - end
+    """)[:4] == ["0.000 grant a", "10.000 end a quantum", "10.000 grant b", "10.100 charge a 10.100"]
+
+
+def test_holds_settle_in_gpu_order() -> None:
+    """GPU order: holds run on the GPU one after another, so each is settled after the one
+    before it: a hold released before an earlier tail's drain is reported waits for it, and
+    is charged from when that tail ended (when its own work could start)."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        16 b release
+        18 a drain at=12
+        30 - end
+    """) == [
+        "0.000 grant a",
+        "10.000 end a quantum",
+        "10.000 grant b",
+        "16.000 end b released",     # not settled yet: a's tail is ahead of it
+        "18.000 charge a 12.000",
+        "18.000 charge b 4.000",     # 12 to 16
+    ]
+
+
+def test_each_hold_is_settled_by_its_own_drain_report_latched_when_first_seen() -> None:
+    """latch: a slice reports only its latest drain. Each revoked hold latches its report
+    the moment the broker sees it, so b's second report (over the first) cannot leave its
+    first hold, queued behind h's unreported tail, without one: b pays its 4 ms, not a
+    50 ms tail of its own."""
+    assert play("""
+        0 h settings share=50 policy=burst
+        0 b settings share=25 policy=burst
+        0 c settings share=25 policy=burst
+        0 h want
+        1 b want
+        1 h yield
+        2 c want
+        2 b yield
+        3 b drain
+        3 b want
+        3 c release
+        4 c want
+        4 b yield
+        5 b drain
+        5 c release
+        100 - end
+    """)[-3:] == [
+        "5.000 end c released",
+        "51.000 charge h 51.000",
+        "51.000 charge b 4.000",     # 1-3 and 3-5; c's holds ran 0 ms behind b's tails
+    ]
+
+
+def test_holds_behind_an_unreported_tail_keep_their_charge_when_the_queue_fills() -> None:
+    """room: the broker keeps at most 8 holds unsettled. A ninth grant settles the oldest,
+    an unreported tail, charging it its tail so far; the holds behind it are charged from
+    their own grants (their GPU time is not lost)."""
+    trace = "0 h settings share=90 policy=burst\n0 b settings share=10 policy=burst\n"
+    trace += "0 h want\n0 b want\n"
+    for k in range(8):
+        trace += f"{11 + 2 * k} b release\n{12 + 2 * k} b want\n"
+    out = play(trace + "100 - end\n")
+    assert out[out.index("24.000 grant b") + 1:][:2] == [
+        "24.000 charge h 24.000",    # 10 held + 14 of tail
+        "24.000 charge b 7.000",     # its 7 holds of 1 ms
+    ]
+
+
+def test_a_slice_that_leaves_takes_its_unsettled_time_with_it() -> None:
+    """gone: a slice that leaves is forgotten with its unsettled holds (nobody pays them);
+    the holds behind them are charged from their own grants."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        12 b release
+        14 a leave
+        30 - end
+    """) == [
+        "0.000 grant a",
+        "10.000 end a quantum",
+        "10.000 grant b",
+        "12.000 end b released",
+        "14.000 charge b 2.000",
+    ]
+
+
+# ---- what a holder claims ----
+
+def test_claimed_idle_is_honoured_in_full_while_nobody_waits() -> None:
+    """idle: the time a holder's queue sat empty is not charged, in full while no other slice
+    waits: 10 ms held, empty 2-6, 6 ms charged."""
+    assert play("""
+        0 a settings share=50 policy=burst
+        0 a want
+        2 a empty
+        6 a busy
+        10 a release
+        20 - end
+    """) == ["0.000 grant a", "10.000 end a released", "10.000 charge a 6.000"]
+
+
+def test_claimed_idle_is_honoured_for_at_most_a_quarter_of_a_contended_hold() -> None:
+    """idle, contended: of the part of a hold in which another slice waited, at most a
+    quarter may be claimed idle (a false claim moves no time onto the waiter): 8 ms claimed
+    of 10 ms contended, 2.5 honoured."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        1 a idle 8
+        10 a release
+        20 - end
+    """)[:4] == ["0.000 grant a", "10.000 end a released", "10.000 grant b", "10.000 charge a 7.500"]
+
+
+def test_time_since_the_last_look_counts_as_contended_when_a_waiter_is_found() -> None:
+    """idle, by looks: the broker classes the time since its last look by what it sees now.
+    b asks at 4, 3 ms after the look at 1: 1 ms uncontended, 9 contended; of 8 ms claimed,
+    1 + 9/4 = 3.25 honoured."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        1 a idle 8
+        4 b want
+        10 a release
+        20 - end
+    """)[:4] == ["0.000 grant a", "10.000 end a released", "10.000 grant b", "10.000 charge a 6.750"]
+
+
+def test_a_lease_renewed_in_the_future_is_not_believed() -> None:
+    """future: a time a slice claims that is later than the broker's clock by more than
+    1 ms is a lie: a lease 'renewed' at 1 s counts from the grant (lapsed at 50 ms), one
+    renewed 0.9 ms ahead is believed."""
+    trace = """
+        0 a settings share=50 policy=burst
+        0 b settings share=50 prio=low policy=burst
+        0 a want
+        1 b want
+        1 a silence
+        1 a claim active_ns={}
+        80 - end
+    """
+    assert play(trace.format(1000))[1] == "51.000 end a lease"
+    assert play(trace.format(1.9))[1] == "52.000 end a lease"
+
+
+def test_a_drain_dated_in_the_future_counts_as_nothing_queued() -> None:
+    """future, drains: a drain report dated past the broker's clock is not believed; the
+    tail is taken as empty (the next holder is charged from the revocation)."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        12 a drain at=500
+        16 b release
+        30 - end
+    """)[3:] == ["12.000 charge a 10.000", "16.000 end b released", "16.000 charge b 6.000"]
+
+
+def test_a_release_is_dated_at_most_200us_before_the_broker_sees_it() -> None:
+    """release slack: a release dates the hold's end, but no earlier than 0.2 ms before the
+    broker saw it (or the grant): dated 0.1 ms early it counts, 0.3 ms early it is 'now'."""
+    assert play("""
+        0 a settings share=50 policy=burst
+        0 a want
+        5 a release at=4.9
+        6 a want
+        10 a release at=9.7
+        20 - end
+    """) == [
+        "0.000 grant a",
+        "5.000 end a released",
+        "5.000 charge a 4.900",
+        "6.000 grant a",
+        "10.000 end a released",
+        "10.000 charge a 4.000",
+    ]
+
+
+def test_a_taken_grant_stays_taken_whatever_the_slice_writes_after() -> None:
+    """taken, latched: the broker notes that a process took the grant the first time it sees
+    it; a holder that then scrambles owner_seq still has its queued work as a tail of its
+    own (had it looked untaken, nothing queued, the next holder would pay it)."""
+    assert play("""
+        0 a settings share=90 policy=burst
+        0 b settings share=10 policy=burst
+        0 a want
+        0 b want
+        5 a claim owner_seq=0
+        13 b release
+        70 - end
+    """)[3:] == [
+        "13.000 end b released",
+        "60.000 charge a 60.000",
+        "60.000 charge b 3.000",
+    ]
