@@ -82,7 +82,8 @@ REQ_FILE_MODE = 0o666
 CONF_FILE_MODE = 0o644
 
 _GRANT_ENTRY_MASK = 0xFF  # grant = (seq << 8) | (holder entry + 1)
-#: A broker whose heartbeat (every 10 ms at most) is older than this is gone (libvgpu's rule too).
+#: A broker whose heartbeat (every 10 ms at most) is older than this is gone (libvgpu's rule too;
+#: VGPU_BROKER_DEAD_NS of libvgpu/include/vgpu_timing.h, tests/project/test_timing_constants.py).
 BROKER_DEAD_NS = 50_000_000
 
 

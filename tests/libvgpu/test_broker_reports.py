@@ -29,7 +29,7 @@ from arbiter.sched import VgpuSched, VgpuSchedReq, create_sched, open_sched, wri
 BROKER = BUILD / "bin" / "vgpu-broker"
 UUID = "GPU-5eed0000-0000-0000-0000-00000000b0b0"
 MS = 1_000_000
-TAIL_MAX_NS = 50 * MS   # broker.c: an unreported tail costs this
+TAIL_MAX_NS = 50 * MS   # an unreported tail costs this (VGPU_TAIL_MAX_NS, test_timing_constants)
 FIXED, BURST, NORMAL = 0, 1, 1
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98}[os.uname().machine]
 FUTEX_WAKE = 1
