@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "../include/vgpu_sched.h"
+#include "../include/vgpu_timing.h"
 #include "broker.h"
 #include "ledger.h"
 #include "vgpu_internal.h"
@@ -52,14 +53,11 @@
 #define GAP_HOLD_NS (250 * US)     /* contended: ... this long (a step loop's sync gap, not its CPU work) */
 #define QUEUE_NS (4 * MS)          /* queued work a holder keeps ahead of the GPU */
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
-#define TAIL_QUEUE_NS (40 * MS)    /* ... and never two launches longer than this together */
 #define EVENT_EVERY_NS (100 * US)   /* one event per this much launched work */
 #define REF_MOVE_NS (50 * MS)      /* the reference event moves on after this much GPU time
                                     * (cuEventElapsedTime is a float of ms: ~3 ns at 50 ms) */
-#define WANT_RENEW_NS (1 * MS)     /* waiters renew their request this often */
-#define BROKER_DEAD_NS (50 * MS)   /* standalone: a broker silent this long is replaced */
-#define BROKER_STOPPED_NS (500 * MS) /* ... even if its process lives on, stopped, with the lock */
-#define ACTIVE_RENEW_NS (1 * MS)   /* a 100% slice reports activity this often */
+/* What the broker relies on us for (renewals, the tail we may queue) and we on it (its
+ * beat) is in vgpu_timing.h (VGPU_*). */
 #define PEND_MAX 256u
 #define FREE_MAX 64u
 
@@ -195,7 +193,7 @@ static int grant_is_ours(struct sdev *d, uint32_t g)
 static int broker_alive(const struct sdev *d, uint64_t now)
 {
     uint64_t beat = atomic_load(&d->s->broker_beat_ns);
-    return beat && beat <= now + MS && now - beat < BROKER_DEAD_NS;
+    return beat && beat <= now + VGPU_FUTURE_NS && now - beat < VGPU_BROKER_DEAD_NS;
 }
 
 /* ---- standalone: run the broker here when nobody does ---- */
@@ -264,8 +262,8 @@ static void try_elect(struct sdev *d)
             uint64_t beat = atomic_load(&d->s->broker_beat_ns), now = vg_broker_now();
             if (!beat && !d->unbeaten_since)
                 d->unbeaten_since = now;
-            if (beat ? now > beat && now - beat < BROKER_STOPPED_NS
-                     : now - d->unbeaten_since < BROKER_STOPPED_NS)
+            if (beat ? now > beat && now - beat < VGPU_BROKER_STOPPED_NS
+                     : now - d->unbeaten_since < VGPU_BROKER_STOPPED_NS)
                 return;
         }
     }
@@ -659,8 +657,8 @@ static unsigned depth(const struct sdev *d, int contended)
         return 4;
     uint64_t n = q / d->led.per_ns;
     /* Long launches (a big graph): one at a time once two would make a revoked hold's
-     * tail longer than the broker waits for a drain report (TAIL_MAX, 50 ms). */
-    if (d->led.per_ns > TAIL_QUEUE_NS / 2)
+     * tail longer than the broker waits for a drain report (VGPU_TAIL_MAX_NS). */
+    if (d->led.per_ns > VGPU_TAIL_QUEUE_NS / 2)
         return 1;
     return n < 2 ? 2 : n > 100000 ? 100000 : (unsigned)n;
 }
@@ -721,7 +719,7 @@ static void *holder_thread(void *arg)
                 reap(d);
                 now = vg_broker_now();
             }
-            if (d->holding && now - d->last_beat >= MS) {
+            if (d->holding && now - d->last_beat >= VGPU_LEASE_RENEW_NS) {
                 d->last_beat = now; /* the lease: a holder that stops renewing it loses the token */
                 atomic_store(&d->q->active_ns, now);
             }
@@ -832,9 +830,9 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
                 break;
             }
         }
-        vg_futex_wait(&s->grant, g, WANT_RENEW_NS);
+        vg_futex_wait(&s->grant, g, VGPU_WANT_RENEW_NS);
         now = vg_broker_now();
-        if (now - renewed >= WANT_RENEW_NS) {
+        if (now - renewed >= VGPU_WANT_RENEW_NS) {
             renewed = now;
             post_settings(d);
             atomic_store(&q->want_ns, now);
@@ -891,7 +889,7 @@ static int full_share(struct sdev *d)
     if (atomic_load(&d->s->present[p]) > 1)
         return 0; /* (0: the broker lists us and has not counted yet) */
     uint64_t now = coarse_ns();
-    if (now - d->last_active >= ACTIVE_RENEW_NS) {
+    if (now - d->last_active >= VGPU_ACTIVE_RENEW_NS) {
         d->last_active = now;
         atomic_store(&d->q->active_ns, vg_broker_now());
     }
