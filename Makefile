@@ -67,6 +67,8 @@ $(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/
 
 # The real-GPU measurement (tests/gpu/gpucheck.sh): dlopen()s libcuda.so.1 itself, links no
 # driver, so the one binary runs on a GPU machine without gcc (copy it with the tree).
+.PHONY: gpucheck
+gpucheck: $(B)/tests/gpucheck
 $(B)/tests/gpucheck: tests/gpu/gpucheck.c
 	@mkdir -p $(@D)
 	$(CC) -O2 -g -std=gnu11 -Wall -Wextra -o $@ $< -ldl -lm

@@ -9,7 +9,7 @@
 #
 # The binary: with gcc on the machine, it is compiled from the source into
 # build/tests/gpucheck (or OUTDIR when build/ is not writable); without gcc, a prebuilt
-# build/tests/gpucheck is used (`make build/tests/gpucheck` where gcc is, then copy it
+# build/tests/gpucheck is used (`make gpucheck` where gcc is, then copy it
 # with the tree). GPUCHECK_BIN=/path/to/gpucheck overrides both.
 #
 # On simgpu: LD_LIBRARY_PATH=build/simgpu tests/gpu/gpucheck.sh /tmp/out. SIMGPU_STATE
@@ -42,7 +42,7 @@ if [ -z "$BIN" ]; then
         BIN=$ROOT/build/tests/gpucheck
         echo "== no gcc here: using the prebuilt $BIN"
     else
-        echo "gpucheck: no gcc and no prebuilt build/tests/gpucheck (make build/tests/gpucheck where gcc is)" >&2
+        echo "gpucheck: no gcc and no prebuilt build/tests/gpucheck (make gpucheck where gcc is)" >&2
         exit 2
     fi
 fi
