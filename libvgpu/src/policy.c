@@ -88,8 +88,12 @@ static void add_capped(int64_t *b, int64_t add, int64_t cap)
 
 /* Earn share% (and floor%) of the wall time since the last refill. The cap applies
  * to credit net of what is charged but not settled yet (unsettled): a long hold
- * earns while it runs and pays at its end, and must not lose what it earned. */
-static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled)
+ * earns while it runs and pays at its end, and must not lose what it earned. A slice
+ * that waited for another's hold meanwhile (waiting: as of the last step) banks up to
+ * VG_POL_WAIT_BANK_NS more: what it earns while that hold runs to its end is its share,
+ * not idle time's (at the bare cap a step loop beside a greedy neighbour lost part of
+ * every wait, and the more, the later the hand-overs a loaded host made). */
+static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled, int waited)
 {
     if (now <= b->credit_ts)
         return;
@@ -97,7 +101,8 @@ static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled)
     b->credit_ts = now;
     if (dt > 10 * VG_POL_CREDIT_CAP_NS)
         dt = 10 * VG_POL_CREDIT_CAP_NS;
-    add_capped(&b->credit, (int64_t)(dt * b->set.share / 100), (int64_t)VG_POL_CREDIT_CAP_NS + unsettled);
+    int64_t bank = waited ? (int64_t)VG_POL_WAIT_BANK_NS : 0;
+    add_capped(&b->credit, (int64_t)(dt * b->set.share / 100), (int64_t)VG_POL_CREDIT_CAP_NS + unsettled + bank);
     if (b->set.floor)
         add_capped(&b->floor_credit, (int64_t)(dt * b->set.floor / 100), (int64_t)VG_POL_CREDIT_CAP_NS + unsettled);
 }
@@ -516,7 +521,7 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
         struct vg_pol_slice *b = &p->sl[i];
         if (!b->in_use)
             continue;
-        refill(b, now, (int64_t)unsettled(p, (int)i, now));
+        refill(b, now, (int64_t)unsettled(p, (int)i, now), b->waiting && (int)i != p->holder);
         const struct vg_pol_claims *r = &b->req;
         b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, now - VGPU_ACTIVE_NS, now);
         /* Active: waiting, or renewing its lease or its 100% activity (a lapsed

@@ -29,6 +29,7 @@
 #define VG_POL_MIN_HOLD_ALONE_NS (1 * VGPU_MS) /* ... or this much while it is the only active slice */
 #define VG_POL_CREDIT_CAP_NS (20 * VGPU_MS) /* the most credit an idle slice keeps */
 #define VG_POL_CAP_MARGIN_NS (2 * VGPU_MS) /* ... and a waiter this close to it loses credit: it goes next */
+#define VG_POL_WAIT_BANK_NS VG_POL_QUANTUM_NS /* ... a waiter banks this much more while it waits */
 #define VG_POL_DEBT_CAP_NS (20 * VGPU_MS)  /* burst: idle time used beyond the share is not owed past this */
 #define VG_POL_CONTENDED_IDLE_DIV 4        /* claimed idle honoured while others wait: a quarter of that time */
 #define VG_POL_RELEASE_SLACK_NS (200 * VGPU_US) /* a release is dated at most this long before it is seen */
