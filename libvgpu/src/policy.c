@@ -78,12 +78,18 @@ int vg_pol_left_behind(const struct vg_pol_claims *c, uint64_t now)
 
 /* ---- credit ---- */
 
-static void add_capped(int64_t *b, int64_t add, int64_t cap)
+/* Add to a balance up to cap (one already past it keeps what it has); returns what the
+ * cap took. */
+static int64_t add_capped(int64_t *b, int64_t add, int64_t cap)
 {
-    int64_t next = *b + add;
-    if (next > cap)
-        next = *b > cap ? *b : cap;
+    int64_t next = *b + add, lost = 0;
+    if (next > cap) {
+        int64_t kept = *b > cap ? *b : cap;
+        lost = next - kept;
+        next = kept;
+    }
     *b = next;
+    return lost;
 }
 
 /* Earn share% (and floor%) of the wall time since the last refill. The cap applies
@@ -102,7 +108,10 @@ static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled, int 
     if (dt > 10 * VG_POL_CREDIT_CAP_NS)
         dt = 10 * VG_POL_CREDIT_CAP_NS;
     int64_t bank = waited ? (int64_t)VG_POL_WAIT_BANK_NS : 0;
-    add_capped(&b->credit, (int64_t)(dt * b->set.share / 100), (int64_t)VG_POL_CREDIT_CAP_NS + unsettled + bank);
+    int64_t lost = add_capped(&b->credit, (int64_t)(dt * b->set.share / 100),
+                              (int64_t)VG_POL_CREDIT_CAP_NS + unsettled + bank);
+    if (b->late_seq)
+        b->late_lost += (uint64_t)lost; /* (its tail runs on: given back when it drains) */
     if (b->set.floor)
         add_capped(&b->floor_credit, (int64_t)(dt * b->set.floor / 100), (int64_t)VG_POL_CREDIT_CAP_NS + unsettled);
 }
@@ -111,7 +120,7 @@ static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled, int 
 static void charge(struct vg_pol *p, int i, uint64_t dt, int on_floor)
 {
     struct vg_pol_slice *b = &p->sl[i];
-    int64_t lo = b->set.policy == VGPU_POLICY_BURST ? -(int64_t)VG_POL_DEBT_CAP_NS : -(int64_t)(10 * VG_POL_CREDIT_CAP_NS);
+    int64_t lo = b->set.policy == VGPU_POLICY_BURST ? -(int64_t)VG_POL_DEBT_CAP_NS : -(int64_t)VG_POL_FIXED_DEBT_CAP_NS;
     b->credit -= (int64_t)dt;
     if (b->credit < lo)
         b->credit = lo;
@@ -301,6 +310,7 @@ static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail)
     s0->penalty = tail;
     p->sl[s0->slice].late_seq = s0->seq;
     p->sl[s0->slice].late_from = from + tail;
+    p->sl[s0->slice].late_lost = 0;
     settle(p, from);
 }
 
@@ -544,9 +554,14 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
             /* A tail longer than VGPU_TAIL_MAX_NS (one long launch) drained at last: its
              * slice pays the rest of it (a false date costs only itself). */
             uint64_t end = believed(r->drain_ns, b->late_from, now);
-            if (end)
+            if (end) {
+                /* What it earned while its launch ran on was its own, though the cap took
+                 * it: a tail that is never reported gets nothing back. */
+                b->credit += (int64_t)b->late_lost;
                 charge(p, (int)i, end - b->late_from, 0);
+            }
             b->late_seq = 0;
+            b->late_lost = 0;
         }
     }
     /* Holds before the current one: settled as their queued work reports its end. */

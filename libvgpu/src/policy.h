@@ -31,6 +31,8 @@
 #define VG_POL_CAP_MARGIN_NS (2 * VGPU_MS) /* ... and a waiter this close to it loses credit: it goes next */
 #define VG_POL_WAIT_BANK_NS VG_POL_QUANTUM_NS /* ... a waiter banks this much more while it waits */
 #define VG_POL_DEBT_CAP_NS (20 * VGPU_MS)  /* burst: idle time used beyond the share is not owed past this */
+#define VG_POL_FIXED_DEBT_CAP_NS (60000 * VGPU_MS) /* fixed: owes what it ran (a launch may run for
+                                                     * seconds), bounded so no stall starves it long */
 #define VG_POL_CONTENDED_IDLE_DIV 4        /* claimed idle honoured while others wait: a quarter of that time */
 #define VG_POL_RELEASE_SLACK_NS (200 * VGPU_US) /* a release is dated at most this long before it is seen */
 #define VG_POL_STALE_NS (60000 * VGPU_MS)  /* standalone: a slice silent this long is dropped */
@@ -75,6 +77,7 @@ struct vg_pol_slice {
     uint32_t holds;        /* grants made to it */
     uint32_t late_seq;     /* a hold whose tail was settled unreported ... */
     uint64_t late_from;    /* ... charged until then: a later drain report pays the rest */
+    uint64_t late_lost;    /* ... and gets back what the credit cap took meanwhile */
     int waiting;           /* it waits for the token (a believed, renewed request) */
 };
 

@@ -94,6 +94,35 @@ def test_credit_is_capped_at_20ms() -> None:
     assert play(trace)[:3] == ["100.000 grant a", "140.001 end a credit", "140.001 charge a 40.001"]
 
 
+def test_a_fixed_slice_owes_a_long_kernel_in_full() -> None:
+    """fixed debt: a fixed 30 % slice whose one launch ran 1 s (revoked at once, its tail
+    reported drained a second later) owes all of it and waits until it has earned it back
+    (it owed at most 200 ms before, and a fixed 30 % slice of 1 s kernels got 40 %)."""
+    trace = """
+        0 a settings share=30
+        0 a want
+        1000 a drain
+        1000 - account
+        1001 a want
+        4000 - end
+    """
+    assert "1000.000 account a used=1000.000 credit=-698.000 holds=1 waiting=0" in _run(trace)
+    assert play(trace)[4] == "3330.000 grant a"
+
+
+def test_a_tail_never_reported_gets_back_nothing_the_cap_took() -> None:
+    """fixed debt, cap: what the cap took while a launch ran on is given back only with its
+    drain report; a tail never reported keeps only the capped credit (a tenant cannot bank
+    credit by never reporting)."""
+    trace = """
+        0 a settings share=30
+        0 a want
+        1000 - account
+        1100 - end
+    """
+    assert "1000.000 account a used=52.874 credit=20.000 holds=1 waiting=0" in _run(trace)
+
+
 def test_a_burst_slice_takes_idle_time_and_owes_at_most_the_debt_cap() -> None:
     """burst, debt cap: a burst slice holds the idle GPU beyond its share, and owes at most
     20 ms for it: 100 ms used at 20 % leaves it -20 ms, which it earns back at its share."""
