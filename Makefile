@@ -13,8 +13,9 @@ B       := build
 
 COMMON_SRC := $(wildcard libvgpu/common/*.c)
 VGPU_SRC   := $(wildcard libvgpu/src/*.c) $(COMMON_SRC)
-CUDA_SRC   := $(wildcard libvgpu/simgpu/cuda_*.c) libvgpu/simgpu/state.c $(COMMON_SRC)
-NVML_SRC   := $(wildcard libvgpu/simgpu/nvml_*.c) libvgpu/simgpu/state.c $(COMMON_SRC)
+SIM_SRC    := libvgpu/simgpu/state.c libvgpu/simgpu/engine.c
+CUDA_SRC   := $(wildcard libvgpu/simgpu/cuda_*.c) $(SIM_SRC) $(COMMON_SRC)
+NVML_SRC   := $(wildcard libvgpu/simgpu/nvml_*.c) $(SIM_SRC) $(COMMON_SRC)
 HEADERS    := $(wildcard libvgpu/include/*.h libvgpu/common/*.h libvgpu/src/*.h libvgpu/simgpu/*.h) Makefile
 TEST_SRC   := $(wildcard libvgpu/tests/*.c)
 TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))

@@ -54,6 +54,7 @@ static CUresult ctx_activate(struct sg_ctx *c, int dev, unsigned flags)
     if (c->null_stream.magic != SG_MAGIC_STREAM)
         sg_stream_init(&c->null_stream, c, 0);
     atomic_store(&c->null_stream.last_end, 0);
+    memset(&c->null_stream.last, 0, sizeof(c->null_stream.last));
     return CUDA_SUCCESS;
 }
 
@@ -314,7 +315,7 @@ SIMGPU_API CUresult cuCtxSynchronize(void)
         rc = sg_capture_guard(NULL, c, 0);
     if (rc != CUDA_SUCCESS)
         return rc;
-    simgpu_sync_until(atomic_load(&c->last_end));
+    sg_ctx_wait(c);
     return CUDA_SUCCESS;
 }
 
@@ -351,7 +352,7 @@ SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
     if (rc == CUDA_SUCCESS)
         rc = sg_capture_guard(NULL, c, 0);
     if (rc == CUDA_SUCCESS)
-        simgpu_sync_until(atomic_load(&c->last_end));
+        sg_ctx_wait(c);
     return rc;
 }
 

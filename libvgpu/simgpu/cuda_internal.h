@@ -99,8 +99,10 @@ struct sg_stream {
     uint32_t magic;
     struct sg_ctx *ctx;
     unsigned flags;
-    _Atomic uint64_t last_end;  /* when the work queued on this stream ends */
-    pthread_mutex_t lock;       /* keeps one stream's submissions in order */
+    _Atomic uint64_t last_end;  /* FIFO engine: when the work queued on this stream ends */
+    pthread_mutex_t lock;       /* keeps one stream's submissions in order; guards q, last */
+    uint32_t q;                 /* timed engine, concurrent streams: its queue (NIL: none yet) */
+    struct simgpu_ticket last;  /* timed engine: its last work (seq 0: none) */
     /* The capture sequence, under cuda_graph.c's capture lock. */
     struct sg_graph *capture;   /* non-NULL while capturing */
     uint64_t cap_id;            /* the sequence's id (process-unique, never 0) */
@@ -132,6 +134,8 @@ CUresult sg_stream_resolve(CUstream h, struct sg_stream **out);
 void sg_stream_note_end(struct sg_stream *s, uint64_t end_ns);
 /* Run (or, while capturing, record) a kernel of dur_ns on s. */
 CUresult sg_stream_submit(struct sg_stream *s, uint64_t dur_ns);
+/* Wait, as a context sync does, for the work queued in context c. */
+void sg_ctx_wait(struct sg_ctx *c);
 
 /* ---- modules and kernels (cuda_module.c) ---- */
 struct sg_module;

@@ -228,7 +228,7 @@ static CUresult sync_ctx(void)
     struct sg_ctx *c;
     CUresult rc = sg_current_ctx(&c);
     if (rc == CUDA_SUCCESS)
-        simgpu_sync_until(atomic_load(&c->last_end));
+        sg_ctx_wait(c);
     return rc;
 }
 

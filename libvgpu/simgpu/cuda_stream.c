@@ -2,22 +2,79 @@
 /*
  * cuda_stream.c - streams and events on the simulated engine timeline.
  *
- * A device's engine runs kernels from every process one at a time in
- * submission order (simgpu_engine_submit), so a stream only needs to remember
- * when its last kernel ends: work is never reordered, synchronising is a sleep
- * until that time, and an event records the time at which the stream's queued
- * work ends (or now, when the stream is idle).
+ * The FIFO engine (the default) runs kernels from every process one at a time in
+ * submission order (simgpu_engine_submit), so a stream only needs to remember when
+ * its last kernel ends: work is never reordered, synchronising is a wait until that
+ * time, and an event records the time at which the stream's queued work ends (or now,
+ * when the stream is idle).
+ *
+ * On the timed engine (engine.c) an end is known only once the engine got there: a
+ * stream remembers its last work as a ticket, syncs wait for tickets, and an event
+ * holds its stream's last entry until it is found done, then keeps its time.
  */
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "cuda_internal.h"
 
 struct sg_event {
     uint32_t magic;
     unsigned flags;
-    _Atomic uint64_t t_ns; /* completion time of the recorded work; 0 = never recorded */
+    _Atomic uint64_t t_ns;   /* when the recorded work completes(d); 0: never recorded, or
+                              * on the timed engine not yet known */
     _Atomic uint64_t cap_id; /* the capture it was last recorded into, 0: none */
+    pthread_mutex_t lock;    /* timed engine: guards dev, tk */
+    unsigned dev;            /* the device of tk */
+    struct simgpu_ticket tk; /* the work it completes with, while that is pending (seq 0: none) */
 };
+
+static int timed(void)
+{
+    return sg_state()->cfg.timed;
+}
+
+/* Without concurrent streams the timed engine has one queue per process and device (its
+ * context): every stream of the process goes into it, in order. */
+static uint32_t g_pq[SIMGPU_MAX_DEVICES];
+static pid_t g_pq_pid;
+static pthread_mutex_t g_pq_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* s's queue on the timed engine (s->lock held): 0, or -1 when none is free. */
+static int stream_queue(struct sg_stream *s, unsigned dev, uint32_t *q)
+{
+    if (sg_state()->cfg.concurrent) {
+        if (s->q == SIMGPU_NIL && simgpu_queue_open(dev, &s->q) != 0)
+            return -1;
+        *q = s->q;
+        return 0;
+    }
+    int rc = 0;
+    pthread_mutex_lock(&g_pq_lock);
+    if (g_pq_pid != getpid()) { /* none yet, or a fork's child: the parent's are not ours */
+        for (unsigned i = 0; i < SIMGPU_MAX_DEVICES; i++)
+            g_pq[i] = SIMGPU_NIL;
+        g_pq_pid = getpid();
+    }
+    if (g_pq[dev] == SIMGPU_NIL && simgpu_queue_open(dev, &g_pq[dev]) != 0)
+        rc = -1;
+    *q = g_pq[dev];
+    pthread_mutex_unlock(&g_pq_lock);
+    return rc;
+}
+
+static unsigned stream_dev(const struct sg_stream *s)
+{
+    return sg_phys(s->ctx->dev);
+}
+
+static struct simgpu_ticket stream_last(struct sg_stream *s)
+{
+    pthread_mutex_lock(&s->lock);
+    struct simgpu_ticket t = s->last;
+    pthread_mutex_unlock(&s->lock);
+    return t;
+}
 
 static void atomic_max(_Atomic uint64_t *a, uint64_t v)
 {
@@ -35,6 +92,8 @@ void sg_stream_init(struct sg_stream *s, struct sg_ctx *ctx, unsigned flags)
     pthread_mutex_init(&s->lock, NULL);
     s->capture = NULL;
     s->cap_next = NULL;
+    s->q = SIMGPU_NIL;
+    memset(&s->last, 0, sizeof(s->last));
 }
 
 CUresult sg_stream_resolve(CUstream h, struct sg_stream **out)
@@ -73,10 +132,32 @@ CUresult sg_stream_submit(struct sg_stream *s, uint64_t dur_ns)
     /* Submitting under the stream lock keeps one stream's kernels in order on
      * the engine even when several threads launch into it. */
     pthread_mutex_lock(&s->lock);
-    uint64_t end = simgpu_engine_submit(sg_phys(s->ctx->dev), dur_ns);
-    sg_stream_note_end(s, end);
+    if (timed()) {
+        uint32_t q;
+        struct simgpu_ticket t;
+        if (stream_queue(s, stream_dev(s), &q) != 0 || simgpu_queue_submit(stream_dev(s), q, dur_ns, NULL, &t) != 0)
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            s->last = t;
+    } else {
+        sg_stream_note_end(s, simgpu_engine_submit(stream_dev(s), dur_ns));
+    }
     pthread_mutex_unlock(&s->lock);
-    return CUDA_SUCCESS;
+    return rc;
+}
+
+void sg_ctx_wait(struct sg_ctx *c)
+{
+    uint64_t called = simgpu_now_ns();
+    if (!timed()) {
+        simgpu_wait_for(atomic_load(&c->last_end), called, SIMGPU_YIELD);
+        return;
+    }
+    /* simgpu keeps one context per process and device: its work is the process's there */
+    struct simgpu_ticket t[SIMGPU_QUEUES];
+    unsigned dev = sg_phys(c->dev);
+    unsigned n = simgpu_process_tails(dev, t, SIMGPU_QUEUES);
+    simgpu_tickets_wait(dev, t, n, called, SIMGPU_YIELD);
 }
 
 static CUresult stream_create(CUstream *phStream, unsigned int flags)
@@ -121,6 +202,8 @@ SIMGPU_API CUresult cuStreamDestroy_v2(CUstream hStream)
     if (!s || !sg_handle_take(s, SG_MAGIC_STREAM))
         return CUDA_ERROR_INVALID_HANDLE;
     sg_capture_drop(s);
+    if (s->q != SIMGPU_NIL)
+        simgpu_queue_close(stream_dev(s), s->q);
     s->magic = SG_MAGIC_DEAD;
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -140,7 +223,13 @@ SIMGPU_API CUresult cuStreamSynchronize(CUstream hStream)
         rc = sg_capture_guard(s, NULL, 0);
     if (rc != CUDA_SUCCESS)
         return rc;
-    simgpu_sync_until(atomic_load(&s->last_end));
+    uint64_t called = simgpu_now_ns();
+    if (timed()) {
+        struct simgpu_ticket t = stream_last(s);
+        simgpu_tickets_wait(stream_dev(s), &t, 1, called, SIMGPU_YIELD);
+    } else {
+        simgpu_wait_for(atomic_load(&s->last_end), called, SIMGPU_YIELD);
+    }
     return CUDA_SUCCESS;
 }
 
@@ -152,6 +241,11 @@ SIMGPU_API CUresult cuStreamQuery(CUstream hStream)
         rc = sg_capture_guard(s, NULL, 0);
     if (rc != CUDA_SUCCESS)
         return rc;
+    if (timed()) {
+        struct simgpu_ticket t = stream_last(s);
+        uint64_t end;
+        return simgpu_tickets_done(stream_dev(s), &t, 1, &end) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    }
     return simgpu_now_ns() >= atomic_load(&s->last_end) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -187,8 +281,10 @@ SIMGPU_API CUresult cuStreamGetCtx_v2_ptsz(CUstream hStream, CUcontext *pCtx, CU
     return cuStreamGetCtx_v2(hStream, pCtx, pGreenCtx);
 }
 
-/* The engine is one FIFO, so work queued after the event already runs after it:
- * waiting needs no more than carrying the event's time into the stream. */
+/* On the FIFO engine, work queued after the event already runs after it: waiting needs
+ * no more than carrying the event's time into the stream. On the timed one, a wait is
+ * queued when the event is pending on another queue of the device (its own queue runs in
+ * order anyway; a wait across devices is not simulated). */
 SIMGPU_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
 {
     struct sg_stream *s;
@@ -200,9 +296,27 @@ SIMGPU_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned
         return CUDA_ERROR_INVALID_HANDLE;
     if (Flags & ~1u)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!sg_capture_id(s, NULL))
+    if (sg_capture_id(s, NULL))
+        return CUDA_SUCCESS;
+    if (!timed()) {
         sg_stream_note_end(s, atomic_load(&e->t_ns));
-    return CUDA_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_lock(&e->lock);
+    struct simgpu_ticket dep = e->tk;
+    unsigned edev = e->dev;
+    pthread_mutex_unlock(&e->lock);
+    if (!dep.seq || edev != stream_dev(s))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&s->lock);
+    uint32_t q;
+    struct simgpu_ticket t;
+    if (stream_queue(s, edev, &q) != 0)
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    else if (dep.q != q && simgpu_queue_submit(edev, q, 0, &dep, &t) == 0)
+        s->last = t;
+    pthread_mutex_unlock(&s->lock);
+    return rc;
 }
 
 /* ---- events ---- */
@@ -220,7 +334,9 @@ SIMGPU_API CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     e->magic = SG_MAGIC_EVENT;
     e->flags = Flags;
+    pthread_mutex_init(&e->lock, NULL);
     if (sg_handle_add(e) != 0) {
+        pthread_mutex_destroy(&e->lock);
         free(e);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -248,6 +364,20 @@ SIMGPU_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
     atomic_store(&e->cap_id, cap);
     if (cap)
         return CUDA_SUCCESS;
+    if (timed()) {
+        /* stream, then event, then the engine: the order every path takes them in */
+        pthread_mutex_lock(&s->lock);
+        pthread_mutex_lock(&e->lock);
+        simgpu_ticket_release(e->dev, &e->tk);
+        e->dev = stream_dev(s);
+        simgpu_ticket_mark(e->dev, &s->last, &e->tk);
+        atomic_store(&e->t_ns, e->tk.t_ns);
+        if (e->tk.t_ns)
+            memset(&e->tk, 0, sizeof(e->tk));
+        pthread_mutex_unlock(&e->lock);
+        pthread_mutex_unlock(&s->lock);
+        return CUDA_SUCCESS;
+    }
     uint64_t now = simgpu_now_ns();
     uint64_t end = atomic_load(&s->last_end);
     atomic_store(&e->t_ns, end > now ? end : now);
@@ -284,6 +414,28 @@ static CUresult event_get(CUevent h, struct sg_event **out)
     return CUDA_SUCCESS;
 }
 
+/* Timed engine: learn e's time if its work is done now. 1 when recorded and done (or
+ * never recorded: *recorded 0), 0 while pending. */
+static int event_resolve(struct sg_event *e, int *recorded)
+{
+    if (atomic_load(&e->t_ns)) {
+        *recorded = 1;
+        return 1;
+    }
+    pthread_mutex_lock(&e->lock);
+    int done = 1;
+    *recorded = atomic_load(&e->t_ns) || e->tk.seq;
+    if (!atomic_load(&e->t_ns) && e->tk.seq) {
+        done = simgpu_ticket_resolve(e->dev, &e->tk);
+        if (done) {
+            atomic_store(&e->t_ns, e->tk.t_ns);
+            memset(&e->tk, 0, sizeof(e->tk));
+        }
+    }
+    pthread_mutex_unlock(&e->lock);
+    return done;
+}
+
 SIMGPU_API CUresult cuEventSynchronize(CUevent hEvent)
 {
     struct sg_event *e;
@@ -292,13 +444,23 @@ SIMGPU_API CUresult cuEventSynchronize(CUevent hEvent)
         rc = sg_capture_guard(NULL, NULL, atomic_load(&e->cap_id));
     if (rc != CUDA_SUCCESS)
         return rc;
-    uint64_t t = atomic_load(&e->t_ns); /* never recorded: 0, returns at once */
+    uint64_t called = simgpu_now_ns();
     /* As the driver does without CU_EVENT_BLOCKING_SYNC the calling thread busy-waits
      * (a CPU's worth of time, which tests of a waiter's CPU use must see). */
-    if (e->flags & CU_EVENT_BLOCKING_SYNC)
-        simgpu_wait_until(t);
-    else
-        simgpu_spin_until(t);
+    enum simgpu_how how = e->flags & CU_EVENT_BLOCKING_SYNC ? SIMGPU_SLEEP : SIMGPU_SPIN;
+    if (timed() && !atomic_load(&e->t_ns)) {
+        pthread_mutex_lock(&e->lock);
+        struct simgpu_ticket t = e->tk;
+        unsigned dev = e->dev;
+        pthread_mutex_unlock(&e->lock);
+        if (t.seq) {
+            simgpu_tickets_wait(dev, &t, 1, called, how); /* the event's hold keeps its time */
+            int recorded;
+            event_resolve(e, &recorded);
+            return CUDA_SUCCESS;
+        }
+    }
+    simgpu_wait_for(atomic_load(&e->t_ns), called, how); /* never recorded: 0, at once */
     return CUDA_SUCCESS;
 }
 
@@ -310,6 +472,9 @@ SIMGPU_API CUresult cuEventQuery(CUevent hEvent)
         rc = sg_capture_guard(NULL, NULL, atomic_load(&e->cap_id));
     if (rc != CUDA_SUCCESS)
         return rc;
+    int recorded;
+    if (timed())
+        return event_resolve(e, &recorded) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
     return simgpu_now_ns() >= atomic_load(&e->t_ns) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -323,8 +488,17 @@ SIMGPU_API CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, 
         return rc;
     if (!pMilliseconds)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((a->flags & CU_EVENT_DISABLE_TIMING) || (b->flags & CU_EVENT_DISABLE_TIMING))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (timed()) {
+        int ra, rb, da = event_resolve(a, &ra), db = event_resolve(b, &rb);
+        if (!ra || !rb)
+            return CUDA_ERROR_INVALID_HANDLE;
+        if (!da || !db)
+            return CUDA_ERROR_NOT_READY;
+    }
     uint64_t t0 = atomic_load(&a->t_ns), t1 = atomic_load(&b->t_ns);
-    if (!t0 || !t1 || (a->flags & CU_EVENT_DISABLE_TIMING) || (b->flags & CU_EVENT_DISABLE_TIMING))
+    if (!t0 || !t1)
         return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = simgpu_now_ns();
     if (now < t0 || now < t1)
@@ -346,6 +520,10 @@ SIMGPU_API CUresult cuEventDestroy_v2(CUevent hEvent)
     struct sg_event *e = (struct sg_event *)hEvent;
     if (!e || !sg_handle_take(e, SG_MAGIC_EVENT))
         return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&e->lock);
+    simgpu_ticket_release(e->dev, &e->tk);
+    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_destroy(&e->lock);
     e->magic = SG_MAGIC_DEAD;
     free(e);
     return CUDA_SUCCESS;

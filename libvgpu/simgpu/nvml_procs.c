@@ -38,11 +38,13 @@ static unsigned collect(struct simgpu_device *d, struct proc_entry *out)
 static nvmlReturn_t running(nvmlDevice_t device, unsigned *infoCount, void *infos, int v1)
 {
     struct simgpu_device *d;
-    nvmlReturn_t rc = vg_nvml_device(device, &d, NULL);
+    unsigned index;
+    nvmlReturn_t rc = vg_nvml_device(device, &d, &index);
     if (rc != NVML_SUCCESS)
         return rc;
     if (!infoCount)
         return NVML_ERROR_INVALID_ARGUMENT;
+    simgpu_engine_touch(index); /* the timed engine: who computed lately */
     struct proc_entry e[SIMGPU_SLOTS];
     unsigned n = collect(d, e);
     if (*infoCount < n) {

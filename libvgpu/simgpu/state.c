@@ -102,11 +102,11 @@ static uint64_t wake_random(void)
 }
 
 /* When a thread that waits for work ending at t_ns resumes: a host's wake-up latency
- * after it (SIMGPU_WAKE_US) when it had to wait; at once when the work is already done. */
+ * after it (SIMGPU_WAKE_US). */
 static uint64_t wake_time(uint64_t t_ns)
 {
     pthread_once(&g_wake_once, wake_init);
-    if (!g_wake_set || t_ns <= simgpu_now_ns())
+    if (!g_wake_set)
         return t_ns;
     return t_ns + g_wake_min + wake_random() % (g_wake_max - g_wake_min + 1);
 }
@@ -119,7 +119,8 @@ static void sleep_until(uint64_t t_ns)
 }
 
 /* Sleep through all but the last stretch (a sleep wakes up to its 50 us timer slack
- * late), then yield until the time. */
+ * late), then yield until the time: how the driver's default sync waits, spinning or
+ * yielding, not sleeping. */
 static void yield_until(uint64_t t_ns)
 {
     if (t_ns > SYNC_SPIN_NS)
@@ -128,28 +129,111 @@ static void yield_until(uint64_t t_ns)
         sched_yield();
 }
 
-void simgpu_wait_until(uint64_t t_ns)
+void simgpu_wait_raw(uint64_t t_ns, enum simgpu_how how)
 {
-    /* A plain sleep wakes up as late as this host makes it; with SIMGPU_WAKE_US the
-     * latency is the drawn one, so the wait hits its time. */
-    uint64_t t = wake_time(t_ns);
-    if (t != t_ns)
-        yield_until(t);
+    if (how == SIMGPU_SLEEP)
+        sleep_until(t_ns);
+    else if (how == SIMGPU_YIELD)
+        yield_until(t_ns);
     else
-        sleep_until(t);
+        while (simgpu_now_ns() < t_ns)
+            ;
 }
 
-void simgpu_spin_until(uint64_t t_ns)
+void simgpu_wait_for(uint64_t t_ns, uint64_t called_ns, enum simgpu_how how)
 {
-    t_ns = wake_time(t_ns);
-    while (simgpu_now_ns() < t_ns)
-        ;
+    if (t_ns <= called_ns)
+        return; /* done before the sync was called: no wake-up to wait for */
+    uint64_t t = wake_time(t_ns);
+    /* A plain sleep wakes up as late as this host makes it; with SIMGPU_WAKE_US the
+     * latency is the drawn one, so the wait aims at its time. */
+    simgpu_wait_raw(t, how == SIMGPU_SLEEP && t != t_ns ? SIMGPU_YIELD : how);
 }
 
-/* The driver spins or yields in a stream or context sync, it does not sleep. */
-void simgpu_sync_until(uint64_t t_ns)
+/* ---- engine settings: fixed by the creator of the state file ---- */
+
+#define SLICE_MAX_US 1000000ul
+#define SWITCH_MAX_US 100000ul
+
+/* One SIMGPU_* setting from the environment, a whole number in lo..hi: 0 unset, 1 set
+ * (*out), -1 malformed (after one line that says what it should be). */
+static int env_setting(const char *name, unsigned long lo, unsigned long hi, const char *what, unsigned long *out)
 {
-    yield_until(wake_time(t_ns));
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    const char *e;
+    if (parse_us(v, &e, out) != 0 || *e != '\0' || *out < lo || *out > hi) {
+        fprintf(stderr, "simgpu: %s=\"%s\": not %s\n", name, v, what);
+        return -1;
+    }
+    return 1;
+}
+
+struct cfg_env {
+    int slice_set, switch_set, conc_set;
+    unsigned long slice_us, switch_us, conc;
+};
+
+static int read_cfg_env(struct cfg_env *c)
+{
+    c->slice_set = env_setting("SIMGPU_TIMESLICE_US", 1, SLICE_MAX_US, "whole microseconds from 1 to 1000000",
+                               &c->slice_us);
+    c->switch_set = env_setting("SIMGPU_SWITCH_US", 0, SWITCH_MAX_US, "whole microseconds from 0 to 100000",
+                                &c->switch_us);
+    c->conc_set = env_setting("SIMGPU_CONCURRENT_STREAMS", 0, 1, "0 or 1", &c->conc);
+    return c->slice_set < 0 || c->switch_set < 0 || c->conc_set < 0 ? -1 : 0;
+}
+
+static void cfg_from_env(struct simgpu_config *cfg, const struct cfg_env *c)
+{
+    cfg->slice_ns = c->slice_set ? c->slice_us * 1000ull : 0;
+    cfg->switch_ns = c->switch_set ? c->switch_us * 1000ull : 0;
+    cfg->concurrent = c->conc_set ? (uint32_t)c->conc : 0;
+    cfg->timed = cfg->slice_ns || cfg->switch_ns || cfg->concurrent;
+}
+
+/* A process whose environment asks for other settings than the state file's is refused:
+ * one engine, one way of running it, for every process on the simulated GPU. */
+static int check_cfg(const struct simgpu_state *st, const char *path)
+{
+    struct cfg_env c;
+    if (read_cfg_env(&c) != 0)
+        return -1;
+    const struct { int set; unsigned long want; uint64_t have; const char *name; } s[] = {
+        {c.slice_set, c.slice_us, st->cfg.slice_ns / 1000, "SIMGPU_TIMESLICE_US"},
+        {c.switch_set, c.switch_us, st->cfg.switch_ns / 1000, "SIMGPU_SWITCH_US"},
+        {c.conc_set, c.conc, st->cfg.concurrent, "SIMGPU_CONCURRENT_STREAMS"},
+    };
+    for (unsigned i = 0; i < sizeof(s) / sizeof(s[0]); i++) {
+        if (s[i].set && s[i].want != s[i].have) {
+            fprintf(stderr,
+                    "simgpu: %s=\"%lu\": the simulated GPU of SIMGPU_STATE=%s runs with %llu (set when it "
+                    "was created; every process on it shares its engine)\n",
+                    s[i].name, s[i].want, path, (unsigned long long)s[i].have);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int init_engines(struct simgpu_state *st)
+{
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a) != 0 || pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED) != 0 ||
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST) != 0)
+        return -1;
+    for (unsigned i = 0; i < st->ndev; i++) {
+        struct simgpu_engine *E = &st->eng[i];
+        if (pthread_mutex_init(&E->lock, &a) != 0)
+            return -1;
+        for (int k = 0; k < 2; k++) {
+            E->c[k].owner = E->c[k].last = -1;
+            E->c[k].t = st->created_ns;
+        }
+    }
+    pthread_mutexattr_destroy(&a);
+    return 0;
 }
 
 static const char *state_path(char *buf, size_t len)
@@ -241,7 +325,7 @@ static struct simgpu_state *open_or_create(void)
         if (fd >= 0) {
             struct simgpu_state *st = map_fd(fd, path);
             close(fd);
-            if (st && wait_ready(st, path) != 0) {
+            if (st && (wait_ready(st, path) != 0 || check_cfg(st, path) != 0)) {
                 munmap(st, sizeof(*st));
                 return NULL;
             }
@@ -267,15 +351,18 @@ static struct simgpu_state *open_or_create(void)
         }
         struct simgpu_state *st = map_fd(fd, tmp);
         close(fd);
-        if (!st || init_devices(st) != 0) {
+        struct cfg_env c;
+        if (st)
+            st->created_ns = simgpu_now_ns();
+        if (!st || init_devices(st) != 0 || read_cfg_env(&c) != 0 || init_engines(st) != 0) {
             if (st)
                 munmap(st, sizeof(*st));
             unlink(tmp);
             return NULL;
         }
+        cfg_from_env(&st->cfg, &c);
         st->version = SIMGPU_VERSION;
         st->size = sizeof(*st);
-        st->created_ns = simgpu_now_ns();
         atomic_store((_Atomic uint32_t *)&st->magic, SIMGPU_MAGIC);
         int rc = link(tmp, path);
         int err = errno;
@@ -327,6 +414,11 @@ static int my_slot(unsigned dev)
     int idx = g_slot[dev];
     pthread_mutex_unlock(&g_slot_lock);
     return idx;
+}
+
+int simgpu_slot(unsigned dev)
+{
+    return my_slot(dev);
 }
 
 int simgpu_mem_charge(unsigned dev, uint64_t bytes)

@@ -17,6 +17,14 @@
  *                              each mode) syncs or queries: what each call, a launch into
  *                              the capture after it, cuStreamIsCapturing and
  *                              cuStreamEndCapture answered
+ *   streams N US               N kernels of US us on each of two streams, launched in
+ *                              turn, then a context sync: when it launched and synced
+ *   stream-wait US1 US2 [nowait]  a kernel of US1 us on one stream and an event after
+ *                              it; on another a wait for the event (not with nowait) and
+ *                              a kernel of US2 us; when the second stream's sync returned
+ *   hammer                     launch, record, query and sync on two streams until killed
+ *   engine STATE DEV           what the timed engine of device DEV holds: entries free,
+ *                              queued, done (kept for events), queues, repairs made
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -28,6 +36,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include "../simgpu/simgpu_state.h"
 #include "vgpu_cuda.h"
 
 /* Not in vgpu_cuda.h (libvgpu needs none of them). */
@@ -350,9 +363,104 @@ static int cmd_capture(void)
     return 0;
 }
 
+/* ---- streams ---- */
+/* N kernels of US us on each of two streams, launched in turn, then a context sync. */
+static int cmd_streams(unsigned long n, unsigned long us)
+{
+    setup();
+    CUfunction f = kernel(us);
+    CUstream s[2];
+    for (int i = 0; i < 2; i++)
+        CK(cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING));
+    uint64_t t0 = now_ns();
+    for (unsigned long i = 0; i < 2 * n; i++)
+        CK(launch(f, s[i % 2]));
+    CK(cuCtxSynchronize());
+    uint64_t t1 = now_ns();
+    printf("{\"pid\": %d, \"launched\": %" PRIu64 ", \"synced\": %" PRIu64 "}\n", (int)getpid(), t0, t1);
+    return 0;
+}
+
+/* A kernel of US1 us on one stream, an event after it; on another stream a wait for
+ * that event (unless "nowait") and a kernel of US2 us. */
+static int cmd_stream_wait(unsigned long us1, unsigned long us2, int wait)
+{
+    setup();
+    CUstream s1, s2;
+    CUevent e;
+    CK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    CK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    CK(launch(kernel(us1), s1));
+    CK(cuEventRecord(e, s1));
+    if (wait)
+        CK(cuStreamWaitEvent(s2, e, 0));
+    CK(launch(kernel(us2), s2));
+    CK(cuStreamSynchronize(s2));
+    uint64_t t = now_ns();
+    CK(cuStreamSynchronize(s1));
+    printf("{\"pid\": %d, \"s2_synced\": %" PRIu64 "}\n", (int)getpid(), t);
+    return 0;
+}
+
+/* ---- hammer, engine ---- */
+/* Launches, records, queries and syncs on two streams until killed. */
+static int cmd_hammer(void)
+{
+    setup();
+    CUfunction f = kernel(5);
+    CUstream s[2];
+    CUevent e[4];
+    for (int i = 0; i < 2; i++)
+        CK(cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < 4; i++)
+        CK(cuEventCreate(&e[i], CU_EVENT_DEFAULT));
+    printf("{\"pid\": %d}\n", (int)getpid());
+    fflush(stdout);
+    for (unsigned long i = 0;; i++) {
+        CK(launch(f, s[i % 2]));
+        CK(cuEventRecord(e[i % 4], s[i % 2]));
+        CUresult r = cuEventQuery(e[(i + 1) % 4]);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY)
+            die("cuEventQuery: %s", rname(r));
+        r = cuStreamQuery(s[0]);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY)
+            die("cuStreamQuery: %s", rname(r));
+        if (i % 64 == 63)
+            CK(cuCtxSynchronize());
+    }
+    return 0;
+}
+
+/* What the timed engine of device DEV holds (read-only, from the state file). */
+static int cmd_engine(const char *path, unsigned long dev)
+{
+    int fd = open(path, O_RDONLY);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || (size_t)sb.st_size < sizeof(struct simgpu_state))
+        die("%s: not a simgpu state file", path);
+    const struct simgpu_state *st = mmap(NULL, sizeof(*st), PROT_READ, MAP_SHARED, fd, 0);
+    if (st == MAP_FAILED || st->magic != SIMGPU_MAGIC || dev >= st->ndev)
+        die("%s: not a simgpu state file with device %lu", path, dev);
+    const struct simgpu_engine *E = &st->eng[dev];
+    const struct simgpu_cursor *c = &E->c[atomic_load(&E->cur) & 1];
+    unsigned n[3] = {0}, queues = 0, waiting = 0;
+    for (unsigned i = 0; i < SIMGPU_ENTRIES; i++)
+        n[atomic_load(&E->e[i].state) % 3]++;
+    for (unsigned k = 0; k < c->nq && k < SIMGPU_QUEUES; k++) {
+        queues += c->q[k].used != 0;
+        waiting += c->q[k].used != 0 && c->q[k].head != SIMGPU_NIL;
+    }
+    printf("{\"timed\": %u, \"repairs\": %u, \"free\": %u, \"queued\": %u, \"done\": %u, \"queues\": %u, "
+           "\"queues_with_work\": %u}\n",
+           st->cfg.timed, atomic_load(&E->repairs), n[0], n[1], n[2], queues, waiting);
+    return 0;
+}
+
 static void usage(void)
 {
-    fprintf(stderr, "usage: simgpu_probe events US | wake stream|ctx|event-blocking|event-spin N US | capture\n");
+    fprintf(stderr, "usage: simgpu_probe events US | wake stream|ctx|event-blocking|event-spin N US | capture |\n"
+                    "       streams N US | stream-wait US1 US2 [nowait] | hammer | engine STATE DEV\n");
     exit(2);
 }
 
@@ -363,6 +471,14 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (!strcmp(cmd, "events") && argc == 3)
         return cmd_events(parse_ul(argv[2], "US"));
+    if (!strcmp(cmd, "streams") && argc == 4)
+        return cmd_streams(parse_ul(argv[2], "N"), parse_ul(argv[3], "US"));
+    if (!strcmp(cmd, "stream-wait") && (argc == 4 || (argc == 5 && !strcmp(argv[4], "nowait"))))
+        return cmd_stream_wait(parse_ul(argv[2], "US1"), parse_ul(argv[3], "US2"), argc == 4);
+    if (!strcmp(cmd, "hammer") && argc == 2)
+        return cmd_hammer();
+    if (!strcmp(cmd, "engine") && argc == 4)
+        return cmd_engine(argv[2], parse_ul(argv[3], "DEV"));
     if (!strcmp(cmd, "capture") && argc == 2)
         return cmd_capture();
     if (!strcmp(cmd, "wake") && argc == 5)
