@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """simgpu behaving like hardware (docs/simgpu.md): events dated on the engine's timeline,
-syncs that wake up as a host does (SIMGPU_WAKE_US), stream capture's rules.
+syncs that wake up as a host does (SIMGPU_WAKE_US), stream capture's rules, the timed
+engine (concurrent streams, time slices, a process dying inside it).
 
 Real processes (build/tests/simgpu_probe, cuda_client) on a private simulated GPU; what
 they report is checked against the engine's own record of what ran when
@@ -23,10 +24,13 @@ NS_PER_MS = 1_000_000
 FLOAT_NS = 1_000  # cuEventElapsedTime is a float of ms: far finer than this at these lengths
 
 # The engine modes every timeline test runs in (the env of every process on the GPU).
+SLICE = {"SIMGPU_TIMESLICE_US": "1000", "SIMGPU_SWITCH_US": "20"}
 STREAMS = {"SIMGPU_CONCURRENT_STREAMS": "1"}
 MODES = {
     "fifo": {},
     "streams": STREAMS,
+    "slice": SLICE,
+    "slice-streams": {**SLICE, **STREAMS},
 }
 
 
@@ -237,7 +241,7 @@ def runs_of(tl: list[tuple[int, int, int]], pid: int) -> list[tuple[int, int]]:
     return [(s, e) for s, e, p in tl if p == pid]
 
 
-@pytest.mark.parametrize("mode", ["streams"])
+@pytest.mark.parametrize("mode", ["streams", "slice-streams"])
 def test_streams_of_one_process_run_concurrently(simgpu_env: dict[str, str], mode: str) -> None:
     simgpu_env.update(MODES[mode])
     r = probe(simgpu_env, "streams", "10", "2000")
@@ -247,7 +251,7 @@ def test_streams_of_one_process_run_concurrently(simgpu_env: dict[str, str], mod
     assert r["synced"] >= max(e for _, e in runs)                 # the context sync waited for both
 
 
-@pytest.mark.parametrize("mode", ["fifo"])
+@pytest.mark.parametrize("mode", ["fifo", "slice"])
 def test_streams_of_one_process_take_turns_without_the_switch(simgpu_env: dict[str, str],
                                                               mode: str) -> None:
     simgpu_env.update(MODES[mode])
@@ -301,16 +305,94 @@ def test_nvml_counts_overlapping_streams_once(simgpu_env: dict[str, str]) -> Non
     assert 95 <= sample["sm_util"] <= 100
 
 
+# ---- the timed engine: time slices ----
+
+def launch_together(env: dict[str, str], *loads: tuple[int, int, float]) -> list[dict]:
+    """cuda_client launch N US, each load (n, us, delay s) from a common start."""
+    run([CLIENT, "info"], env)  # the state exists before the clock starts
+    start = time.monotonic_ns() + 300_000_000
+    procs = [subprocess.Popen([CLIENT, "launch", str(n), str(us), str(start + int(d * 1e9))],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n, us, d in loads]
+    out = []
+    for p in procs:
+        o, e = p.communicate(timeout=30)
+        assert p.returncode == 0, e
+        out.append(dict(json.loads(o), pid=p.pid))
+    return out
+
+
+def test_greedy_processes_take_turns_in_slices(simgpu_env: dict[str, str]) -> None:
+    simgpu_env.update(SLICE)
+    a, b = launch_together(simgpu_env, (20, 3000, 0), (20, 3000, 0))
+    tl = timeline(simgpu_env)
+    # While both have work: from the first run of the one that came second (a process may
+    # start late on a busy machine; until the other comes, the first runs unbroken).
+    both_from = max(min(s for s, _, p in tl if p == r["pid"]) for r in (a, b))
+    both_until = min(max(e for _, e, p in tl if p == r["pid"]) for r in (a, b))
+    runs = [(s, e, p) for s, e, p in tl
+            if p in (a["pid"], b["pid"]) and both_from <= s < both_until]
+    assert len(runs) >= 80
+    for (s0, e0, p0), (s1, e1, p1) in zip(runs, runs[1:], strict=False):
+        assert p1 != p0                 # the other's turn, every time
+        assert s1 - e0 == 20_000        # each switch costs SIMGPU_SWITCH_US, idle
+    # A slice each: a 3 ms kernel never runs 3 ms unbroken while the other waits.
+    assert all(e - s == 1000_000 for s, e, _ in runs[:-1])
+    share = [sum(e - s for s, e, p in runs if p == r["pid"]) for r in (a, b)]
+    assert abs(share[0] - share[1]) <= 1000_000
+
+
+@pytest.mark.parametrize("mode", ["fifo", "slice"])
+def test_a_queued_tail_waits_or_interleaves(simgpu_env: dict[str, str], mode: str) -> None:
+    """A process with 30 ms queued, another that comes 5 ms later: FIFO runs the first's
+    tail first; time slices give the newcomer the engine within a slice and a switch."""
+    simgpu_env.update(MODES[mode])
+    a, b = launch_together(simgpu_env, (10, 3000, 0), (5, 1000, 0.005))
+    tl = timeline(simgpu_env)
+    a_end = max(e for _, e, p in tl if p == a["pid"])
+    b_first = min(s for s, _, p in tl if p == b["pid"])
+    if mode == "fifo":
+        assert b_first >= a_end
+    else:
+        assert b_first - b["start_ns"] <= 1000_000 + 20_000 + 3_000_000  # + its launch's own cost
+        assert a_end > b_first + 5 * 1000_000                            # the tail came after
+
+
+def test_a_kernel_longer_than_the_slice_runs_unbroken_alone(simgpu_env: dict[str, str]) -> None:
+    simgpu_env.update(SLICE)
+    (r,) = launch_together(simgpu_env, (1, 5000, 0))
+    assert [e - s for s, e, p in timeline(simgpu_env) if p == r["pid"]] == [5000_000]
+
+
+def test_nvml_sees_sliced_processes_share_the_engine(simgpu_env: dict[str, str]) -> None:
+    simgpu_env.update(SLICE)
+    run([CLIENT, "info"], simgpu_env)
+    procs = [subprocess.Popen([CLIENT, "launch", "400", "5000"], env=simgpu_env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    try:
+        time.sleep(1.3)  # NVML's window is the last second: all of it shared
+        dev = nvml_info(simgpu_env)["devices"][0]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert dev["utilization"]["gpu"] >= 95   # 1000 of each 1020 us: the switches are idle
+    sm = sorted(u["sm_util"] for u in dev["process_utilization"]
+                if u["pid"] in {p.pid for p in procs})
+    assert len(sm) == 2 and 45 <= sm[0] <= sm[1] <= 52, dev
+
+
 # ---- the timed engine survives a process that dies holding its lock ----
 
 def engine_report(env: dict[str, str]) -> dict:
     return probe(env, "engine", env["SIMGPU_STATE"], "0")
 
 
+@pytest.mark.parametrize("mode", ["streams", "slice"])
 @pytest.mark.parametrize("where", ["submit:40", "advance:40"])
 def test_a_process_dead_inside_the_engine_wedges_nobody(simgpu_env: dict[str, str],
-                                                        where: str) -> None:
-    simgpu_env.update(STREAMS)
+                                                        where: str, mode: str) -> None:
+    simgpu_env.update(MODES[mode])
     # SIMGPU_TEST_CRASH: the process exits at that step with the lock held, its changes
     # to the entries made and the cursor not committed.
     p = run([PROBE, "hammer"], dict(simgpu_env, SIMGPU_TEST_CRASH=where), check=False)
