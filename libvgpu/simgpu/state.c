@@ -290,9 +290,14 @@ static int init_devices(struct simgpu_state *st)
 static struct simgpu_state *map_fd(int fd, const char *path)
 {
     struct stat sb;
+    uint32_t head[2];
     if (fstat(fd, &sb) != 0 || (size_t)sb.st_size < sizeof(struct simgpu_state)) {
-        fprintf(stderr, "simgpu: SIMGPU_STATE=%s: not a simgpu state file (size %lld)\n", path,
-                (long long)sb.st_size);
+        if (pread(fd, head, sizeof(head), 0) == (ssize_t)sizeof(head) && head[0] == SIMGPU_MAGIC)
+            fprintf(stderr, "simgpu: SIMGPU_STATE=%s: made by another simgpu build (layout %u, this one %u): "
+                    "remove it once no process uses it, or name another file\n", path, head[1], SIMGPU_VERSION);
+        else
+            fprintf(stderr, "simgpu: SIMGPU_STATE=%s: not a simgpu state file (size %lld)\n", path,
+                    (long long)sb.st_size);
         return NULL;
     }
     void *m = mmap(NULL, sizeof(struct simgpu_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -309,8 +314,8 @@ static int wait_ready(struct simgpu_state *st, const char *path)
     for (int i = 0; i < 1000 && atomic_load((_Atomic uint32_t *)&st->magic) != SIMGPU_MAGIC; i++)
         usleep(1000);
     if (st->magic != SIMGPU_MAGIC || st->version != SIMGPU_VERSION || st->size != sizeof(*st)) {
-        fprintf(stderr, "simgpu: SIMGPU_STATE=%s: wrong magic/version/size (made by another simgpu build?)\n",
-                path);
+        fprintf(stderr, "simgpu: SIMGPU_STATE=%s: wrong magic/version/size (made by another simgpu build? "
+                "remove it once no process uses it, or name another file)\n", path);
         return -1;
     }
     return 0;

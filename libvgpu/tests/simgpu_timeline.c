@@ -3,6 +3,9 @@
  * simgpu_timeline - print the recent kernels of one simulated device, oldest
  * first: "start_ns end_ns pid" per line (CLOCK_MONOTONIC), from simgpu's
  * state file. bench/compute.py reads the GPU's idle time at hand-overs in it.
+ * On the timed engine (docs/simgpu.md) a line is a run of a kernel: one that was
+ * preempted has several, and the one in progress ends where the engine was last
+ * worked out (this program reads the file without working it out).
  *
  *   simgpu_timeline STATE_FILE [DEVICE]
  */

@@ -11,8 +11,10 @@ never rest on how fast this machine is.
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from support.paths import SIMGPU_DIR, TEST_BIN
@@ -408,3 +410,46 @@ def test_a_process_dead_inside_the_engine_wedges_nobody(simgpu_env: dict[str, st
     assert rep["repairs"] == 1
     assert rep["queued"] == 0 and rep["queues_with_work"] == 0
     assert rep["free"] + rep["done"] == 4096 and rep["done"] <= 8  # kept for its events
+
+
+# ---- the engine settings belong to the state file ----
+
+@pytest.mark.parametrize("name, value, why", [
+    ("SIMGPU_TIMESLICE_US", "0", "not whole microseconds from 1 to 1000000"),
+    ("SIMGPU_TIMESLICE_US", "1ms", "not whole microseconds from 1 to 1000000"),
+    ("SIMGPU_SWITCH_US", "200000", "not whole microseconds from 0 to 100000"),
+    ("SIMGPU_SWITCH_US", "-1", "not whole microseconds from 0 to 100000"),
+    ("SIMGPU_CONCURRENT_STREAMS", "yes", "not 0 or 1"),
+])
+def test_a_bad_engine_setting_is_refused_with_one_line(simgpu_env: dict[str, str], name: str,
+                                                       value: str, why: str) -> None:
+    simgpu_env[name] = value
+    p = run([CLIENT, "info"], simgpu_env, check=False)
+    assert p.returncode == 1 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert lines[0] == f'simgpu: {name}="{value}": {why}' and len(lines) == 2
+    assert "CUDA_ERROR_NO_DEVICE" in lines[1]
+
+
+def test_every_process_runs_the_engine_the_state_file_was_made_with(
+        simgpu_env: dict[str, str]) -> None:
+    run([CLIENT, "info"], dict(simgpu_env, **SLICE))
+    assert engine_report(simgpu_env)["timed"] == 1           # unset: the file's settings
+    p = run([CLIENT, "info"], dict(simgpu_env, SIMGPU_TIMESLICE_US="500"), check=False)
+    assert p.returncode == 1
+    line = p.stderr.splitlines()[0]
+    assert line == (f'simgpu: SIMGPU_TIMESLICE_US="500": the simulated GPU of SIMGPU_STATE='
+                    f'{simgpu_env["SIMGPU_STATE"]} runs with 1000 (set when it was created; '
+                    'every process on it shares its engine)')
+    run([CLIENT, "info"], dict(simgpu_env, **SLICE))          # the same settings: fine
+
+
+def test_a_state_file_of_an_older_layout_is_named(simgpu_env: dict[str, str],
+                                                  tmp_path: Path) -> None:
+    old = tmp_path / "old.state"
+    old.write_bytes(struct.pack("<II", 0x47504D53, 1) + bytes(4096))  # magic, layout 1
+    p = run([CLIENT, "info"], dict(simgpu_env, SIMGPU_STATE=str(old)), check=False)
+    assert p.returncode == 1
+    assert p.stderr.splitlines()[0] == (
+        f"simgpu: SIMGPU_STATE={old}: made by another simgpu build (layout 1, this one 2): "
+        "remove it once no process uses it, or name another file")
