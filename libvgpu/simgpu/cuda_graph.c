@@ -239,9 +239,12 @@ SIMGPU_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
  * of its own that is not RELAXED, nor, in GLOBAL mode, while another thread has a GLOBAL
  * one. Whatever the mode, syncing or querying a capturing stream, a context with one, or an
  * event recorded into one conflicts necessarily. Such a call fails with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it conflicts with:
- * their streams stay in capture until cuStreamEndCapture, which then fails with
- * CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph. Captures are per process.
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (CUDA_ERROR_CAPTURED_EVENT for the event) and
+ * invalidates the captures it conflicts with: their streams stay in capture until
+ * cuStreamEndCapture, which then fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no
+ * graph. A capture that is not relaxed, ended on another thread, ends with
+ * CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD and no graph. Captures are per process. (Checked
+ * against an H200's driver with build/tests/simgpu_probe capture.)
  */
 
 static pthread_mutex_t g_cap_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -281,22 +284,26 @@ CUresult sg_capture_guard(const struct sg_stream *s, const struct sg_ctx *ctx, u
 {
     if (!atomic_load(&g_captures))
         return CUDA_SUCCESS;
-    int prohibited = 0;
+    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_cap_lock);
     for (struct sg_stream *c = g_capturing; c; c = c->cap_next) {
         int mine = c->cap_thread == &tl_token;
-        int conflict = c == s || (ctx && c->ctx == ctx) || (cap_id && c->cap_id == cap_id);
+        int conflict = c == s || (ctx && c->ctx == ctx);
         if (tl_mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
             conflict |= mine && c->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED;
             conflict |= !mine && tl_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->cap_mode == CU_STREAM_CAPTURE_MODE_GLOBAL;
         }
-        if (conflict) {
+        if (cap_id && c->cap_id == cap_id) {
             c->cap_invalid = 1;
-            prohibited = 1;
+            rc = SG_ERROR_CAPTURED_EVENT; /* the driver's answer for an event of a capture */
+        } else if (conflict) {
+            c->cap_invalid = 1;
+            if (rc == CUDA_SUCCESS)
+                rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         }
     }
     pthread_mutex_unlock(&g_cap_lock);
-    return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+    return rc;
 }
 
 /* Take s out of capture (under g_cap_lock); returns its graph. */
@@ -392,24 +399,24 @@ SIMGPU_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
     if ((rc = sg_stream_resolve(hStream, &s)) != CUDA_SUCCESS)
         return rc;
     struct sg_graph *g = NULL;
-    int invalid = 0;
     pthread_mutex_lock(&g_cap_lock);
-    if (!s->capture)
+    if (!s->capture) {
         rc = CUDA_ERROR_ILLEGAL_STATE;
-    else if (s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->cap_thread != &tl_token)
-        rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD; /* the capture goes on */
-    else {
-        invalid = s->cap_invalid;
+    } else {
+        /* Ended from another thread, a capture that is not relaxed is over all the same,
+         * with no graph (so the driver does). */
+        if (s->cap_mode != CU_STREAM_CAPTURE_MODE_RELAXED && s->cap_thread != &tl_token)
+            rc = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+        else if (s->cap_invalid)
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
         g = capture_end(s);
     }
     pthread_mutex_unlock(&g_cap_lock);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    if (invalid) {
-        if (sg_handle_take(g, SG_MAGIC_GRAPH))
+    *phGraph = NULL;
+    if (rc != CUDA_SUCCESS) {
+        if (g && sg_handle_take(g, SG_MAGIC_GRAPH))
             graph_free(g);
-        *phGraph = NULL;
-        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        return rc;
     }
     *phGraph = (CUgraph)g;
     return CUDA_SUCCESS;

@@ -21,6 +21,8 @@
 #include "simgpu_state.h"
 
 #define SG_DRIVER_VERSION 13000
+/* Driver results vgpu_cuda.h (libvgpu's view of the ABI) does not name. */
+#define SG_ERROR_CAPTURED_EVENT ((CUresult)907) /* CUDA_ERROR_CAPTURED_EVENT */
 #define SG_GRANULARITY (2u << 20) /* VMM granularity, like the real driver's 2 MiB */
 
 enum {
@@ -159,7 +161,8 @@ int sg_capture_add(struct sg_stream *s, uint64_t dur_ns, CUresult *rc);
  * it was invalidated. */
 uint64_t sg_capture_id(struct sg_stream *s, int *invalid);
 /* Before a sync or query (potentially unsafe during capture) by the calling thread:
- * CUDA_SUCCESS, or CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED after invalidating each capture
+ * CUDA_SUCCESS, or CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (CUDA_ERROR_CAPTURED_EVENT for an
+ * event recorded into a capture) after invalidating each capture
  * it conflicts with: one the thread's capture mode forbids it to run beside, or one it
  * necessarily conflicts with: s's (the stream it syncs or queries, NULL: none), one in
  * context ctx (the context it syncs, NULL: none), or sequence cap_id (an event recorded

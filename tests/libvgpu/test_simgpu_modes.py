@@ -169,6 +169,8 @@ def test_a_bad_wake_value_is_refused_with_one_line(simgpu_env: dict[str, str], v
 
 # ---- stream capture: the driver's rules on unsafe calls beside a capture ----
 
+# What an H200's driver answered to build/tests/simgpu_probe capture, scenario by scenario
+# (run on a GPU, the probe's kernel is PTX); simgpu must answer the same.
 UNSUPPORTED = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"
 INVALIDATED = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"
 BROKEN = {"rc": UNSUPPORTED, "launch_after": INVALIDATED, "status": 2,  # ..._STATUS_INVALIDATED
@@ -198,12 +200,15 @@ CAPTURE = {
     # Whatever the modes: the capturing stream, an event recorded into the capture, the
     # context that holds it.
     "conflict/query_capturing_stream": BROKEN,
-    "conflict/query_captured_event": BROKEN,
+    "conflict/query_captured_event": dict(BROKEN, rc="CUDA_ERROR_CAPTURED_EVENT"),
     "conflict/sync_ctx": BROKEN,
-    # A capture that is not relaxed ends on the thread that began it.
-    "end/other_thread": dict(ALLOWED, rc="CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"),
+    "conflict/sync_capturing_stream": BROKEN,
+    # A capture that is not relaxed, ended on another thread, is over with no graph.
+    "end/other_thread": {"rc": "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+                         "launch_after": "CUDA_SUCCESS", "status": 0,  # ..._STATUS_NONE
+                         "end": "CUDA_ERROR_ILLEGAL_STATE", "graph": False},
     "end/other_thread_relaxed": {"rc": "CUDA_SUCCESS", "launch_after": "CUDA_SUCCESS",
-                                 "status": 0, "end": "CUDA_ERROR_ILLEGAL_STATE", "graph": "set"},
+                                 "status": 0, "end": "CUDA_ERROR_ILLEGAL_STATE", "graph": False},
 }
 
 
