@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * gpucheck.c - what the GPU itself does, measured without libvgpu (issue 24, part 1).
+ * gpucheck.c - what the GPU itself does, measured without libvgpu (issue 24, part 1), and
+ * the loads that measure compute shares under libvgpu on the GPU's own timeline (part 2).
  *
  *   gpucheck [OUTDIR]            (tests/gpu/gpucheck.sh builds and runs it)
+ *   gpucheck load ... / gpucheck shares ... / gpucheck now
+ *                                (tests/gpu/gpucheck-shares.sh; see load_main, shares_main)
  *
  * gcc alone, no CUDA toolkit: the few driver API types and entry points used are
  * declared here and taken from dlopen("libcuda.so.1"). The kernels are a PTX string at
@@ -37,6 +40,7 @@
  * Exit status: 0 when every section ran, 1 when one failed, 2 when nothing could run.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -2152,12 +2156,542 @@ static int s_clock_end(struct gctx *g)
     return sec_clock(g, "clock_end", 1);
 }
 
+/* ---- load mode: one process of a compute-share row (tests/gpu/gpucheck-shares.sh) ----
+ *
+ *   gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll]] [--queue-us Q]
+ *                 --seconds S [--start-at MONO_NS] --stamps FILE
+ *
+ * Greedy (no --sync-every): spin(N us) kernels back to back, at most about Q us (default
+ * 4000) queued, waited for in batches of about 1 ms through events. A step loop: K
+ * kernels, cuStreamSynchronize (--poll: cuStreamQuery until done), then U us of CPU
+ * spinning. Every kernel stamps its start, its end and its holes (another context had the
+ * GPU) into device memory, copied back in batches after the run, so what libvgpu adds
+ * (its events, syncs) is the run's alone. FILE gets a header line, then one line per
+ * piece of a kernel that ran: "start_ns end_ns kernel_index" on the GPU's %globaltimer.
+ * In host-only mode (simgpu: no stamps) the pieces are launch-time accounting: a
+ * busy_<N>us kernel runs N us from its launch's return or its predecessor's end. */
+
+static volatile sig_atomic_t g_load_stop;
+
+static void thread_cpu(char *buf, size_t n)
+{
+    /* Each thread's CPU time (user + system), by name: the app's, and libvgpu's holder
+     * and broker threads when it is preloaded. */
+    buf[0] = 0;
+    char dir[64];
+    snprintf(dir, sizeof dir, "/proc/%d/task", (int)getpid());
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    long hz = sysconf(_SC_CLK_TCK);
+    size_t len = 0;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.')
+            continue;
+        char p[384], comm[64] = "?", st[1024];
+        snprintf(p, sizeof p, "%s/%s/comm", dir, e->d_name);
+        FILE *f = fopen(p, "r");
+        if (f) {
+            if (fgets(comm, sizeof comm, f))
+                comm[strcspn(comm, "\n")] = 0;
+            fclose(f);
+        }
+        for (char *c = comm; *c; c++)
+            if (*c == ' ' || *c == ',' || *c == ':')
+                *c = '_';
+        snprintf(p, sizeof p, "%s/%s/stat", dir, e->d_name);
+        f = fopen(p, "r");
+        if (!f)
+            continue;
+        size_t k = fread(st, 1, sizeof st - 1, f);
+        fclose(f);
+        st[k] = 0;
+        char *rp = strrchr(st, ')');
+        unsigned long ut = 0, stt = 0;
+        /* after ")": state(3) ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime(14) stime(15) */
+        if (!rp || sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stt) != 2)
+            continue;
+        int w = snprintf(buf + len, n - len, "%s%s:%.2f", len ? "," : "", comm, (double)(ut + stt) / (double)hz);
+        if (w < 0 || (size_t)w >= n - len)
+            break;
+        len += (size_t)w;
+    }
+    closedir(d);
+}
+
+static void spin_cpu(uint64_t ns)
+{
+    uint64_t end = mono() + ns;
+    while (mono() < end)
+        ;
+}
+
+static int load_main(int argc, char **argv)
+{
+    uint64_t kus = 0, sync_every = 0, gap_us = 0, queue_us = 4000, start_at = 0;
+    double seconds = 0;
+    int poll = 0;
+    const char *stamps = NULL;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--poll")) {
+            poll = 1;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "gpucheck load: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--kernel-us"))
+            kus = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--sync-every"))
+            sync_every = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--cpu-gap-us"))
+            gap_us = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--queue-us"))
+            queue_us = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--seconds"))
+            seconds = atof(v);
+        else if (!strcmp(a, "--start-at"))
+            start_at = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--stamps"))
+            stamps = v;
+        else {
+            fprintf(stderr, "gpucheck load: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (!kus || seconds <= 0 || !stamps) {
+        fprintf(stderr, "usage: gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll]] "
+                        "[--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE\n");
+        return 2;
+    }
+    if (getenv("GPUCHECK_DEVICE"))
+        g_devidx = atoi(getenv("GPUCHECK_DEVICE"));
+    alarm((unsigned)seconds + 90);
+    uint64_t ns = kus * 1000, dur = (uint64_t)(seconds * 1e9);
+    struct gctx g;
+    g_main = &g;
+    if (load_driver() || cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&g_dev, g_devidx) != CUDA_SUCCESS ||
+        ctx_open(&g, CU_CTX_SCHED_AUTO) || probe_stamps(&g)) {
+        fprintf(stderr, "gpucheck load: no context, or the kernels did not load\n");
+        return 2;
+    }
+    /* Room for every kernel the run can hold (each runs at least N us), and a queue's worth. */
+    uint64_t max = dur / ns + 4 * (queue_us * 1000 / ns + 1) + 1024;
+    CUdeviceptr d = 0;
+    if (recs_alloc(&d, max))
+        return 2;
+    uint64_t *tl = g_stamps ? NULL : calloc(max, 8); /* host-only: when each launch returned */
+    if (!g_stamps && !tl)
+        return 2;
+    uint64_t batch = 1000000 / ns, depth = queue_us * 1000 / ns; /* kernels per ~1 ms batch; queued */
+    if (batch < 1)
+        batch = 1;
+    if (batch > 64)
+        batch = 64;
+    if (depth < 1)
+        depth = 1;
+    uint64_t nb = depth / batch; /* batches kept in flight */
+    if (nb < 1)
+        nb = 1;
+    CUevent ev[65];
+    if (nb > 64)
+        nb = 64;
+    for (uint64_t i = 0; i <= nb; i++)
+        CK(cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+    double late_ms = 0;
+    if (start_at) {
+        uint64_t now = mono();
+        if (now > start_at)
+            late_ms = (double)(now - start_at) / 1e6;
+        else
+            sleep_until(start_at);
+    }
+    uint64_t t0 = mono(), tend = t0 + dur, n = 0, b = 0, steps = 0;
+#define LAUNCH_ONE()                                                                                                  \
+    do {                                                                                                              \
+        CK(launch(&g, g.s, ns, d ? d + (CUdeviceptr)n * REC_BYTES : 0));                                              \
+        if (tl)                                                                                                       \
+            tl[n] = mono();                                                                                           \
+        n++;                                                                                                          \
+    } while (0)
+    if (!sync_every) {
+        while (n + batch <= max && mono() < tend && !g_load_stop) {
+            for (uint64_t k = 0; k < batch; k++)
+                LAUNCH_ONE();
+            CK(cuEventRecord(ev[b % (nb + 1)], g.s));
+            b++;
+            if (b > nb)
+                CK(cuEventSynchronize(ev[(b - 1 - nb) % (nb + 1)]));
+        }
+    } else {
+        while (n + sync_every <= max && mono() < tend && !g_load_stop) {
+            for (uint64_t k = 0; k < sync_every; k++)
+                LAUNCH_ONE();
+            if (poll) {
+                CUresult r;
+                while ((r = cuStreamQuery(g.s)) == CUDA_ERROR_NOT_READY)
+                    ;
+                CK(r);
+            } else {
+                CK(cuStreamSynchronize(g.s));
+            }
+            steps++;
+            if (gap_us)
+                spin_cpu(gap_us * 1000);
+        }
+    }
+#undef LAUNCH_ONE
+    CK(cuStreamSynchronize(g.s));
+    uint64_t t1 = mono();
+    char cpu[1024];
+    thread_cpu(cpu, sizeof cpu);
+    FILE *f = fopen(stamps, "w");
+    if (!f) {
+        fprintf(stderr, "gpucheck load: %s: %s\n", stamps, strerror(errno));
+        return 2;
+    }
+    fprintf(f,
+            "# gpucheck-load pid=%d mode=%s kernel_us=%" PRIu64 " sync_every=%" PRIu64 " cpu_gap_us=%" PRIu64
+            " poll=%d queue_us=%" PRIu64 " kernels=%" PRIu64 " steps=%" PRIu64 " late_ms=%.3f run_s=%.3f"
+            " preload=%s cpu_s=%s\n",
+            (int)getpid(), g_stamps ? "gpu-timeline" : "host-only", kus, sync_every, gap_us, poll, queue_us, n,
+            steps, late_ms, (double)(t1 - t0) / 1e9, getenv("LD_PRELOAD") && *getenv("LD_PRELOAD") ? "yes" : "no",
+            cpu);
+    uint64_t chunk = 8192, missing = 0; /* 8 MiB of records at a time */
+    uint64_t *h = malloc(chunk * REC_BYTES);
+    if (!h)
+        return 2;
+    uint64_t prev_end = 0;
+    for (uint64_t i0 = 0; i0 < n; i0 += chunk) {
+        uint64_t m = n - i0 < chunk ? n - i0 : chunk;
+        if (g_stamps)
+            CK(cuMemcpyDtoH_v2(h, d + (CUdeviceptr)i0 * REC_BYTES, m * REC_BYTES));
+        for (uint64_t j = 0; j < m; j++) {
+            uint64_t i = i0 + j;
+            if (!g_stamps) {
+                uint64_t s = tl[i] > prev_end ? tl[i] : prev_end;
+                prev_end = s + ns;
+                fprintf(f, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", s, prev_end, i);
+                continue;
+            }
+            const uint64_t *r = REC(h, j);
+            if (!r[R_END]) {
+                missing++;
+                continue;
+            }
+            uint64_t cur = r[R_START], ng = r[R_NGAP];
+            for (uint64_t k = 0; k < ng && k < MAX_GAPS; k++) {
+                uint64_t ga = r[R_GAP0 + 2 * k], gb = r[R_GAP0 + 2 * k + 1];
+                if (ga > cur)
+                    fprintf(f, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", cur, ga, i);
+                cur = gb;
+            }
+            if (r[R_END] > cur)
+                fprintf(f, "%" PRIu64 " %" PRIu64 " %" PRIu64 "\n", cur, r[R_END], i);
+        }
+    }
+    free(h);
+    if (fclose(f) != 0)
+        return 2;
+    if (missing)
+        fprintf(stderr, "gpucheck load: %" PRIu64 " of %" PRIu64 " kernels wrote no stamps\n", missing, n);
+    printf("load pid=%d kernels=%" PRIu64 " run_s=%.3f late_ms=%.3f cpu_s=%s\n", (int)getpid(), n,
+           (double)(t1 - t0) / 1e9, late_ms, cpu);
+    return 0;
+}
+
+/* ---- shares mode: a row's stamps merged on one timeline ----
+ *
+ *   gpucheck shares [--warm S] [--window S] [--title T] [--timeline FILE] [--tsv FILE]
+ *                   NAME TARGET STAMPS [NAME TARGET STAMPS ...]
+ *
+ * The window starts --warm (0.5) s after the row's first kernel and lasts --window (5) s.
+ * For each load: its share of the window (the pieces its kernels ran, holes taken out),
+ * against TARGET (a percent, or "-"); then the GPU's idle time, the time two loads ran at
+ * once, and the hand-over gaps: the GPU idle between one load's piece and another's (a
+ * switch with no gap counts 0). A load's "runs" are its spells on the GPU between two
+ * hand-overs; its kernels that started in the window, and the % of them cut by a switch
+ * (a hole: the GPU ran another context in the middle of the kernel, i.e. both had work
+ * queued and the hardware time-sliced them). --timeline FILE ("start end pid" per kernel, CLOCK_MONOTONIC, as
+ * build/tests/simgpu_timeline prints) takes the hand-overs from simgpu's engine instead, in
+ * host-only mode, where the stamps are launch-time accounting on the same clock. --tsv appends one line per load:
+ * title, name, target, achieved, idle %, overlap %, hand-overs, gap p50 us, gap p99 us,
+ * kernels, cut %. */
+
+struct piece {
+    uint64_t a, b, k; /* k: the kernel's index in its load (a kernel cut by holes has several pieces) */
+    int who;
+};
+
+static int cmp_piece(const void *x, const void *y)
+{
+    const struct piece *p = x, *q = y;
+    return p->a < q->a ? -1 : p->a > q->a ? 1 : p->who - q->who;
+}
+
+struct pieces {
+    struct piece *v;
+    size_t n, cap;
+};
+
+static int pieces_add(struct pieces *p, uint64_t a, uint64_t b, uint64_t k, int who)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 65536;
+        struct piece *v = realloc(p->v, cap * sizeof *v);
+        if (!v)
+            return -1;
+        p->v = v;
+        p->cap = cap;
+    }
+    p->v[p->n++] = (struct piece){a, b, k, who};
+    return 0;
+}
+
+#define SH_MAX 8
+
+/* Hand-overs in a sorted list of pieces over [w0, w1): gaps (ns) into *gaps, runs per load. */
+static size_t handovers(const struct piece *v, size_t n, uint64_t w0, uint64_t w1, double **gaps, double **runs,
+                        size_t *nruns)
+{
+    size_t ng = 0;
+    *gaps = malloc(sizeof(double) * (n + 1));
+    for (int k = 0; k < SH_MAX; k++) {
+        runs[k] = malloc(sizeof(double) * (n + 1));
+        nruns[k] = 0;
+    }
+    uint64_t reach = 0, run0 = 0;
+    int owner = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].b <= w0 || v[i].a >= w1)
+            continue;
+        if (owner < 0) {
+            owner = v[i].who;
+            run0 = v[i].a;
+        } else if (v[i].who != owner) {
+            (*gaps)[ng++] = v[i].a > reach ? (double)(v[i].a - reach) : 0;
+            runs[owner][nruns[owner]++] = (double)(reach - run0);
+            owner = v[i].who;
+            run0 = v[i].a;
+        }
+        if (v[i].b > reach)
+            reach = v[i].b;
+    }
+    return ng;
+}
+
+static int shares_main(int argc, char **argv)
+{
+    double warm = 0.5, window = 5;
+    const char *title = "", *timeline = NULL, *tsv = NULL;
+    const char *name[SH_MAX], *target[SH_MAX], *file[SH_MAX];
+    int nl = 0;
+    for (int i = 2; i < argc; i++) {
+        if (!strncmp(argv[i], "--", 2)) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "gpucheck shares: %s needs a value\n", argv[i]);
+                return 2;
+            }
+            const char *a = argv[i], *v = argv[++i];
+            if (!strcmp(a, "--warm"))
+                warm = atof(v);
+            else if (!strcmp(a, "--window"))
+                window = atof(v);
+            else if (!strcmp(a, "--title"))
+                title = v;
+            else if (!strcmp(a, "--timeline"))
+                timeline = v;
+            else if (!strcmp(a, "--tsv"))
+                tsv = v;
+            else {
+                fprintf(stderr, "gpucheck shares: unknown option %s\n", a);
+                return 2;
+            }
+            continue;
+        }
+        if (i + 2 >= argc || nl == SH_MAX) {
+            fprintf(stderr, "usage: gpucheck shares [--warm S] [--window S] [--title T] [--timeline FILE] "
+                            "[--tsv FILE] NAME TARGET STAMPS ... (at most %d loads)\n", SH_MAX);
+            return 2;
+        }
+        name[nl] = argv[i];
+        target[nl] = argv[i + 1];
+        file[nl] = argv[i + 2];
+        nl++;
+        i += 2;
+    }
+    if (!nl) {
+        fprintf(stderr, "gpucheck shares: no loads\n");
+        return 2;
+    }
+    struct pieces P = {0};
+    int pid[SH_MAX], host_only = 0;
+    char cpu[SH_MAX][256], mode[SH_MAX][32];
+    double late[SH_MAX];
+    for (int k = 0; k < nl; k++) {
+        FILE *f = fopen(file[k], "r");
+        if (!f) {
+            fprintf(stderr, "gpucheck shares: %s: %s\n", file[k], strerror(errno));
+            return 2;
+        }
+        char line[2048];
+        pid[k] = -1;
+        late[k] = 0;
+        snprintf(cpu[k], sizeof cpu[k], "?");
+        snprintf(mode[k], sizeof mode[k], "?");
+        while (fgets(line, sizeof line, f)) {
+            if (line[0] == '#') {
+                char *p;
+                if ((p = strstr(line, " pid=")))
+                    pid[k] = atoi(p + 5);
+                if ((p = strstr(line, " late_ms=")))
+                    late[k] = atof(p + 9);
+                if ((p = strstr(line, " mode=")))
+                    sscanf(p + 6, "%31s", mode[k]);
+                if ((p = strstr(line, " cpu_s=")))
+                    sscanf(p + 7, "%255s", cpu[k]);
+                continue;
+            }
+            unsigned long long a, b, idx = UINT64_MAX;
+            if (sscanf(line, "%llu %llu %llu", &a, &b, &idx) >= 2 && b > a && pieces_add(&P, a, b, idx, k))
+                return 2;
+        }
+        fclose(f);
+        if (!strcmp(mode[k], "host-only"))
+            host_only = 1;
+    }
+    if (!P.n) {
+        fprintf(stderr, "gpucheck shares: no stamps in the files\n");
+        return 2;
+    }
+    qsort(P.v, P.n, sizeof *P.v, cmp_piece);
+    uint64_t first = P.v[0].a, last = 0;
+    for (size_t i = 0; i < P.n; i++)
+        if (P.v[i].b > last)
+            last = P.v[i].b;
+    uint64_t w0 = first + (uint64_t)(warm * 1e9), w1 = w0 + (uint64_t)(window * 1e9);
+    double W = (double)(w1 - w0);
+    int short_run = last < w1;
+    double busy[SH_MAX] = {0}, uni = 0, sum = 0;
+    uint64_t reach = w0, nk[SH_MAX] = {0}, ncut[SH_MAX] = {0}, lastk[SH_MAX];
+    int marked[SH_MAX] = {0};
+    for (int k = 0; k < SH_MAX; k++)
+        lastk[k] = UINT64_MAX;
+    for (size_t i = 0; i < P.n; i++) {
+        uint64_t a = P.v[i].a < w0 ? w0 : P.v[i].a, b = P.v[i].b > w1 ? w1 : P.v[i].b;
+        if (b <= a)
+            continue;
+        /* Kernels in the window, and those cut by a switch: a kernel's pieces are in order,
+         * and another load's pieces may come between them. */
+        int w = P.v[i].who;
+        if (P.v[i].k != UINT64_MAX) {
+            if (P.v[i].k != lastk[w]) {
+                nk[w]++;
+                lastk[w] = P.v[i].k;
+                marked[w] = 0;
+            } else if (!marked[w]) {
+                ncut[w]++;
+                marked[w] = 1;
+            }
+        }
+        busy[P.v[i].who] += (double)(b - a);
+        sum += (double)(b - a);
+        if (b > reach) {
+            uni += (double)(b - (a > reach ? a : reach));
+            reach = b;
+        }
+    }
+    /* Hand-overs: from the stamps, or from simgpu's engine timeline in host-only mode. */
+    struct pieces T = {0};
+    const struct piece *hv = P.v;
+    size_t hn = P.n;
+    const char *hfrom = host_only ? "launch-time accounting (not the engine)" : "the GPU's stamps";
+    if (timeline) {
+        FILE *f = fopen(timeline, "r");
+        unsigned long long a, b;
+        int p;
+        while (f && fscanf(f, "%llu %llu %d", &a, &b, &p) == 3)
+            for (int k = 0; k < nl; k++)
+                if (p == pid[k] && b > a && pieces_add(&T, a, b, UINT64_MAX, k))
+                    return 2;
+        if (f)
+            fclose(f);
+        if (T.n) {
+            qsort(T.v, T.n, sizeof *T.v, cmp_piece);
+            hv = T.v;
+            hn = T.n;
+            hfrom = "simgpu's engine timeline: its last 4096 kernels, in the window";
+        }
+    }
+    double *gaps, *runs[SH_MAX];
+    size_t nruns[SH_MAX];
+    size_t ng = handovers(hv, hn, w0, w1, &gaps, runs, nruns);
+    struct st gs = stats(gaps, (int)ng);
+    double idle = 100 - uni / W * 100, overlap = (sum - uni) / W * 100;
+    printf("\n== %s\n", title);
+    printf("%-22s %7s %8s %7s %9s %9s %6s  %s\n", "load", "target", "achieved", "error", "runs p50", "kernels",
+           "cut %", "CPU s by thread");
+    FILE *t = tsv ? fopen(tsv, "a") : NULL;
+    for (int k = 0; k < nl; k++) {
+        struct st rs = stats(runs[k], (int)nruns[k]);
+        double got = busy[k] / W * 100;
+        char tg[16] = "-", er[16] = "-", rp[32] = "-";
+        if (strcmp(target[k], "-")) {
+            snprintf(tg, sizeof tg, "%.2f", atof(target[k]));
+            snprintf(er, sizeof er, "%+.2f", got - atof(target[k]));
+        }
+        if (rs.n)
+            snprintf(rp, sizeof rp, "%.2f ms", rs.p50 / 1e6);
+        char cut[16] = "-";
+        if (nk[k] && !host_only)
+            snprintf(cut, sizeof cut, "%.1f", 100.0 * (double)ncut[k] / (double)nk[k]);
+        printf("%-22s %7s %8.2f %7s %9s %9" PRIu64 " %6s  %s%s\n", name[k], tg, got, er, rp, nk[k], cut, cpu[k],
+               late[k] > 0 ? "  (started late)" : "");
+        if (t)
+            fprintf(t, "%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%zu\t%.1f\t%.1f\t%" PRIu64 "\t%s\n", title, name[k], target[k],
+                    got, idle, overlap, ng, gs.p50 / 1e3, gs.p99 / 1e3, nk[k], cut);
+    }
+    if (t)
+        fclose(t);
+    printf("GPU idle %.2f %%, two loads at once %.2f %%, window %.1f s after %.1f s (%s)\n", idle, overlap,
+           window, warm, host_only ? "host-only: launch-time accounting" : "from the GPU's stamps");
+    if (ng)
+        printf("hand-overs %zu: GPU idle between loads p50 %.1f us, p90 %.1f, p99 %.1f, max %.1f (from %s)\n", ng,
+               gs.p50 / 1e3, gs.p90 / 1e3, gs.p99 / 1e3, gs.max / 1e3, hfrom);
+    if (short_run)
+        printf("WARNING: the stamps end %.3f s before the window does\n", (double)(w1 - last) / 1e9);
+    free(gaps);
+    for (int k = 0; k < SH_MAX; k++)
+        free(runs[k]);
+    free(P.v);
+    free(T.v);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--worker") == 0)
         return worker_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "load") == 0)
+        return load_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "shares") == 0)
+        return shares_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "now") == 0) { /* CLOCK_MONOTONIC ns, for load --start-at */
+        printf("%" PRIu64 "\n", mono());
+        return 0;
+    }
     if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
-        printf("usage: %s [OUTDIR]   (GPUCHECK_DEVICE=N picks the device; default 0)\n", argv[0]);
+        printf("usage: %s [OUTDIR]   (GPUCHECK_DEVICE=N picks the device; default 0)\n"
+               "       %s load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll]] [--queue-us Q]\n"
+               "                --seconds S [--start-at MONO_NS] --stamps FILE\n"
+               "       %s shares [--warm S] [--window S] [--title T] [--timeline FILE] [--tsv FILE]\n"
+               "                NAME TARGET STAMPS [NAME TARGET STAMPS ...]\n"
+               "       %s now\n",
+               argv[0], argv[0], argv[0], argv[0]);
         return 0;
     }
     if (argc > 1)

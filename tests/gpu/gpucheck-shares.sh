@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# tests/gpu/gpucheck-shares.sh [OUTDIR] - compute shares under libvgpu, read from the GPU's
+# own timeline (issue 24, part 2; about 70 s on an H200).
+#
+# Each row starts its loads together (tests/gpu/gpucheck load: spin kernels that stamp
+# %globaltimer), each under LD_PRELOAD=$LIBVGPU (default build/libvgpu.so) with its own
+# VGPU_COMPUTE_LIMIT and VGPU_POLICY, all in one fresh VGPU_SCHED_DIR per row (libvgpu runs
+# its broker standalone: nothing else of vgpu is needed). `gpucheck shares` then merges
+# the stamps and prints, over a window that starts 0.5 s after the row's first kernel,
+# each load's share of GPU time against its target, the GPU's idle time and the hand-over
+# gaps (GPU idle between one load's kernel and another's), p50/p99.
+#
+#   1-3  greedy 200 us kernels: fixed 30 + burst 70, fixed 50 + burst 50, fixed 10 + burst 90
+#   4-6  a step loop (8 x 500 us, sync, 2 ms of CPU): alone without libvgpu (its use U),
+#        fixed 50 alone (target min(50, U)), fixed 50 beside a greedy burst 50
+#   7-8  50 us kernels synced every 8: alone without libvgpu (U), fixed 70 alone
+#   9    greedy 2 ms kernels: fixed 30 + burst 70
+#
+# OUTDIR (default ./gpucheck-shares-out) receives shares.txt (what was printed),
+# shares.tsv (title, load, target, achieved, idle %, overlap %, hand-overs, gap p50 us,
+# gap p99 us, kernels, % of them cut by a switch; one line per load) and rowN/ (each
+# load's stamps, stdout and stderr, the scheduling dir).
+#
+# On simgpu (LD_LIBRARY_PATH=build/simgpu; SIMGPU_STATE defaults to a file in OUTDIR)
+# the kernels are busy_<N>us and write no stamps: shares come from launch-time accounting
+# and the hand-overs from simgpu's engine timeline (build/tests/simgpu_timeline, its last
+# 4096 kernels).
+#
+# GPUCHECK_WINDOW (5) and GPUCHECK_WARM (0.5) set the window in seconds; GPUCHECK_ROWS
+# (e.g. "1 4 5") runs only those rows (a step loop's target needs its "alone" row).
+# Exit status: 0 every row ran, 1 a load failed, 2 nothing could run.
+set -u -o pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=${1:-gpucheck-shares-out}
+mkdir -p "$OUT" || exit 2
+OUT=$(cd "$OUT" && pwd)
+SRC=$ROOT/tests/gpu/gpucheck.c
+LIBVGPU=${LIBVGPU:-$ROOT/build/libvgpu.so}
+WARM=${GPUCHECK_WARM:-0.5}
+WINDOW=${GPUCHECK_WINDOW:-5}
+ROWS=${GPUCHECK_ROWS:-}
+RUN_S=$(awk -v w="$WARM" -v d="$WINDOW" 'BEGIN { print w + d + 0.3 }')
+LEAD_NS=1500000000 # every load has made its context and loaded its kernels by then
+
+# Only what each row sets: no libvgpu or vgpu configuration from the caller.
+for v in $(env | sed -n 's/^\(VGPU_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+unset LD_PRELOAD
+export SIMGPU_STATE=${SIMGPU_STATE:-$OUT/simgpu.state}
+
+case $LIBVGPU in /*) ;; *) LIBVGPU=$PWD/$LIBVGPU ;; esac
+if [ ! -f "$LIBVGPU" ]; then
+    echo "gpucheck-shares: no $LIBVGPU (run make, or set LIBVGPU)" >&2
+    exit 2
+fi
+
+BIN=${GPUCHECK_BIN:-}
+if [ -z "$BIN" ]; then
+    if command -v gcc >/dev/null 2>&1; then
+        BIN=$ROOT/build/tests/gpucheck
+        mkdir -p "$ROOT/build/tests" 2>/dev/null && [ -w "$ROOT/build/tests" ] || BIN=$OUT/gpucheck
+        if [ ! -x "$BIN" ] || [ "$SRC" -nt "$BIN" ]; then
+            echo "== gcc -O2 -o $BIN tests/gpu/gpucheck.c"
+            gcc -O2 -g -std=gnu11 -Wall -Wextra -o "$BIN" "$SRC" -ldl -lm || exit 2
+        fi
+    elif [ -x "$ROOT/build/tests/gpucheck" ]; then
+        BIN=$ROOT/build/tests/gpucheck
+        echo "== no gcc here: using the prebuilt $BIN"
+    else
+        echo "gpucheck-shares: no gcc and no prebuilt build/tests/gpucheck (make gpucheck where gcc is)" >&2
+        exit 2
+    fi
+fi
+TIMELINE=${SIMGPU_TIMELINE:-$ROOT/build/tests/simgpu_timeline}
+
+: >"$OUT/shares.tsv"
+FAILED=0
+ROWN=0
+
+# row TITLE SPEC... ; SPEC = "NAME PCT POLICY TARGET LOAD-ARGS..." (PCT "-": no libvgpu)
+row() {
+    local title=$1
+    shift
+    ROWN=$((ROWN + 1))
+    if [ -n "$ROWS" ] && ! [[ " $ROWS " == *" $ROWN "* ]]; then
+        return 0
+    fi
+    local dir=$OUT/row$ROWN
+    rm -rf "$dir"
+    mkdir -p "$dir/sched"
+    local start now
+    now=$("$BIN" now) || return 1
+    start=$((now + LEAD_NS))
+    local pids=() names=() args=() spec name pct policy target rest
+    for spec in "$@"; do
+        read -r name pct policy target rest <<<"$spec"
+        local envs=()
+        if [ "$pct" != "-" ]; then
+            envs=(LD_PRELOAD="$LIBVGPU" VGPU_SCHED_DIR="$dir/sched" VGPU_COMPUTE_LIMIT="$pct" VGPU_POLICY="$policy")
+        fi
+        # shellcheck disable=SC2086 # rest: the load's own arguments, split on purpose
+        env "${envs[@]}" timeout -k 5 $((${RUN_S%.*} + 30)) "$BIN" load $rest --seconds "$RUN_S" \
+            --start-at "$start" --stamps "$dir/$name.stamps" >"$dir/$name.out" 2>"$dir/$name.err" &
+        pids+=($!)
+        names+=("$name")
+        args+=("$name" "$target" "$dir/$name.stamps")
+    done
+    local i rc=0
+    for i in "${!pids[@]}"; do
+        if ! wait "${pids[$i]}"; then
+            echo "row $ROWN ($title): load ${names[$i]} failed:" >&2
+            rc=1
+        fi
+    done
+    local targs=()
+    if grep -qs "mode=host-only" "$dir/${names[0]}.stamps" && [ -x "$TIMELINE" ]; then
+        "$TIMELINE" "$SIMGPU_STATE" >"$dir/timeline.txt" 2>/dev/null && targs=(--timeline "$dir/timeline.txt")
+    fi
+    if [ "$rc" = 0 ]; then
+        "$BIN" shares --warm "$WARM" --window "$WINDOW" --title "$ROWN. $title" --tsv "$OUT/shares.tsv" \
+            "${targs[@]}" "${args[@]}" || rc=1
+    fi
+    # Whatever a load or libvgpu said (libvgpu speaks only when something is wrong).
+    for name in "${names[@]}"; do
+        if [ -s "$dir/$name.err" ]; then
+            echo "  $name said:"
+            head -20 "$dir/$name.err" | sed 's/^/    /'
+        fi
+    done
+    [ "$rc" = 0 ] || FAILED=1
+    return 0
+}
+
+# The share the load in row N, named NAME, had (from shares.tsv); "" when that row did not run.
+share_of() {
+    awk -F'\t' -v r="$1. " -v n="$2" 'index($1, r) == 1 && $2 == n { print $4 }' "$OUT/shares.tsv" | tail -1
+}
+
+# min(share, use alone), or the share where the use was not measured.
+target_of() {
+    local use
+    use=$(share_of "$2" "$3")
+    if [ -z "$use" ]; then echo "$1"; else awk -v s="$1" -v u="$use" 'BEGIN { print (u < s ? u : s) }'; fi
+}
+
+{
+    echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -srm); $BIN; LD_PRELOAD=$LIBVGPU"
+    if command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi -L 2>&1
+        nvidia-smi --query-gpu=name,driver_version,compute_mode,persistence_mode --format=csv,noheader 2>&1
+    fi
+    echo "window ${WINDOW} s after ${WARM} s of warm-up; each load runs ${RUN_S} s"
+    # libvgpu's standalone broker takes on no slice while CLOCK_MONOTONIC is under 60 s
+    # (docs/real-gpu.md): on a machine that has just booted, wait that out.
+    UP=$(cut -d. -f1 /proc/uptime 2>/dev/null || echo 999)
+    if [ "$UP" -lt 65 ]; then
+        echo "== up ${UP} s: waiting until 65 s (a standalone broker serves no slice in a host's first 60 s)"
+        sleep $((65 - UP))
+    fi
+
+    G200="--kernel-us 200"
+    row "greedy 200 us: fixed 30 + burst 70" "fixed30 30 fixed 30 $G200" "burst70 70 burst 70 $G200"
+    row "greedy 200 us: fixed 50 + burst 50" "fixed50 50 fixed 50 $G200" "burst50 50 burst 50 $G200"
+    row "greedy 200 us: fixed 10 + burst 90" "fixed10 10 fixed 10 $G200" "burst90 90 burst 90 $G200"
+
+    STEP="--kernel-us 500 --sync-every 8 --cpu-gap-us 2000"
+    row "step loop (8 x 500 us, sync, 2 ms CPU) alone, without libvgpu: its use U" "step - - - $STEP"
+    T=$(target_of 50 4 step)
+    row "step loop, fixed 50 alone: target min(50, U)" "step 50 fixed $T $STEP"
+    row "step loop, fixed 50 + greedy burst 50 (200 us)" "step 50 fixed $T $STEP" "burst50 50 burst 50 $G200"
+
+    SYNC8="--kernel-us 50 --sync-every 8"
+    row "50 us kernels synced every 8, alone, without libvgpu: its use U" "sync8 - - - $SYNC8"
+    T=$(target_of 70 7 sync8)
+    row "50 us kernels synced every 8, fixed 70 alone: target min(70, U)" "sync8 70 fixed $T $SYNC8"
+
+    G2MS="--kernel-us 2000"
+    row "greedy 2 ms: fixed 30 + burst 70" "fixed30 30 fixed 30 $G2MS" "burst70 70 burst 70 $G2MS"
+
+    echo
+    echo "$([ "$FAILED" = 0 ] && echo done || echo FAILED): $OUT/shares.tsv"
+} 2>&1 | tee "$OUT/shares.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || exit 2
+grep -q '^FAILED' "$OUT/shares.txt" && exit 1
+exit 0
