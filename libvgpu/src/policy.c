@@ -25,6 +25,13 @@
 
 #include "../include/vgpu_region.h"
 
+/* now - d, or 0: the monotonic clock of a host up for less than d (a fresh VM, a
+ * container's time namespace) is smaller than d, and a wrapped bound believes nothing. */
+static uint64_t ago(uint64_t now, uint64_t d)
+{
+    return now > d ? now - d : 0;
+}
+
 /* A claimed time: within [lo, now + VGPU_FUTURE_NS], else not believed (0). */
 static uint64_t believed(uint64_t t, uint64_t lo, uint64_t now)
 {
@@ -73,7 +80,7 @@ int vg_pol_stale(const struct vg_pol *p, int i, uint64_t now)
 
 int vg_pol_left_behind(const struct vg_pol_claims *c, uint64_t now)
 {
-    return !believed(c->want_ns, now - VG_POL_STALE_NS, now) && !believed(c->active_ns, now - VG_POL_STALE_NS, now);
+    return !believed(c->want_ns, ago(now, VG_POL_STALE_NS), now) && !believed(c->active_ns, ago(now, VG_POL_STALE_NS), now);
 }
 
 /* ---- credit ---- */
@@ -533,19 +540,19 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
             continue;
         refill(b, now, (int64_t)unsettled(p, (int)i, now), b->waiting && (int)i != p->holder);
         const struct vg_pol_claims *r = &b->req;
-        b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, now - VGPU_ACTIVE_NS, now);
+        b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, ago(now, VGPU_ACTIVE_NS), now);
         /* Active: waiting, or renewing its lease or its 100% activity (a lapsed
          * holder is not: a dead high-priority slice must not hold the others back). */
         if (b->waiting || ((int)i == p->holder && now - p->granted < VGPU_ACTIVE_NS))
             b->last_active = now;
-        uint64_t seen = believed(r->want_ns, now - VGPU_PRESENT_NS, now);
-        uint64_t rep = believed(r->active_ns, now - VGPU_PRESENT_NS, now);
+        uint64_t seen = believed(r->want_ns, ago(now, VGPU_PRESENT_NS), now);
+        uint64_t rep = believed(r->active_ns, ago(now, VGPU_PRESENT_NS), now);
         seen = rep > seen ? rep : seen;
         if (b->waiting || (int)i == p->holder)
             seen = now;
         if (seen > b->last_seen)
             b->last_seen = seen > now ? now : seen;
-        uint64_t a = believed(r->active_ns, now - VGPU_ACTIVE_NS, now);
+        uint64_t a = believed(r->active_ns, ago(now, VGPU_ACTIVE_NS), now);
         if (a > b->last_active)
             b->last_active = a > now ? now : a;
         if (b->waiting && (int)i != p->holder)
@@ -575,7 +582,7 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
             p->seg[p->nseg - 1].taken = 1;
         enum vg_pol_end why;
         if (r->release_seq == p->seq) {
-            uint64_t lo = now > VG_POL_RELEASE_SLACK_NS ? now - VG_POL_RELEASE_SLACK_NS : 0;
+            uint64_t lo = ago(now, VG_POL_RELEASE_SLACK_NS);
             uint64_t end = believed(r->release_ns, lo > p->granted ? lo : p->granted, now);
             end_hold(p, end ? (end > now ? now : end) : now, now, VG_POL_RELEASED, d);
         } else if (r->yield_seq == p->seq && best_waiter(p, p->holder, now, &(struct standing){0}) >= 0) {

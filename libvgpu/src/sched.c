@@ -110,8 +110,6 @@ struct sdev {
     int long_gaps;               /* our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's
                                   * CPU work after its sync): the next sync offers the token back */
     uint32_t yielded;            /* the seq we offered back */
-    CUstream hold_stream;        /* the stream of this hold's launches ... */
-    int hold_streams;            /* ... while this is 1 (a launch on another takes the lock) */
     /* What our work did on the GPU, by the GPU's clock (ledger.h): times of reaped events
      * are cuEventElapsedTime from a reference event of ours, whose own GPU time is ref_gpu. */
     struct vg_ledger led;
@@ -967,8 +965,6 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             pthread_mutex_lock(&g_lock);
             d->acquiring = 0;
             d->holding = 1;
-            d->hold_stream = d->ev_stream;
-            d->hold_streams = 1;
             d->grant = g;
             d->seq = g >> 8;
             d->idle_total = 0;
@@ -1076,16 +1072,14 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
     }
     /* An event closes ~EVENT_EVERY_NS of launches, a stream change, or the first launch
      * on an empty queue; launches in between take no lock, even with no event pending
-     * (they are done by their estimated length: an event at every launch that finds the
-     * others reaped cost ~1 us per launch of kernels shorter than the holder's look). */
+     * (a close recorded by a sync, a query or the holder's look closes them: an event at
+     * every launch cost ~1 us per launch of kernels shorter than the holder's look). */
     uint64_t since = __atomic_load_n(&d->launches, __ATOMIC_RELAXED) - __atomic_load_n(&d->ev_mark, __ATOMIC_RELAXED);
     if (!t.idle_to && since < __atomic_load_n(&d->every, __ATOMIC_RELAXED) && t.stream == d->ev_stream) {
         __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
         return;
     }
     pthread_mutex_lock(&g_lock);
-    if (t.stream != d->hold_stream)
-        d->hold_streams = 2; /* (the fast path takes only launches on ev_stream, hold_stream at first) */
     if (t.idle_to && d->holding && d->last_launch == t.idle_to && __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST) == t.nth) {
         uint64_t now = vg_broker_now();
         d->idle_total += now - t.idle_to;
