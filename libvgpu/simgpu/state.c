@@ -39,6 +39,11 @@ uint64_t simgpu_now_ns(void)
 static pthread_once_t g_wake_once = PTHREAD_ONCE_INIT;
 static uint64_t g_wake_min, g_wake_max;
 static int g_wake_set, g_wake_bad;
+/* SIMGPU_WAKE_SEED: the draws repeat from run to run (tests, benchmarks); threads are
+ * numbered in the order they first sync. */
+static int g_seeded;
+static uint64_t g_seed;
+static _Atomic uint64_t g_threads;
 
 static int parse_us(const char *s, const char **end, unsigned long *out)
 {
@@ -78,6 +83,11 @@ static void wake_init(void)
     g_wake_min = lo * 1000ull;
     g_wake_max = hi * 1000ull;
     g_wake_set = 1;
+    const char *seed = getenv("SIMGPU_WAKE_SEED");
+    if (seed && *seed) {
+        g_seed = strtoull(seed, NULL, 0);
+        g_seeded = 1;
+    }
 }
 
 int simgpu_wake_check(void)
@@ -86,13 +96,20 @@ int simgpu_wake_check(void)
     return g_wake_bad ? -1 : 0;
 }
 
-/* A per-thread xorshift64*: wake-up latencies need spread, not quality. */
+/* A per-thread xorshift64*: wake-up latencies need spread, not quality. Seeded from
+ * SIMGPU_WAKE_SEED and the thread's number (splitmix64), else from getrandom. */
 static uint64_t wake_random(void)
 {
     static __thread uint64_t x;
     if (!x) {
-        if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != (ssize_t)sizeof(x))
+        if (g_seeded) {
+            uint64_t z = g_seed + (atomic_fetch_add(&g_threads, 1) + 1) * 0x9E3779B97F4A7C15ull;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            x = z ^ (z >> 31);
+        } else if (getrandom(&x, sizeof(x), GRND_NONBLOCK) != (ssize_t)sizeof(x)) {
             x = simgpu_now_ns() ^ ((uint64_t)gettid() << 32);
+        }
         x |= 1;
     }
     x ^= x >> 12;
@@ -102,7 +119,8 @@ static uint64_t wake_random(void)
 }
 
 /* When a thread that waits for work ending at t_ns resumes: a host's wake-up latency
- * after it (SIMGPU_WAKE_US). */
+ * after it (SIMGPU_WAKE_US). Every sync draws one, whether it waits or not, so that a
+ * thread's n-th sync has the n-th draw. */
 static uint64_t wake_time(uint64_t t_ns)
 {
     pthread_once(&g_wake_once, wake_init);
@@ -142,9 +160,9 @@ void simgpu_wait_raw(uint64_t t_ns, enum simgpu_how how)
 
 void simgpu_wait_for(uint64_t t_ns, uint64_t called_ns, enum simgpu_how how)
 {
+    uint64_t t = wake_time(t_ns);
     if (t_ns <= called_ns)
         return; /* done before the sync was called: no wake-up to wait for */
-    uint64_t t = wake_time(t_ns);
     /* A plain sleep wakes up as late as this host makes it; with SIMGPU_WAKE_US the
      * latency is the drawn one, so the wait aims at its time. */
     simgpu_wait_raw(t, how == SIMGPU_SLEEP && t != t_ns ? SIMGPU_YIELD : how);

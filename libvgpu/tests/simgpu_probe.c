@@ -7,12 +7,13 @@
  * elapsed times cuEventElapsedTime's ms.
  *
  *   events US                  three kernels of US us on one stream, an event after each
- *                              and one recorded on the idle stream before them: the
- *                              events' elapsed times, when the first turned complete,
- *                              and the driver's answers for the cases that are errors
+ *                              and one recorded on the idle stream before them: when each
+ *                              was recorded, the events' elapsed times, when the first
+ *                              turned complete, and the driver's answers for the cases
+ *                              that are errors
  *   wake SYNC N US             N times: a kernel of US us on an idle stream and a sync of
  *                              kind SYNC (stream, ctx, event-blocking, event-spin) for it;
- *                              when each sync returned
+ *                              when each sync was called and returned
  *   capture                    captures in each mode while this or another thread (in
  *                              each mode) syncs or queries: what each call, a launch into
  *                              the capture after it, cuStreamIsCapturing and
@@ -158,9 +159,12 @@ static int cmd_events(unsigned long us)
     uint64_t rec0 = now_ns();
     CK(cuEventRecord(idle, s)); /* the stream is idle: complete at once, now */
     uint64_t rec1 = now_ns();
+    uint64_t rec[3][2];
     for (int i = 0; i < 3; i++) {
         CK(launch(f, s));
+        rec[i][0] = now_ns();
         CK(i == 1 ? cuEventRecordWithFlags(e[i], s, 0) : cuEventRecord(e[i], s));
+        rec[i][1] = now_ns();
     }
     CK(cuEventRecord(untimed, s));
     float ms;
@@ -185,11 +189,14 @@ static int cmd_events(unsigned long us)
     CK(cuEventSynchronize(e[2]));
     CK(cuEventSynchronize(untimed));
     CUresult untimed_done = cuEventElapsedTime(&ms, idle, untimed);
-    printf("{\"pid\": %d, \"record_idle\": [%" PRIu64 ", %" PRIu64 "], \"idle_to\": [%.6f, %.6f, %.6f], "
+    printf("{\"pid\": %d, \"recorded\": [[%" PRIu64 ", %" PRIu64 "], [%" PRIu64 ", %" PRIu64 "], [%" PRIu64
+           ", %" PRIu64 "]], ",
+           (int)getpid(), rec[0][0], rec[0][1], rec[1][0], rec[1][1], rec[2][0], rec[2][1]);
+    printf("\"record_idle\": [%" PRIu64 ", %" PRIu64 "], \"idle_to\": [%.6f, %.6f, %.6f], "
            "\"between\": [%.6f, %.6f], \"back\": %.6f, \"first_last_not_ready\": %" PRIu64
            ", \"first_ready\": %" PRIu64 ", \"pending\": \"%s\", \"untimed\": \"%s\", \"untimed_done\": \"%s\", "
            "\"unrecorded\": \"%s\", \"query_pending\": \"%s\"}\n",
-           (int)getpid(), rec0, rec1, elapsed(idle, e[0]), elapsed(idle, e[1]), elapsed(idle, e[2]),
+           rec0, rec1, elapsed(idle, e[0]), elapsed(idle, e[1]), elapsed(idle, e[2]),
            elapsed(e[0], e[1]), elapsed(e[1], e[2]), elapsed(e[2], e[0]), last_not_ready, first_ready,
            rname(pending), rname(untimed_rc), rname(untimed_done), rname(unrecorded_rc), rname(query_pending));
     return 0;
@@ -209,13 +216,15 @@ static int cmd_wake(const char *kind, unsigned long n, unsigned long us)
     if (!blocking && strcmp(kind, "event-spin") && strcmp(kind, "stream") && strcmp(kind, "ctx"))
         die("wake: unknown sync \"%s\"", kind);
     CK(cuEventCreate(&e, blocking ? CU_EVENT_BLOCKING_SYNC : CU_EVENT_DEFAULT));
-    uint64_t *ret = calloc(n, sizeof(*ret));
-    if (!ret)
+    uint64_t *ret = calloc(n, sizeof(*ret)), *called = calloc(n, sizeof(*called));
+    if (!ret || !called)
         die("out of memory");
     for (unsigned long i = 0; i < n; i++) {
         CK(launch(f, s));
-        if (!strncmp(kind, "event", 5)) {
+        if (!strncmp(kind, "event", 5))
             CK(cuEventRecord(e, s));
+        called[i] = now_ns();
+        if (!strncmp(kind, "event", 5)) {
             CK(cuEventSynchronize(e));
         } else if (!strcmp(kind, "stream")) {
             CK(cuStreamSynchronize(s));
@@ -224,11 +233,15 @@ static int cmd_wake(const char *kind, unsigned long n, unsigned long us)
         }
         ret[i] = now_ns();
     }
-    printf("{\"pid\": %d, \"returned\": [", (int)getpid());
+    printf("{\"pid\": %d, \"called\": [", (int)getpid());
+    for (unsigned long i = 0; i < n; i++)
+        printf("%s%" PRIu64, i ? ", " : "", called[i]);
+    printf("], \"returned\": [");
     for (unsigned long i = 0; i < n; i++)
         printf("%s%" PRIu64, i ? ", " : "", ret[i]);
     printf("]}\n");
     free(ret);
+    free(called);
     return 0;
 }
 
