@@ -157,7 +157,10 @@ class VgpuSchedReq(ctypes.Structure):
         ("idle_ns", ctypes.c_uint64),
         ("active_ns", ctypes.c_uint64),
         ("idle_since", ctypes.c_uint64),
-        ("reserved", ctypes.c_uint64 * 18),
+        ("start_ns", ctypes.c_uint64),
+        ("start_seq", ctypes.c_uint32),
+        ("pad2", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 16),
     ]
 
 

@@ -119,7 +119,14 @@ struct vgpu_sched_req {
     _Atomic uint64_t idle_ns;        /* GPU-queue-empty time within the grant owner_seq */
     _Atomic uint64_t active_ns;      /* holders and 100% slices renew it: alive and using the GPU */
     _Atomic uint64_t idle_since;     /* the holder's GPU queue has been empty since (0 = busy) */
-    uint64_t reserved[18];
+    _Atomic uint64_t start_ns;       /* when the hold start_seq's work first ran on the GPU (its
+                                      * clock, mapped): what came before, the previous holder's
+                                      * tail and the GPU's switch between contexts, is not this
+                                      * hold's (was reserved: a slice that never writes it claims
+                                      * its first gap in idle_ns as before) */
+    _Atomic uint32_t start_seq;      /* the grant seq start_ns belongs to */
+    uint32_t pad2;
+    uint64_t reserved[16];
 };
 
 #endif

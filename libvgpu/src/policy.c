@@ -212,26 +212,53 @@ static int best_waiter(const struct vg_pol *p, int self, uint64_t now, struct st
 
 /* ---- charges ---- */
 
-/* Idle time of the current hold that counts: claimed by the holder, in full for
- * the part of the hold in which nobody else waited, and at most a quarter of the
- * rest (the short sync gaps of a step loop that keeps the token through them:
- * a false claim gains at most that, and the out-of-band guard sees the rest). */
-static uint64_t idle_allowed(const struct vg_pol *p, uint64_t now)
+/* Idle time the current holder claims: what it reported, and the empty spell it is in
+ * now (its end is not known yet). */
+static uint64_t idle_claimed(const struct vg_pol *p, uint64_t now)
 {
     const struct vg_pol_claims *r = &p->sl[p->holder].req;
-    uint64_t idle = 0;
-    if (r->owner_seq == p->seq) {
-        /* What it reported, and the empty spell it is in now (its end is not known yet). */
-        uint64_t since = believed(r->idle_since, p->granted, now);
-        idle = r->idle_ns + (since && since < now ? now - since : 0);
-    }
-    uint64_t span = now > p->granted ? now - p->granted : 0;
-    uint64_t contended = span > p->uncontended ? span - p->uncontended : 0;
-    uint64_t cap = p->uncontended + contended / VG_POL_CONTENDED_IDLE_DIV;
-    return idle > cap ? cap : idle;
+    if (r->owner_seq != p->seq)
+        return 0;
+    uint64_t since = believed(r->idle_since, p->granted, now);
+    return r->idle_ns + (since && since < now ? now - since : 0);
 }
 
-/* GPU time of the current hold so far (0 while its work waits behind another's). */
+/* The most of its claims a hold may deduct: in full for the part of the hold in which
+ * nobody else waited, and at most a quarter of the rest (the short sync gaps of a step
+ * loop that keeps the token through them: a false claim gains at most that, and the
+ * out-of-band guard sees the rest). */
+static uint64_t idle_cap(const struct vg_pol *p, uint64_t now)
+{
+    uint64_t span = now > p->granted ? now - p->granted : 0;
+    uint64_t contended = span > p->uncontended ? span - p->uncontended : 0;
+    return p->uncontended + contended / VG_POL_CONTENDED_IDLE_DIV;
+}
+
+/* When the current hold's work first ran on the GPU, as its slice claims (0: unknown). */
+static uint64_t first_claimed(const struct vg_pol *p, uint64_t now)
+{
+    const struct vg_pol_claims *r = &p->sl[p->holder].req;
+    return r->start_seq == p->seq && r->owner_seq == p->seq ? believed(r->start_ns, p->granted, now) : 0;
+}
+
+/* What a hold may deduct from its span [start, fin): its idle claims and, from its start
+ * claim, the time before its work first ran (the previous tail is not in the span; the
+ * GPU's switch to its context is, and is not its GPU time), together within the cap. */
+static uint64_t deductible(uint64_t idle, uint64_t cap, uint64_t first, uint64_t start, uint64_t fin)
+{
+    uint64_t before = first > start ? (first < fin ? first : fin) - start : 0;
+    uint64_t all = idle + before;
+    return all > cap ? cap : all;
+}
+
+/* Idle time of the current hold that counts so far. */
+static uint64_t idle_allowed(const struct vg_pol *p, uint64_t now)
+{
+    const struct vg_pol_seg *c = &p->seg[p->nseg - 1];
+    return deductible(idle_claimed(p, now), idle_cap(p, now), first_claimed(p, now), c->start ? c->start : c->granted,
+                      now);
+}
+
 static uint64_t live_charge(const struct vg_pol *p, uint64_t now)
 {
     const struct vg_pol_seg *c = &p->seg[p->nseg - 1];
@@ -269,8 +296,9 @@ static void settle(struct vg_pol *p, uint64_t fin)
     if (fin < s0->start)
         fin = s0->start;
     uint64_t span = fin - s0->start;
+    uint64_t idle = deductible(s0->idle, s0->idle_cap, s0->first, s0->start, fin);
     if (s0->slice >= 0)
-        charge(p, s0->slice, span - (s0->idle > span ? span : s0->idle) + s0->penalty, s0->on_floor);
+        charge(p, s0->slice, span - (idle > span ? span : idle) + s0->penalty, s0->on_floor);
     memmove(&p->seg[0], &p->seg[1], (size_t)(p->nseg - 1) * sizeof(p->seg[0]));
     p->nseg--;
     if (p->nseg) {
@@ -366,7 +394,9 @@ static void end_hold(struct vg_pol *p, uint64_t end, uint64_t now, enum vg_pol_e
      * latched the first time we see it (a taker rings us at once), so a tenant that
      * scrambles owner_seq afterwards cannot make its tail look like a grant nobody took. */
     c->revoked = revoked && (c->taken || p->sl[p->holder].req.owner_seq == p->seq);
-    c->idle = idle_allowed(p, end);
+    c->idle = idle_claimed(p, end);
+    c->idle_cap = idle_cap(p, end);
+    c->first = first_claimed(p, end);
     d->ended = why;
     d->ended_slice = p->holder;
     d->revoked = revoked;

@@ -60,6 +60,8 @@ struct vg_pol_claims {
     uint64_t idle_ns;     /* GPU-queue-empty time within the hold owner_seq */
     uint64_t active_ns;   /* lease / activity, renewed then */
     uint64_t idle_since;  /* the queue has been empty since (0 = busy) */
+    uint32_t start_seq;   /* the grant seq whose work first ran on the GPU ... */
+    uint64_t start_ns;    /* ... then (the previous tail and the GPU's context switch before) */
 };
 
 /* One slice: settings and claims in, the broker's accounting of it out. */
@@ -90,7 +92,9 @@ struct vg_pol_seg {
     uint64_t granted;
     uint64_t start;    /* when its work could start; 0 = after the segment before it */
     uint64_t end;      /* when the hold ended (released or revoked); 0 = still held */
-    uint64_t idle;     /* idle time it may deduct (fixed when the hold ends) */
+    uint64_t idle;     /* idle time it claimed (fixed when the hold ends) ... */
+    uint64_t idle_cap; /* ... and the most of it, with its start claim, it may deduct */
+    uint64_t first;    /* when its work first ran on the GPU, as claimed (0: not known) */
     uint64_t penalty;  /* charged on top: a tail never reported */
     int taken;         /* a process of the slice took the grant (latched when first seen) */
     int drained;       /* its slice reported this hold's drain (latched) ... */

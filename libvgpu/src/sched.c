@@ -106,6 +106,9 @@ struct sdev {
     uint64_t ev_serial, drain_serial;  /* a revoked hold drains when its last event (this) completes */
     uint64_t last_launch, idle_from, idle_total, last_active, last_beat;
     uint64_t hold_from;          /* when this process took the current hold */
+    uint64_t first_gap;          /* the hold's first gap, claimed idle at its first launch ... */
+    uint64_t first_start;        /* ... until the start event before it (this serial) says when
+                                  * the work first ran: then that goes to the broker instead */
     uint64_t gave_from;          /* our queue ran empty then and the hold ended (0: none since) */
     int long_gaps;               /* our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's
                                   * CPU work after its sync): the next sync offers the token back */
@@ -518,6 +521,24 @@ static void free_event(struct sdev *d, const struct ev *e)
         p_event_destroy(e->ev);
 }
 
+/* The hold's first start event completed at CPU time `ran`, recorded at `rec`: if the GPU
+ * got to it only later (the previous holder's tail, the GPU's switch between contexts:
+ * ~150 us on an H200), the broker learns when our work first ran (start_ns), deducts the
+ * time before it from the hold within its caps, and our own claim of the first gap, up
+ * to the launch, goes (idle_ns first: a broker that reads in between overcharges us for a
+ * step, never our neighbours). */
+static void claim_start(struct sdev *d, uint64_t ran, uint64_t rec)
+{
+    uint64_t gap = d->first_gap - 1;
+    d->first_start = 0;
+    if (!d->holding || ran <= rec + VG_LEDGER_AT_RECORD_NS)
+        return; /* (it ran as it was recorded: the claimed gap says it all) */
+    d->idle_total -= gap < d->idle_total ? gap : d->idle_total;
+    atomic_store(&d->q->idle_ns, d->idle_total);
+    atomic_store(&d->q->start_ns, ran);
+    atomic_store(&d->q->start_seq, d->seq);
+}
+
 /* Completed events, in the order they were recorded, go to the ledger and back to the
  * free list (or become the reference). In order: a later event of another stream that
  * completed first waits for the earlier one, so the ledger sees ends in GPU order. */
@@ -536,6 +557,8 @@ static void reap(struct sdev *d)
         int ref = gpu_time(d, e, &gpu);
         if (ref >= 0)
             vg_ledger_event(&d->led, gpu, e->recorded, e->launches);
+        if (ref >= 0 && e->serial == d->first_start)
+            claim_start(d, vg_ledger_cpu(&d->led, gpu), e->recorded);
         if (ref == 1) {
             if (d->have_ref)
                 free_event(d, &d->ref);
@@ -821,6 +844,7 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
             if (cur != seq) {
                 atomic_store(&q->idle_ns, 0);
                 atomic_store(&q->idle_since, 0);
+                atomic_store(&q->start_seq, 0);
             }
             if (cur != seq && atomic_compare_exchange_strong(&q->owner_seq, &cur, seq)) {
                 vg_broker_ring(s); /* taken: the broker notes it now (a grant nobody takes is taken back) */
@@ -969,6 +993,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->seq = g >> 8;
             d->idle_total = 0;
             d->idle_from = 0;
+            d->first_gap = d->first_start = 0;
             d->last_launch = vg_broker_now();
             /* From the grant: waking up to it is not GPU time (the broker believes a
              * claim only within the hold it dates itself). */
@@ -997,6 +1022,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         int first = from <= d->hold_from; /* (the wait for the grant is not the app's gap) */
         if (from < d->hold_from)
             from = d->hold_from;
+        if (first && !d->first_start)
+            d->first_gap = (now > from ? now - from : 0) + 1; /* (1: a start to date) */
         if (from > now)
             from = now;
         if (!first)
@@ -1009,7 +1036,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         /* The work starts again now: a start event dates it on the GPU's clock (and keeps
          * the clock map exact: it completes as it is recorded). */
         vg_ledger_gap(&d->led, now);
-        record(d, stream, 1);
+        if (record(d, stream, 1) == 0 && first && d->first_gap && !d->first_start)
+            d->first_start = d->ev_serial;
         d->last_launch = now;
         d->sync_gap = 0;
         t.idle_to = now;

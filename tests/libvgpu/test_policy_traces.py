@@ -251,6 +251,55 @@ def test_what_a_waiter_banks_is_bounded_by_a_quantum() -> None:
     assert accounts(trace)["l"]["credit"] == 30.0
 
 
+def test_the_switch_before_a_holds_first_kernel_is_not_its_own() -> None:
+    """start claim: a hold's work first runs after the GPU switched to its context (~150 us
+    on an H200, where every hand-over cost a fixed 50 % slice 4-7 points when it was
+    charged); its slice claims when that was (start_ns, dated by its first start event),
+    and the time before is deducted like idle."""
+    assert play("""
+        0 a settings share=50 policy=burst
+        0 b settings share=50 policy=burst
+        0 a want
+        0.5 b want
+        2 a release
+        2.2 b claim start_seq=1 start_ns=2.15
+        4 b release
+        6 - end
+    """)[-1] == "4.000 charge b 1.850"
+
+
+def test_a_start_claim_behind_a_revoked_tail_counts_from_the_tails_end() -> None:
+    """start claim: behind a revoked holder's tail the hold is charged from the tail's end
+    (tail), and its start claim deducts only the switch after it, not the tail again."""
+    lines = play("""
+        0 a settings share=50
+        0 b settings share=50 policy=burst
+        0 a greedy
+        1 b want
+        5 a drain at=4.5
+        5 b claim start_seq=1 start_ns=4.65
+        6 b release
+        8 - end
+    """)
+    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b", "5.000 charge a 4.500"]
+    assert "6.000 charge b 1.350" in lines
+
+
+def test_a_start_claim_is_deducted_within_the_idle_cap() -> None:
+    """start claim, cap: a start claimed at the hold's very end while another slice waited
+    deducts no more than idle could: a quarter of the contended span."""
+    lines = play("""
+        0 a settings share=50 policy=burst
+        0 b settings share=50 policy=burst
+        0 a want
+        0 b greedy
+        4 a claim start_seq=1 start_ns=3.99
+        4 a release
+        8 - end
+    """)
+    assert "4.000 charge a 3.000" in lines
+
+
 def test_other_processes_of_the_holders_slice_take_turns_after_the_quantum() -> None:
     """turn: past the quantum, a hold ends when another process of the same slice waits (it
     is granted anew); the broker sees it at its next look, a beat after the last."""
