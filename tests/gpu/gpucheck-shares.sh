@@ -152,13 +152,6 @@ target_of() {
         nvidia-smi --query-gpu=name,driver_version,compute_mode,persistence_mode --format=csv,noheader 2>&1
     fi
     echo "window ${WINDOW} s after ${WARM} s of warm-up; each load runs ${RUN_S} s"
-    # libvgpu's standalone broker takes on no slice while CLOCK_MONOTONIC is under 60 s
-    # (docs/real-gpu.md): on a machine that has just booted, wait that out.
-    UP=$(cut -d. -f1 /proc/uptime 2>/dev/null || echo 999)
-    if [ "$UP" -lt 65 ]; then
-        echo "== up ${UP} s: waiting until 65 s (a standalone broker serves no slice in a host's first 60 s)"
-        sleep $((65 - UP))
-    fi
 
     G200="--kernel-us 200"
     row "greedy 200 us: fixed 30 + burst 70" "fixed30 30 fixed 30 $G200" "burst70 70 burst 70 $G200"
