@@ -56,23 +56,8 @@ if [ ! -f "$LIBVGPU" ]; then
     exit 2
 fi
 
-BIN=${GPUCHECK_BIN:-}
-if [ -z "$BIN" ]; then
-    if command -v gcc >/dev/null 2>&1; then
-        BIN=$ROOT/build/tests/gpucheck
-        mkdir -p "$ROOT/build/tests" 2>/dev/null && [ -w "$ROOT/build/tests" ] || BIN=$OUT/gpucheck
-        if [ ! -x "$BIN" ] || [ "$SRC" -nt "$BIN" ]; then
-            echo "== gcc -O2 -o $BIN tests/gpu/gpucheck.c"
-            gcc -O2 -g -std=gnu11 -Wall -Wextra -o "$BIN" "$SRC" -ldl -lm || exit 2
-        fi
-    elif [ -x "$ROOT/build/tests/gpucheck" ]; then
-        BIN=$ROOT/build/tests/gpucheck
-        echo "== no gcc here: using the prebuilt $BIN"
-    else
-        echo "gpucheck-shares: no gcc and no prebuilt build/tests/gpucheck (make gpucheck where gcc is)" >&2
-        exit 2
-    fi
-fi
+NAME=gpucheck-shares
+. "$ROOT/tests/gpu/gpucheck-bin.sh"
 TIMELINE=${SIMGPU_TIMELINE:-$ROOT/build/tests/simgpu_timeline}
 
 : >"$OUT/shares.tsv"

@@ -29,23 +29,8 @@ for v in $(env | sed -n 's/^\(VGPU_[A-Za-z0-9_]*\)=.*/\1/p'); do unset "$v"; don
 unset LD_PRELOAD
 export SIMGPU_STATE=${SIMGPU_STATE:-$OUT/simgpu.state}
 
-BIN=${GPUCHECK_BIN:-}
-if [ -z "$BIN" ]; then
-    if command -v gcc >/dev/null 2>&1; then
-        BIN=$ROOT/build/tests/gpucheck
-        mkdir -p "$ROOT/build/tests" 2>/dev/null && [ -w "$ROOT/build/tests" ] || BIN=$OUT/gpucheck
-        if [ ! -x "$BIN" ] || [ "$SRC" -nt "$BIN" ]; then
-            echo "== gcc -O2 -o $BIN tests/gpu/gpucheck.c"
-            gcc -O2 -g -std=gnu11 -Wall -Wextra -o "$BIN" "$SRC" -ldl -lm || exit 2
-        fi
-    elif [ -x "$ROOT/build/tests/gpucheck" ]; then
-        BIN=$ROOT/build/tests/gpucheck
-        echo "== no gcc here: using the prebuilt $BIN"
-    else
-        echo "gpucheck: no gcc and no prebuilt build/tests/gpucheck (make gpucheck where gcc is)" >&2
-        exit 2
-    fi
-fi
+NAME=gpucheck
+. "$ROOT/tests/gpu/gpucheck-bin.sh"
 
 {
     echo "== $(date -u +%Y-%m-%dT%H:%M:%SZ) $(uname -srm)"
