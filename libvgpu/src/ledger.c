@@ -106,6 +106,11 @@ uint64_t vg_ledger_cpu(const struct vg_ledger *l, int64_t gpu)
     return t > 0 ? (uint64_t)t : 0;
 }
 
+int64_t vg_ledger_gpu(const struct vg_ledger *l, uint64_t cpu)
+{
+    return l->mapped ? (int64_t)cpu - map_base(l) : (int64_t)cpu;
+}
+
 uint64_t vg_ledger_end_cpu(const struct vg_ledger *l, uint64_t otherwise)
 {
     return l->have_end ? vg_ledger_cpu(l, l->last_end) : otherwise;

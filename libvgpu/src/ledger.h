@@ -75,6 +75,9 @@ void vg_ledger_gap(struct vg_ledger *l, uint64_t at);
 /* The CPU time of GPU time gpu (the clock map; gpu itself before any map). */
 uint64_t vg_ledger_cpu(const struct vg_ledger *l, int64_t gpu);
 
+/* The GPU time of CPU time cpu (the inverse). */
+int64_t vg_ledger_gpu(const struct vg_ledger *l, uint64_t cpu);
+
 /* The CPU time the closed launches ended, or `otherwise` when none is known. */
 uint64_t vg_ledger_end_cpu(const struct vg_ledger *l, uint64_t otherwise);
 

@@ -494,23 +494,23 @@ static struct sdev *sdev_get(int dev, int *refused)
 /* ---- the holder's side ---- */
 
 /* The GPU time event e completed, on this device's timeline: cuEventElapsedTime from our
- * reference event. The first reference's GPU time is its record time (so the timeline
- * starts near the CPU's clock); the reference moves on every REF_MOVE_NS so the float
- * keeps its precision. -1: no time (another context's event, or the driver refused). */
+ * reference event; 1 when e is to become the reference. The reference moves on every
+ * REF_MOVE_NS so the float keeps its precision. A first reference, one of another context
+ * (a timeline of its own) or one the driver will not compare with e starts the timeline
+ * anew at e, dated as if it completed when it was recorded (a start event, the first of
+ * all, did). */
 static int gpu_time(struct sdev *d, const struct ev *e, int64_t *out)
 {
-    if (!d->have_ref || d->ref.ctx != e->ctx) {
-        if (d->have_ref)
-            p_event_destroy(d->ref.ev); /* (another context: a timeline of its own) */
-        d->have_ref = 0;
-        *out = d->led.mapped ? (int64_t)e->recorded - d->led.base : (int64_t)e->recorded;
-        return 1; /* e becomes the reference */
-    }
     float ms = 0;
-    if (p_elapsed(&ms, d->ref.ev, e->ev) != CUDA_SUCCESS)
-        return -1;
-    *out = d->ref_gpu + (int64_t)((double)ms * 1e6);
-    return ms * 1e6 >= (double)REF_MOVE_NS || ms * 1e6 <= -(double)REF_MOVE_NS;
+    if (d->have_ref && d->ref.ctx == e->ctx && p_elapsed(&ms, d->ref.ev, e->ev) == CUDA_SUCCESS) {
+        *out = d->ref_gpu + (int64_t)((double)ms * 1e6);
+        return ms * 1e6 >= (double)REF_MOVE_NS || ms * 1e6 <= -(double)REF_MOVE_NS;
+    }
+    if (d->have_ref)
+        p_event_destroy(d->ref.ev);
+    d->have_ref = 0;
+    *out = vg_ledger_gpu(&d->led, e->recorded);
+    return 1;
 }
 
 static void free_event(struct sdev *d, const struct ev *e)
@@ -555,9 +555,8 @@ static void reap(struct sdev *d)
             continue; /* its context is gone, and the event with it */
         int64_t gpu = 0;
         int ref = gpu_time(d, e, &gpu);
-        if (ref >= 0)
-            vg_ledger_event(&d->led, gpu, e->recorded, e->launches);
-        if (ref >= 0 && e->serial == d->first_start)
+        vg_ledger_event(&d->led, gpu, e->recorded, e->launches);
+        if (e->serial == d->first_start)
             claim_start(d, vg_ledger_cpu(&d->led, gpu), e->recorded);
         if (ref == 1) {
             if (d->have_ref)
