@@ -5,7 +5,10 @@
 #                    for the end-to-end tests runc, crun, containerd, docker.io, podman and
 #                    busybox-static (an engine counts as present when its command
 #                    is on PATH, however it was installed: docker-ce's dockerd will do);
-#                    prometheus for tests/e2e/test_prometheus.py (a real server scraping vgpud)
+#                    prometheus for tests/e2e/test_prometheus.py (a real server scraping vgpud),
+#                    systemd for systemd-socket-activate (tests/arbiter/test_restart.py: vgpud
+#                    under systemd's own socket activation; every Debian host but a minimal
+#                    image has it)
 #   When it installs crun: a containers.conf drop-in that keeps Podman on runc (below)
 #   Python packages: the project's runtime dependencies and its `test` extra, read from
 #                    pyproject.toml (the tests import the packages from the checkout)
@@ -29,7 +32,7 @@ fi
 # (and the Prometheus server that scrapes vgpud in one of them).
 ENGINE_PACKAGES=(runc:runc crun:crun containerd:containerd ctr:containerd
                  containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io
-                 podman:podman prometheus:prometheus)
+                 podman:podman prometheus:prometheus systemd-socket-activate:systemd)
 
 deb_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
@@ -86,7 +89,7 @@ if ((${#missing[@]})); then
         keep_podman_on_runc
     fi
 else
-    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman prometheus busybox-static)"
+    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman prometheus systemd busybox-static)"
 fi
 
 if ((USE_VENV)); then

@@ -29,7 +29,6 @@ there. vgpu vendors no NVIDIA header: without cuda.h nothing can be compared.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cuda_headers import cuda_include_dirs, find_cuda_include
 from support.prereq import cuda_headers_expected, require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,19 +51,7 @@ CFLAGS = ["-Werror", "-std=gnu11"]
 # ---------------------------------------------------------------------------
 
 def _cuda_include_dirs() -> list[Path]:
-    dirs = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            dirs.append(Path(os.environ[var]) / "include")
-    dirs.append(Path("/usr/local/cuda/include"))
-    return dirs
-
-
-def find_cuda_include() -> Path | None:
-    for d in _cuda_include_dirs():
-        if (d / "cuda.h").is_file():
-            return d
-    return None
+    return cuda_include_dirs()
 
 
 @pytest.fixture(scope="module")
