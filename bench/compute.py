@@ -292,7 +292,7 @@ def workloads_table(window: float, modes: list[Mode]) -> list[str]:
     cells = {10: [], 20: []}
     for m in modes:
         with tempfile.TemporaryDirectory() as tmp, host_load(m):
-            wear_sched_file(Path(tmp))
+            wear_sched_file(Path(tmp), simgpu=m.simgpu)
             worst: dict[int, float] = {}
             for i in range(USED_FILE_RUNS):
                 pct = (10, 20)[i % 2]

@@ -181,7 +181,8 @@ def use_alone(tmp: Path, load: Load, seconds: float, warm: float,
     return t.share(run.at(warm), run.at(seconds))
 
 
-def wear_sched_file(tmp: Path, rounds: int = 3, seed: int = 9) -> None:
+def wear_sched_file(tmp: Path, rounds: int = 3, seed: int = 9,
+                    simgpu: Mapping[str, str] | None = None) -> None:
     """Use tmp's scheduling file as a busy GPU's is: slices come, go and die by SIGKILL.
 
     A first round with every priority and policy, two of them killed mid-run; then
@@ -201,12 +202,12 @@ def wear_sched_file(tmp: Path, rounds: int = 3, seed: int = 9) -> None:
     run_loads(tmp, [Load(env(60, "burst")), Load(env(30, "fixed"), kernel="busy_200us"),
                     Load(env(40, "burst", "high"), kernel="busy_2000us"),
                     step_loop("busy_500us", 8, 2000, env(20, "fixed"))],
-              1.0, on_started=killer([(2, 0.5), (3, 0.7)]))
+              1.0, on_started=killer([(2, 0.5), (3, 0.7)]), simgpu=simgpu)
     rng = random.Random(seed)
     for _ in range(rounds):
         run_loads(tmp, [Load(env(30, "fixed"), kernel="busy_2000us"),
                         Load(env(70, "burst"), kernel="busy_500us")],
-                  0.4, on_started=killer([(0, rng.uniform(0.1, 0.35))]))
+                  0.4, on_started=killer([(0, rng.uniform(0.1, 0.35))]), simgpu=simgpu)
 
 
 def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
