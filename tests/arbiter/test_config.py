@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -360,12 +363,51 @@ def test_error_attributes(tmp_path: Path) -> None:
     assert e.reason == "200 is not an integer percent from 2 to 100"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
+def _load_as_nobody(path: Path) -> str:
+    """load_config(path) in a forked child that dropped root for nobody (root reads any
+    file); what it raised, or "loaded"."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                load_config(path)
+                msg = "loaded"
+            except ConfigError as e:
+                msg = str(e)
+        except BaseException as e:  # noqa: BLE001 (whatever it is, the parent says it)
+            msg = f"child failed: {e!r}"
+        os.write(w, msg.encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        msg = f.read().decode()
+    os.waitpid(pid, 0)
+    return msg
+
+
 def test_unreadable_file(tmp_path: Path) -> None:
-    path = write(tmp_path, "placement: {}\n")
-    path.chmod(0)
-    with pytest.raises(ConfigError, match=r": cannot read the file: Permission denied$"):
-        load_config(path)
+    if os.geteuid() != 0:
+        path = write(tmp_path, "placement: {}\n")
+        path.chmod(0)
+        with pytest.raises(ConfigError, match=r": cannot read the file: Permission denied$"):
+            load_config(path)
+        return
+    # Root reads any file: the load runs as nobody, in a directory it may enter (pytest's
+    # tmp_path is root's alone), so only the file's own mode stops it.
+    d = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        d.chmod(0o755)
+        path = write(d, "placement: {}\n")
+        path.chmod(0)
+        msg = _load_as_nobody(path)
+        assert re.search(r"^failed to load config .*: cannot read the file: Permission denied$", msg), msg
+    finally:
+        shutil.rmtree(d)
 
 
 def test_directory_is_not_a_file(tmp_path: Path) -> None:
