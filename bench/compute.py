@@ -282,8 +282,8 @@ def workloads_table(window: float, modes: list[Mode]) -> list[str]:
             ("50us+2ms fixed 40% + 500us burst 60%", MIXED, GREEDY_500US, 40, window),
             ("50ms fixed 30% + burst 70%", GREEDY_50MS, GREEDY_50MS, 30, LONG_WINDOW),
             ("1s fixed 30% + burst 70%", GREEDY_1S, GREEDY_1S, 30, LONG_WINDOW)):
-        got = {m.name: measure([as_slice(small, pct, "fixed"), as_slice(large, 100 - pct, "burst")], w, m,
-                               engine=w == LONG_WINDOW) for m in modes}
+        pair = [as_slice(small, pct, "fixed"), as_slice(large, 100 - pct, "burst")]
+        got = {m.name: measure(pair, w, m, engine=w == LONG_WINDOW) for m in modes}
         for i, (target, part) in enumerate(((pct, "fixed"), (100 - pct, "burst"))):
             cells = [workload_cell(target, got[m.name][i], m.tolerance) for m in modes]
             rows.append(f"{name + ': ' + part:<48} " + "  ".join(cells))
@@ -296,7 +296,8 @@ def workloads_table(window: float, modes: list[Mode]) -> list[str]:
             worst: dict[int, float] = {}
             for i in range(USED_FILE_RUNS):
                 pct = (10, 20)[i % 2]
-                r = run_loads(Path(tmp), [Load(env(pct, "fixed"))], WARM + used_window, simgpu=m.simgpu)
+                r = run_loads(Path(tmp), [Load(env(pct, "fixed"))], WARM + used_window,
+                              simgpu=m.simgpu)
                 (t,) = r.traces
                 if t.summary.get("returncode") != 0:
                     sys.exit(f"bench: used-file run {i} failed: {t.stderr.strip()}")
@@ -306,7 +307,8 @@ def workloads_table(window: float, modes: list[Mode]) -> list[str]:
         for pct, got_pct in worst.items():
             cells[pct].append(workload_cell(pct, got_pct, m.tolerance))
     for pct in (10, 20):
-        rows.append(f"{f'used file, new fixed {pct}% (worst of {USED_FILE_RUNS // 2})':<48} " + "  ".join(cells[pct]))
+        name = f"used file, new fixed {pct}% (worst of {USED_FILE_RUNS // 2})"
+        rows.append(f"{name:<48} " + "  ".join(cells[pct]))
         print(rows[-1], flush=True)
     return rows
 
@@ -382,7 +384,8 @@ def main() -> None:
         sys.exit(f"bench: unknown section(s) {', '.join(sorted(unknown))}: "
                  f"use {', '.join(SECTIONS)}")
     if unknown := set(args.modes.split(",")) - set(MODES):
-        sys.exit(f"bench: --modes: unknown mode(s) {', '.join(sorted(unknown))}: use {', '.join(MODES)}")
+        sys.exit(f"bench: --modes: unknown mode(s) {', '.join(sorted(unknown))}: "
+                 f"use {', '.join(MODES)}")
     modes = [MODES[n] for n in args.modes.split(",")]
     heads = "  ".join(f"{m.name:<20}" for m in modes)
     if "shares" in sections:

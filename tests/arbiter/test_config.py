@@ -379,7 +379,7 @@ def _load_as_nobody(path: Path) -> str:
                 msg = "loaded"
             except ConfigError as e:
                 msg = str(e)
-        except BaseException as e:  # noqa: BLE001 (whatever it is, the parent says it)
+        except BaseException as e:  # (whatever it is, the parent says it)
             msg = f"child failed: {e!r}"
         os.write(w, msg.encode())
         os._exit(0)
@@ -405,7 +405,8 @@ def test_unreadable_file(tmp_path: Path) -> None:
         path = write(d, "placement: {}\n")
         path.chmod(0)
         msg = _load_as_nobody(path)
-        assert re.search(r"^failed to load config .*: cannot read the file: Permission denied$", msg), msg
+        denied = r"^failed to load config .*: cannot read the file: Permission denied$"
+        assert re.search(denied, msg), msg
     finally:
         shutil.rmtree(d)
 

@@ -281,7 +281,8 @@ def test_a_start_claim_behind_a_revoked_tail_counts_from_the_tails_end() -> None
         6 b release
         8 - end
     """)
-    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b", "5.000 charge a 4.500"]
+    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
+                         "5.000 charge a 4.500"]
     assert "6.000 charge b 1.350" in lines
 
 

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from support.cuda_headers import cuda_include_dirs, find_cuda_include
@@ -150,6 +149,6 @@ def test_generated_files_are_current():
     headers (the `test` extra's nvidia-cuda-runtime wheel, or CUDA_HOME's)."""
     include = find_cuda_include("cudaTypedefs.h")
     assert include is not None, f"no cudaTypedefs.h in {cuda_include_dirs()}"
-    p = subprocess.run([sys.executable, str(ROOT / "tools/gen_cuda_procs.py"), "--include", str(include),
-                        "--check"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, str(ROOT / "tools/gen_cuda_procs.py"),
+                        "--include", str(include), "--check"], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr

@@ -24,7 +24,8 @@ def _wheel_include() -> Path | None:
 
 def cuda_include_dirs() -> list[Path]:
     """The places looked in, in order."""
-    dirs = [Path(os.environ[v]) / "include" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    dirs = [Path(os.environ[v]) / "include"
+            for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
     wheel = _wheel_include()
     if wheel is not None:
         dirs.append(wheel)
