@@ -289,13 +289,33 @@ static uint64_t unsettled(const struct vg_pol *p, int i, uint64_t now)
     return sum;
 }
 
+/* Of segment 0's tail, which ended at fin, what the next hold ran alongside it: half of
+ * the time from when the next hold's work first ran (its start claim) to fin. A GPU that
+ * time-slices between contexts runs a revoked hold's queued work and the next holder's in
+ * turns of equal length, so each had half of that time; a GPU that runs them one after
+ * the other gets to the next hold's start event only after the tail (no overlap). The
+ * claim is the next hold's own: an early one moves charge onto it, a late one gains
+ * nothing over no claim. */
+static uint64_t shared_tail(const struct vg_pol *p, uint64_t fin, uint64_t now)
+{
+    if (p->nseg < 2)
+        return 0;
+    const struct vg_pol_seg *n = &p->seg[1];
+    uint64_t first = n->end ? n->first : p->holder >= 0 && p->nseg == 2 ? first_claimed(p, now) : 0;
+    uint64_t from = first > n->granted ? first : n->granted;
+    return first && from < fin ? (fin - from) / 2 : 0;
+}
+
 /* Settle segment 0, whose work ended at fin, and date the next one's start. */
-static void settle(struct vg_pol *p, uint64_t fin)
+static void settle(struct vg_pol *p, uint64_t fin, uint64_t now)
 {
     struct vg_pol_seg *s0 = &p->seg[0];
     if (fin < s0->start)
         fin = s0->start;
-    uint64_t span = fin - s0->start;
+    uint64_t shared = shared_tail(p, fin, now);
+    if (shared > fin - s0->start)
+        shared = fin - s0->start;
+    uint64_t span = fin - s0->start - shared;
     uint64_t idle = deductible(s0->idle, s0->idle_cap, s0->first, s0->start, fin);
     if (s0->slice >= 0)
         charge(p, s0->slice, span - (idle > span ? span : idle) + s0->penalty, s0->on_floor);
@@ -303,7 +323,7 @@ static void settle(struct vg_pol *p, uint64_t fin)
     p->nseg--;
     if (p->nseg) {
         struct vg_pol_seg *n = &p->seg[0];
-        n->start = fin > n->granted ? fin : n->granted;
+        n->start = fin - shared > n->granted ? fin - shared : n->granted;
     }
 }
 
@@ -339,14 +359,14 @@ static uint64_t tail_from(const struct vg_pol_seg *c)
  * tail began), charging its slice `tail`: the holds after it are charged from their own
  * grants, not from behind what may be a made-up tail, and a drain it reports later pays
  * the rest of a real one. */
-static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail)
+static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail, uint64_t now)
 {
     struct vg_pol_seg *s0 = &p->seg[0];
     s0->penalty = tail;
     p->sl[s0->slice].late_seq = s0->seq;
     p->sl[s0->slice].late_from = from + tail;
     p->sl[s0->slice].late_lost = 0;
-    settle(p, from);
+    settle(p, from, now);
 }
 
 /* Settle what can be: segments whose work is known to have ended, in the order they
@@ -372,13 +392,13 @@ static void settle_ready(struct vg_pol *p, uint64_t now)
             } else if (now >= from + VGPU_TAIL_MAX_NS) {
                 /* Never reported (a waiter that died, or a tenant that scrambles its
                  * reports): it pays the longest tail. */
-                give_up_tail(p, from, VGPU_TAIL_MAX_NS);
+                give_up_tail(p, from, VGPU_TAIL_MAX_NS, now);
                 continue;
             } else {
                 return;
             }
         }
-        settle(p, fin > now ? now : fin);
+        settle(p, fin > now ? now : fin, now);
     }
 }
 
@@ -485,9 +505,9 @@ static void grant(struct vg_pol *p, int i, uint64_t now, struct vg_pol_decision 
         struct vg_pol_seg *s0 = &p->seg[0];
         uint64_t from = tail_from(s0);
         if (s0->slice >= 0 && s0->revoked && !s0->drained)
-            give_up_tail(p, from, now > from ? now - from : 0);
+            give_up_tail(p, from, now > from ? now - from : 0, now);
         else
-            settle(p, from); /* (a gone slice's: nobody pays it) */
+            settle(p, from, now); /* (a gone slice's: nobody pays it) */
     }
     p->holder = i;
     p->granted = p->last_step = now;

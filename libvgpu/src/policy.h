@@ -84,7 +84,8 @@ struct vg_pol_slice {
 };
 
 /* A hold whose GPU time is not settled yet. Holds run on the GPU one after another:
- * each one's work starts when the one before it drained. */
+ * each one's work starts when the one before it drained, or, on a GPU that time-slices
+ * between contexts, alongside that tail (the two then pay half of the overlap each). */
 struct vg_pol_seg {
     int slice;         /* -1: the slice is gone, its time is nobody's */
     uint32_t seq;

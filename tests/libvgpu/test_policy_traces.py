@@ -286,6 +286,27 @@ def test_a_start_claim_behind_a_revoked_tail_counts_from_the_tails_end() -> None
     assert "6.000 charge b 1.350" in lines
 
 
+def test_a_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
+    """shared tail: on a GPU that time-slices between contexts, the next holder's work runs
+    in turns with a revoked hold's tail (its start claim, 4.2, is before the tail's end,
+    5.0): each had half of those 0.8 ms, so the tail's slice pays 4.6 and the next hold is
+    charged from 4.6 (charged from 5.0, a fixed 30 % beside a greedy neighbour with 5 ms
+    kernels got 20 % on simgpu's time-sliced engine, and the neighbour its work for free)."""
+    lines = play("""
+        0 a settings share=50
+        0 b settings share=50 policy=burst
+        0 a greedy
+        1 b want
+        4.2 b claim start_seq=1 start_ns=4.2
+        5.2 a drain at=5.0
+        6 b release
+        8 - end
+    """)
+    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
+                         "5.200 charge a 4.600"]
+    assert "6.000 charge b 1.400" in lines
+
+
 def test_a_start_claim_is_deducted_within_the_idle_cap() -> None:
     """start claim, cap: a start claimed at the hold's very end while another slice waited
     deducts no more than idle could: a quarter of the contended span."""
