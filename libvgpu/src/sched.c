@@ -110,6 +110,7 @@ struct sdev {
     uint64_t first_start;        /* ... until the start event before it (this serial) says when
                                   * the work first ran: then that goes to the broker instead */
     uint64_t gave_from;          /* our queue ran empty then and the hold ended (0: none since) */
+    uint64_t asked_from;         /* an app thread first wanted to launch, holding nothing, then */
     int long_gaps;               /* our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's
                                   * CPU work after its sync): the next sync offers the token back */
     uint32_t yielded;            /* the seq we offered back */
@@ -973,13 +974,17 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             int others = atomic_load(&d->s->contended) || atomic_load(&d->s->active) > 1;
             if (queued_of(d) + d->launching < depth(d, others))
                 break;
-        } else if (!d->holding && !d->acquiring && !d->draining) {
+        } else if (!d->asked_from) {
+            d->asked_from = vg_broker_now(); /* the app wants to launch from now on */
+        }
+        if (!d->holding && !d->acquiring && !d->draining) {
             /* (One hold at a time: a revoked hold's drain is reported before the next request.) */
             d->acquiring = 1;
             if (d->gave_from) {
-                /* How long the app let its queue stay empty: until it asked again (the wait
-                 * for a grant is the broker's, not a gap in its work). */
-                d->long_gaps = vg_broker_now() - d->gave_from > GAP_HOLD_NS;
+                /* How long the app let its queue stay empty: until it first wanted to launch
+                 * again (the wait for a grant is the broker's, and the wait for our own
+                 * drain report ours: neither is a gap in its work). */
+                d->long_gaps = d->asked_from > d->gave_from && d->asked_from - d->gave_from > GAP_HOLD_NS;
                 d->gave_from = 0;
             }
             pthread_mutex_unlock(&g_lock);
@@ -987,6 +992,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             acquire(d, &g);
             pthread_mutex_lock(&g_lock);
             d->acquiring = 0;
+            d->asked_from = 0;
             d->holding = 1;
             d->grant = g;
             d->seq = g >> 8;

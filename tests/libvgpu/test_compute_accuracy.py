@@ -109,6 +109,19 @@ def test_mixed_kernel_lengths_across_slices(tmp_path: Path, small: Load, large: 
     assert got[1] == pytest.approx(100 - small_pct, abs=TOL), got
 
 
+@timing
+def test_a_late_drain_report_is_not_a_gap_in_the_apps_work(tmp_path: Path) -> None:
+    """A revoked hold's drain is reported when the holder thread wakes to its last event,
+    here always 500 us after the work's end (a loaded host, or a time-sliced GPU's next
+    turn for an event on an idle stream). The app, waiting to launch all along, asks again
+    only then: that wait is not a gap it left, so its syncs must not offer the token back
+    as a step loop's do (counted as one, the greedy fixed 70 % got 60-61 %)."""
+    late = {"SIMGPU_WAKE_US": "500-500"}
+    loads = [Load(fixed(70), args=["--queue", "4"]), Load(burst(30), args=["--queue", "4"])]
+    got = shares(tmp_path, loads, simgpu=late)
+    assert got[0] == pytest.approx(70, abs=TOL), got
+
+
 # A new slice's load in the 20 runs: greedy, a step loop, a graph of 8 ms.
 NEW_SLICES = [
     ("greedy", Load(fixed(10))),
