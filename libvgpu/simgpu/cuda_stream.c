@@ -370,6 +370,14 @@ SIMGPU_API CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
         pthread_mutex_lock(&e->lock);
         simgpu_ticket_release(e->dev, &e->tk);
         e->dev = stream_dev(s);
+        /* An idle stream's record is work of its context like any other: while another
+         * context has work on the engine, it completes when this one gets the engine (a
+         * time-sliced GPU's next turn, or after the older work first come first served). */
+        uint32_t q;
+        struct simgpu_ticket last = s->last, mark;
+        if (simgpu_tickets_done(e->dev, &last, 1, &(uint64_t){0}) && stream_queue(s, e->dev, &q) == 0 &&
+            simgpu_engine_others_queued(e->dev, q) && simgpu_queue_submit(e->dev, q, 0, NULL, &mark) == 0)
+            s->last = mark;
         simgpu_ticket_mark(e->dev, &s->last, &e->tk);
         atomic_store(&e->t_ns, e->tk.t_ns);
         if (e->tk.t_ns)

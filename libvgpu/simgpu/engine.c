@@ -624,6 +624,19 @@ void simgpu_ticket_mark(unsigned dev, const struct simgpu_ticket *last, struct s
     unlock(&g);
 }
 
+int simgpu_engine_others_queued(unsigned dev, uint32_t k)
+{
+    struct eng g;
+    if (k >= SIMGPU_QUEUES || eng_get(dev, &g) != 0 || lock(&g, 0) != 0)
+        return 0;
+    struct simgpu_cursor *c = advance(&g);
+    int others = 0;
+    for (uint32_t i = 0; i < nq(c) && !others; i++)
+        others = c->q[i].used != Q_FREE && c->q[i].ctx != c->q[k].ctx && c->q[i].head != SIMGPU_NIL;
+    unlock(&g);
+    return others;
+}
+
 /* A hold is given back: the entry is free once done and held by nothing. */
 static void drop(struct eng *g, const struct simgpu_ticket *t)
 {

@@ -159,6 +159,9 @@ int simgpu_queue_submit(unsigned dev, uint32_t q, uint64_t dur_ns, const struct 
 /* An event recorded after last (seq 0: nothing submitted): *ev completes with it, or
  * now when that is done (ev->t_ns set); a pending ev holds last's entry for its time. */
 void simgpu_ticket_mark(unsigned dev, const struct simgpu_ticket *last, struct simgpu_ticket *ev);
+/* 1 when another context than queue q's has work queued on dev (a record on q's idle
+ * stream then waits for q's context to get the engine: a zero-length entry). */
+int simgpu_engine_others_queued(unsigned dev, uint32_t q);
 /* A marked event is done: its time in t->t_ns, its hold given back. 1, or 0 while pending. */
 int simgpu_ticket_resolve(unsigned dev, struct simgpu_ticket *t);
 /* Give back a pending event's hold (re-recorded or destroyed). */

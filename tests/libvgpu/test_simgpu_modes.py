@@ -90,10 +90,14 @@ def test_events_are_dated_by_the_engine(mode_env: dict[str, str]) -> None:
     ends = [e for _, e in ks]
     # An event after a kernel completes when the kernel ends on the engine; one recorded
     # when the stream is idle (the idle one; one after a kernel that ended before its
-    # record, the probe descheduled that long) completes as it is recorded. The idle
-    # event's time T is known to lie between the probe's clock reads around its record;
-    # every other is T + its elapsed time.
+    # record, the probe descheduled that long) completes when the engine gets to the
+    # probe's context: as it is recorded on the FIFO engine or with nothing else queued,
+    # else at the probe's turn (the neighbour's slice time-sliced, its older kernels first
+    # come first served), where the probe's first kernel starts, or before. The idle
+    # event's time T lies between the probe's clock reads around its record or up to that
+    # start; every other is T + its elapsed time.
     t0, t1 = r["record_idle"]
+    t1 = max(t1, ks[0][0])
     for i, ms in enumerate(r["idle_to"]):
         lo, hi = t0 + ms * NS_PER_MS - FLOAT_NS, t1 + ms * NS_PER_MS + FLOAT_NS
         rec0, rec1 = r["recorded"][i]
@@ -111,6 +115,30 @@ def test_events_are_dated_by_the_engine(mode_env: dict[str, str]) -> None:
     assert r["query_pending"] == r["pending"] == "CUDA_ERROR_NOT_READY"
     # As the driver: no timing from an event made without it, nor from one never recorded.
     assert r["untimed"] == r["untimed_done"] == r["unrecorded"] == "CUDA_ERROR_INVALID_HANDLE"
+
+
+@pytest.mark.parametrize("mode", ["slice", "slice-streams"])
+def test_an_idle_streams_event_completes_at_its_contexts_turn(simgpu_env: dict[str, str],
+                                                                mode: str) -> None:
+    """Time-sliced, a record on an idle stream while another context runs is work of the
+    recording context: it completes when that context next gets the engine, where its
+    first kernel starts, not as it is recorded (libvgpu's start event says by it when a
+    hold's work first ran, docs/compute.md, "Shared tail")."""
+    env = {**simgpu_env, **MODES[mode]}
+    run([CLIENT, "info"], env)
+    neighbour = subprocess.Popen([CLIENT, "launch", "4", "1500"], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.002)  # (its kernels are queued long before the probe has started)
+    r = probe(env, "events", "2000")
+    assert neighbour.wait(timeout=30) == 0
+    tl = timeline(env)
+    t1 = r["record_idle"][1]
+    if not any(p == neighbour.pid and s <= t1 < e for s, e, p in tl):
+        pytest.skip("the neighbour's kernels had ended before the probe's record")
+    first, ended0 = kernels_of(tl, r["pid"], 2000)[0]
+    at = ended0 - r["idle_to"][0] * NS_PER_MS  # the idle event's time on the engine
+    assert at > t1 + FLOAT_NS
+    assert abs(at - first) <= FLOAT_NS
 
 
 # ---- SIMGPU_WAKE_US: a host's wake-up latency after the work's end ----
