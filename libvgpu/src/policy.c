@@ -289,6 +289,26 @@ static uint64_t unsettled(const struct vg_pol *p, int i, uint64_t now)
     return sum;
 }
 
+/* Take back up to dt of what slice i was charged (what it ran was another's). */
+static void uncharge(struct vg_pol *p, int i, uint64_t dt)
+{
+    struct vg_pol_slice *b = &p->sl[i];
+    add_capped(&b->credit, (int64_t)dt, (int64_t)VG_POL_CREDIT_CAP_NS);
+    b->used -= dt < b->used ? dt : b->used;
+}
+
+/* The hold after a late tail, settled now: what it claimed is kept for the drain report. */
+static void note_next_of_late(struct vg_pol *p, const struct vg_pol_seg *s0)
+{
+    for (unsigned i = 0; i < VG_POL_SLICES; i++) {
+        struct vg_pol_slice *b = &p->sl[i];
+        if (b->in_use && b->late_seq && b->late_next_seq == s0->seq && b->late_next == s0->slice) {
+            b->late_next_first = s0->first;
+            b->late_next_end = s0->end;
+        }
+    }
+}
+
 /* Of segment 0's tail, which ended at fin, what the next hold ran alongside it: half of
  * the time from when the next hold's work first ran (its start claim) to fin. A GPU that
  * time-slices between contexts runs a revoked hold's queued work and the next holder's in
@@ -317,8 +337,12 @@ static void settle(struct vg_pol *p, uint64_t fin, uint64_t now)
         shared = fin - s0->start;
     uint64_t span = fin - s0->start - shared;
     uint64_t idle = deductible(s0->idle, s0->idle_cap, s0->first, s0->start, fin);
-    if (s0->slice >= 0)
-        charge(p, s0->slice, span - (idle > span ? span : idle) + s0->penalty, s0->on_floor);
+    uint64_t due = span - (idle > span ? span : idle) + s0->penalty;
+    if (s0->slice >= 0 && due >= s0->refund)
+        charge(p, s0->slice, due - s0->refund, s0->on_floor);
+    else if (s0->slice >= 0)
+        uncharge(p, s0->slice, s0->refund - due);
+    note_next_of_late(p, s0);
     memmove(&p->seg[0], &p->seg[1], (size_t)(p->nseg - 1) * sizeof(p->seg[0]));
     p->nseg--;
     if (p->nseg) {
@@ -362,11 +386,41 @@ static uint64_t tail_from(const struct vg_pol_seg *c)
 static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail, uint64_t now)
 {
     struct vg_pol_seg *s0 = &p->seg[0];
+    struct vg_pol_slice *b = &p->sl[s0->slice];
     s0->penalty = tail;
-    p->sl[s0->slice].late_seq = s0->seq;
-    p->sl[s0->slice].late_from = from + tail;
-    p->sl[s0->slice].late_lost = 0;
+    b->late_seq = s0->seq;
+    b->late_from = from + tail;
+    b->late_lost = 0;
+    b->late_began = from;
+    b->late_next_seq = p->nseg > 1 ? p->seg[1].seq : 0;
+    b->late_next = p->nseg > 1 ? p->seg[1].slice : -1;
+    b->late_next_first = b->late_next_end = 0;
     settle(p, from, now);
+}
+
+/* A late tail drained at end; what of [late_began, end) the hold after it ran alongside
+ * (from its start claim to its end or the tail's, whichever came first) both were charged
+ * in full: each gets half of it back (shared tail, for a tail past the broker's wait). */
+static uint64_t late_shared(struct vg_pol *p, const struct vg_pol_slice *b, uint64_t end, uint64_t now,
+                            struct vg_pol_seg **unsettled_next)
+{
+    *unsettled_next = NULL;
+    if (!b->late_next_seq || b->late_next < 0)
+        return 0;
+    uint64_t first = b->late_next_first, to = b->late_next_end;
+    if (!first && !to) { /* not settled yet: still queued, or the current hold */
+        for (int k = 0; k < p->nseg; k++) {
+            struct vg_pol_seg *c = &p->seg[k];
+            if (c->seq != b->late_next_seq || c->slice != b->late_next)
+                continue;
+            first = c->end ? c->first : p->holder == c->slice && k == p->nseg - 1 ? first_claimed(p, now) : 0;
+            to = c->end;
+            *unsettled_next = c;
+        }
+    }
+    uint64_t from = first > b->late_began ? first : b->late_began;
+    uint64_t till = to && to < end ? to : end;
+    return first && from < till ? (till - from) / 2 : 0;
 }
 
 /* Settle what can be: segments whose work is known to have ended, in the order they
@@ -615,7 +669,16 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
                 /* What it earned while its launch ran on was its own, though the cap took
                  * it: a tail that is never reported gets nothing back. */
                 b->credit += (int64_t)b->late_lost;
-                charge(p, (int)i, end - b->late_from, 0);
+                struct vg_pol_seg *next;
+                uint64_t half = late_shared(p, b, end, now, &next), rest = end - b->late_from;
+                if (rest >= half)
+                    charge(p, (int)i, rest - half, 0);
+                else
+                    uncharge(p, (int)i, half - rest);
+                if (half && next)
+                    next->refund += half; /* (from its charge when it settles) */
+                else if (half && p->sl[b->late_next].in_use)
+                    uncharge(p, b->late_next, half);
             }
             b->late_seq = 0;
             b->late_lost = 0;

@@ -80,6 +80,10 @@ struct vg_pol_slice {
     uint32_t late_seq;     /* a hold whose tail was settled unreported ... */
     uint64_t late_from;    /* ... charged until then: a later drain report pays the rest */
     uint64_t late_lost;    /* ... and gets back what the credit cap took meanwhile */
+    uint64_t late_began;   /* ... its tail began then (the hold's end) */
+    uint32_t late_next_seq; /* ... the hold after it, which may have run alongside the tail */
+    int late_next;         /* ... (its slice) */
+    uint64_t late_next_first, late_next_end; /* ... its start claim and end, once settled */
     int waiting;           /* it waits for the token (a believed, renewed request) */
 };
 
@@ -97,6 +101,7 @@ struct vg_pol_seg {
     uint64_t idle_cap; /* ... and the most of it, with its start claim, it may deduct */
     uint64_t first;    /* when its work first ran on the GPU, as claimed (0: not known) */
     uint64_t penalty;  /* charged on top: a tail never reported */
+    uint64_t refund;   /* taken off: half of a late tail before it that it ran alongside */
     int taken;         /* a process of the slice took the grant (latched when first seen) */
     int drained;       /* its slice reported this hold's drain (latched) ... */
     uint64_t drain_claim, drain_seen; /* ... dated this, seen then */

@@ -42,6 +42,7 @@
  *   T grant S                    S is granted the token
  *   T end S WHY                  S's hold ended (vg_pol_end_name: released, quantum, ...)
  *   T charge S MS                S was charged MS of GPU time in this step
+ *   T refund S MS                ... or given MS back (what it was charged was another's)
  *   T account S used=MS credit=MS holds=N waiting=W
  * Used by tests/libvgpu/test_policy_traces.py.
  */
@@ -123,8 +124,10 @@ static void print_charges(uint64_t now)
         if (t->slot < 0)
             continue;
         uint64_t used = pol.sl[t->slot].used;
-        if (used != t->used_before)
+        if (used > t->used_before)
             printf("%.3f charge %s %.3f\n", ms_of(now), t->name, (double)(used - t->used_before) / 1e6);
+        else if (used < t->used_before)
+            printf("%.3f refund %s %.3f\n", ms_of(now), t->name, (double)(t->used_before - used) / 1e6);
         t->used_before = used;
     }
 }

@@ -13,6 +13,8 @@ from __future__ import annotations
 import subprocess
 import textwrap
 
+import pytest
+
 from support.paths import TEST_BIN
 
 POLICY_TRACE = TEST_BIN / "policy_trace"
@@ -305,6 +307,42 @@ def test_a_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
                          "5.200 charge a 4.600"]
     assert "6.000 charge b 1.400" in lines
+
+
+def test_a_late_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
+    """shared tail, past the broker's wait: a tail of one long launch (here 2.874-65 ms,
+    time-sliced with b's work from b's start claim at 3.2) is charged the 50 ms wait when
+    it is not reported by then, and b is charged from its grant: both paid the overlap in
+    full. The drain report settles it: a pays 65 less half of [3.2, 65) (a refund of what
+    the wait charged beyond that), and b's hold is charged that half less when it ends, so
+    the two add up to the 75 ms of wall time (a 50 ms kernel of a fixed 30 % beside a greedy
+    burst, time-sliced, got 15.5 %)."""
+    lines = play("""
+        0 a settings share=30
+        0 b settings share=70 policy=burst
+        0 a want
+        1 b greedy tail=0
+        4 b claim start_seq=1 start_ns=3.2
+        70 a drain at=65
+        75 b release
+        80 - end
+    """)
+    assert lines[:7] == ["0.000 grant a", "2.874 end a credit", "2.874 grant b",
+                         "52.874 charge a 52.874", "70.000 refund a 18.774",
+                         "75.000 end b released", "75.000 grant b"]
+    assert "75.000 charge b 40.900" in lines
+    used = accounts("""
+        0 a settings share=30
+        0 b settings share=70 policy=burst
+        0 a want
+        1 b greedy tail=0
+        4 b claim start_seq=1 start_ns=3.2
+        70 a drain at=65
+        75 b release
+        75.001 b stop
+        80 - end
+    """)
+    assert used["a"]["used"] + used["b"]["used"] == pytest.approx(75.0, abs=0.01)
 
 
 def test_a_start_claim_is_deducted_within_the_idle_cap() -> None:
