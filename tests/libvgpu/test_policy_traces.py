@@ -14,7 +14,6 @@ import subprocess
 import textwrap
 
 import pytest
-
 from support.paths import TEST_BIN
 
 POLICY_TRACE = TEST_BIN / "policy_trace"
