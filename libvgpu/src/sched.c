@@ -93,6 +93,10 @@ struct sdev {
     unsigned launching;
     _Alignas(64) int holding, acquiring, draining;
     int sync_gap;                /* an app's sync returned since our last launch on an empty queue */
+    int syncs_in;                /* app threads inside a blocking sync (atomics) ... */
+    uint64_t sync_back;          /* ... and when the last one returned: an app's gap in its work
+                                  * begins then, not when the work ended (waking up to a sync
+                                  * is the host's latency, not the app's CPU work) */
     unsigned depth_now;          /* launches we may have queued now (depth()) */
     unsigned every;
     uint32_t grant, seq;
@@ -797,8 +801,14 @@ static void *holder_thread(void *arg)
             if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
                 continue;
             uint64_t since = d->last_launch > d->idle_from ? d->last_launch : d->idle_from;
-            uint64_t hold = atomic_load(&d->s->contended) ? GAP_HOLD_NS : IDLE_HOLD_NS;
-            if (now - since >= hold)
+            uint64_t back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
+            int contended = atomic_load(&d->s->contended);
+            if (back > since)
+                since = back;
+            uint64_t hold = contended ? GAP_HOLD_NS : IDLE_HOLD_NS;
+            if (contended && __atomic_load_n(&d->syncs_in, __ATOMIC_SEQ_CST) && now - d->idle_from < IDLE_HOLD_NS)
+                wait_ns = EMPTY_POLL_NS; /* an app thread still wakes up to its sync: no gap yet */
+            else if (now - since >= hold)
                 give_back(d, now);
             else
                 wait_ns = hold - (now - since);
@@ -984,7 +994,10 @@ struct vg_ticket vg_sched_admit(CUstream stream)
                 /* How long the app let its queue stay empty: until it first wanted to launch
                  * again (the wait for a grant is the broker's, and the wait for our own
                  * drain report ours: neither is a gap in its work). */
-                d->long_gaps = d->asked_from > d->gave_from && d->asked_from - d->gave_from > GAP_HOLD_NS;
+                uint64_t from = d->gave_from, back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
+                if (back > from)
+                    from = back;
+                d->long_gaps = d->asked_from > from && d->asked_from - from > GAP_HOLD_NS;
                 d->gave_from = 0;
             }
             pthread_mutex_unlock(&g_lock);
@@ -1031,8 +1044,9 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->first_gap = (now > from ? now - from : 0) + 1; /* (1: a start to date) */
         if (from > now)
             from = now;
+        uint64_t back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
         if (!first)
-            d->long_gaps = now - from > GAP_HOLD_NS;
+            d->long_gaps = now - (back > from ? back : from) > GAP_HOLD_NS;
         /* (idle_since first: the broker may count a spell short, never twice) */
         atomic_store(&d->q->idle_since, 0);
         d->idle_total += now - from;
@@ -1135,12 +1149,16 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
  * app may poll while it goes on launching. */
 struct vg_sync vg_sched_sync(int offer, int close)
 {
-    struct vg_sync s = {device_of(), UINT64_MAX};
+    struct vg_sync s = {device_of(), UINT64_MAX, 0};
     if (s.dev < 0 || s.dev >= VG_MAX_DEVICES || g_dev[s.dev].state != ST_ON) {
         s.dev = -1;
         return s;
     }
     struct sdev *d = &g_dev[s.dev];
+    if (offer) {
+        s.waiting = 1;
+        __atomic_add_fetch(&d->syncs_in, 1, __ATOMIC_SEQ_CST);
+    }
     if (!__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
         s.launches = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
     if (close && __atomic_load_n(&d->holding, __ATOMIC_RELAXED) &&
@@ -1164,9 +1182,15 @@ struct vg_sync vg_sched_sync(int offer, int close)
  * before the holder thread looks would otherwise be charged its sync gap as GPU time). */
 void vg_sched_synced(struct vg_sync s, int ok)
 {
-    if (s.dev < 0 || !ok)
+    if (s.dev < 0)
         return;
     struct sdev *d = &g_dev[s.dev];
+    if (s.waiting) {
+        __atomic_store_n(&d->sync_back, vg_broker_now(), __ATOMIC_SEQ_CST);
+        __atomic_sub_fetch(&d->syncs_in, 1, __ATOMIC_SEQ_CST);
+    }
+    if (!ok)
+        return;
     if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED))
         return;
     if (!__atomic_load_n(&d->sync_gap, __ATOMIC_RELAXED))

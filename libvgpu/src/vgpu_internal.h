@@ -154,6 +154,7 @@ void vg_sched_done(struct vg_ticket t, CUresult rc);
 struct vg_sync {
     int dev;           /* -1: nothing scheduled on the current device */
     uint64_t launches; /* UINT64_MAX: one was mid-launch */
+    int waiting;       /* a blocking sync, counted in the device's syncs_in */
 };
 struct vg_sync vg_sched_sync(int offer, int close);
 void vg_sched_synced(struct vg_sync s, int ok);
