@@ -171,6 +171,34 @@ static int ensure_file(struct root *r, const char *rel, int hops)
     return root_open(r, rel, O_PATH);
 }
 
+/* A readable fd of the regular file `rel`, or -1. Whatever the image put there is only
+ * looked at (O_PATH) before it is opened: opening a device, a FIFO or a socket as host
+ * root may do something (a FIFO's writer is let go, a device's driver runs its open). The
+ * file is opened again through the O_PATH fd's /proc link, the same inode, else by name
+ * once more and kept only if it is still that inode. */
+static int open_regular(struct root *r, const char *rel)
+{
+    int pfd = root_open(r, rel, O_PATH);
+    if (pfd < 0)
+        return -1;
+    struct stat st, again;
+    if (fstat(pfd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(pfd);
+        return -1;
+    }
+    char link[64];
+    snprintf(link, sizeof(link), "/proc/self/fd/%d", pfd);
+    int fd = open(link, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0 && (errno == ENOENT || errno == ENOTDIR))
+        fd = root_open(r, rel, O_RDONLY | O_NONBLOCK | O_NOCTTY); /* (no /proc here) */
+    close(pfd);
+    if (fd >= 0 && (fstat(fd, &again) != 0 || again.st_dev != st.st_dev || again.st_ino != st.st_ino)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* The image's own ld.so.preload (regular files only), up to PRELOAD_MAX bytes. */
 static char *read_small(struct root *r, const char *rel, size_t *len)
 {
@@ -178,9 +206,9 @@ static char *read_small(struct root *r, const char *rel, size_t *len)
     char *buf = calloc(1, PRELOAD_MAX + 1);
     if (buf == NULL)
         return NULL;
-    int fd = root_open(r, rel, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+    int fd = open_regular(r, rel);
     if (fd < 0)
-        return buf;               /* missing (or unreachable): nothing to keep */
+        return buf;               /* missing, unreachable or not a regular file: nothing to keep */
     struct stat st;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
         ssize_t got;

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,32 @@ def test_hostile_image_never_writes_outside_the_rootfs(tree, ns, hook, case):
     assert read_in(ns, rootfs, "/dev/vgpu0") == region.read_bytes()
     assert read_in(ns, rootfs, CONTAINER_LIBVGPU) == LIBVGPU.read_bytes()
     assert read_in(ns, rootfs, "/etc/ld.so.preload").startswith(CONTAINER_LIBVGPU.encode())
+
+
+def test_the_images_preload_is_opened_only_when_it_is_a_regular_file(tree, ns, hook):
+    """The hook runs as host root: whatever the image has at /etc/ld.so.preload is looked
+    at (O_PATH) before anything opens it (issue 22). A FIFO there is not opened: a writer
+    blocked opening it stays blocked (before, the hook's open let it go), and the start goes
+    on with our library alone in the container's ld.so.preload."""
+    rootfs, _, region = tree
+    fifo = rootfs / "etc/ld.so.preload"
+    os.mkfifo(fifo)
+    opened = threading.Event()
+
+    def writer() -> None:
+        fd = os.open(fifo, os.O_WRONLY)  # blocks until someone opens the FIFO to read
+        opened.set()
+        os.close(fd)
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        hook.apply(ns, plan_for(rootfs, region))
+        assert not opened.wait(0.5), "the hook opened the image's FIFO"
+        assert read_in(ns, rootfs, "/etc/ld.so.preload") == f"{CONTAINER_LIBVGPU}\n".encode()
+    finally:
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # (lets the writer go)
+        t.join(5)
 
 
 def test_failure_undoes_the_mounts_made(tree, ns, hook):
