@@ -289,12 +289,39 @@ static uint64_t unsettled(const struct vg_pol *p, int i, uint64_t now)
     return sum;
 }
 
+/* Segment k's start claim: latched when its hold ended, read live while it is the current
+ * hold (0: not known). */
+static uint64_t seg_first(const struct vg_pol *p, int k, uint64_t now)
+{
+    const struct vg_pol_seg *c = &p->seg[k];
+    if (c->end)
+        return c->first;
+    return p->holder == c->slice && k == p->nseg - 1 ? first_claimed(p, now) : 0;
+}
+
+/* Half of the time a tail ran alongside the next hold: from the later of the next hold's
+ * first work (first; 0: never known, no overlap) and lo, to till. */
+static uint64_t half_overlap(uint64_t first, uint64_t lo, uint64_t till)
+{
+    uint64_t from = first > lo ? first : lo;
+    return first && from < till ? (till - from) / 2 : 0;
+}
+
 /* Take back up to dt of what slice i was charged (what it ran was another's). */
 static void uncharge(struct vg_pol *p, int i, uint64_t dt)
 {
     struct vg_pol_slice *b = &p->sl[i];
     add_capped(&b->credit, (int64_t)dt, (int64_t)VG_POL_CREDIT_CAP_NS);
     b->used -= dt < b->used ? dt : b->used;
+}
+
+/* Charge slice i `due` less `back`, or give it back the difference. */
+static void charge_net(struct vg_pol *p, int i, uint64_t due, uint64_t back, int on_floor)
+{
+    if (due >= back)
+        charge(p, i, due - back, on_floor);
+    else
+        uncharge(p, i, back - due);
 }
 
 /* The hold after a late tail, settled now: what it claimed is kept for the drain report. */
@@ -320,10 +347,7 @@ static uint64_t shared_tail(const struct vg_pol *p, uint64_t fin, uint64_t now)
 {
     if (p->nseg < 2)
         return 0;
-    const struct vg_pol_seg *n = &p->seg[1];
-    uint64_t first = n->end ? n->first : p->holder >= 0 && p->nseg == 2 ? first_claimed(p, now) : 0;
-    uint64_t from = first > n->granted ? first : n->granted;
-    return first && from < fin ? (fin - from) / 2 : 0;
+    return half_overlap(seg_first(p, 1, now), p->seg[1].granted, fin);
 }
 
 /* Settle segment 0, whose work ended at fin, and date the next one's start. */
@@ -337,11 +361,8 @@ static void settle(struct vg_pol *p, uint64_t fin, uint64_t now)
         shared = fin - s0->start;
     uint64_t span = fin - s0->start - shared;
     uint64_t idle = deductible(s0->idle, s0->idle_cap, s0->first, s0->start, fin);
-    uint64_t due = span - (idle > span ? span : idle) + s0->penalty;
-    if (s0->slice >= 0 && due >= s0->refund)
-        charge(p, s0->slice, due - s0->refund, s0->on_floor);
-    else if (s0->slice >= 0)
-        uncharge(p, s0->slice, s0->refund - due);
+    if (s0->slice >= 0)
+        charge_net(p, s0->slice, span - (idle > span ? span : idle) + s0->penalty, s0->refund, s0->on_floor);
     note_next_of_late(p, s0);
     memmove(&p->seg[0], &p->seg[1], (size_t)(p->nseg - 1) * sizeof(p->seg[0]));
     p->nseg--;
@@ -413,14 +434,12 @@ static uint64_t late_shared(struct vg_pol *p, const struct vg_pol_slice *b, uint
             struct vg_pol_seg *c = &p->seg[k];
             if (c->seq != b->late_next_seq || c->slice != b->late_next)
                 continue;
-            first = c->end ? c->first : p->holder == c->slice && k == p->nseg - 1 ? first_claimed(p, now) : 0;
+            first = seg_first(p, k, now);
             to = c->end;
             *unsettled_next = c;
         }
     }
-    uint64_t from = first > b->late_began ? first : b->late_began;
-    uint64_t till = to && to < end ? to : end;
-    return first && from < till ? (till - from) / 2 : 0;
+    return half_overlap(first, b->late_began, to && to < end ? to : end);
 }
 
 /* Settle what can be: segments whose work is known to have ended, in the order they
@@ -670,11 +689,8 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
                  * it: a tail that is never reported gets nothing back. */
                 b->credit += (int64_t)b->late_lost;
                 struct vg_pol_seg *next;
-                uint64_t half = late_shared(p, b, end, now, &next), rest = end - b->late_from;
-                if (rest >= half)
-                    charge(p, (int)i, rest - half, 0);
-                else
-                    uncharge(p, (int)i, half - rest);
+                uint64_t half = late_shared(p, b, end, now, &next);
+                charge_net(p, (int)i, end - b->late_from, half, 0);
                 if (half && next)
                     next->refund += half; /* (from its charge when it settles) */
                 else if (half && p->sl[b->late_next].in_use)

@@ -673,6 +673,15 @@ static void give_back(struct sdev *d, uint64_t now)
     pthread_cond_broadcast(&g_cond);
 }
 
+/* When an app's gap that began at t (its work's end, or the hold's) began for it: at the
+ * return of its last blocking sync if that was later (waking up to a sync is the host's
+ * latency, not the app's CPU work). */
+static uint64_t gap_from(const struct sdev *d, uint64_t t)
+{
+    uint64_t back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
+    return back > t ? back : t;
+}
+
 /* Queued launches kept ahead of the GPU: about QUEUE_NS of work, less while other
  * slices use the GPU (what we queue is what they wait for once they ask). */
 static unsigned depth(const struct sdev *d, int contended)
@@ -800,11 +809,8 @@ static void *holder_thread(void *arg)
             }
             if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
                 continue;
-            uint64_t since = d->last_launch > d->idle_from ? d->last_launch : d->idle_from;
-            uint64_t back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
+            uint64_t since = gap_from(d, d->last_launch > d->idle_from ? d->last_launch : d->idle_from);
             int contended = atomic_load(&d->s->contended);
-            if (back > since)
-                since = back;
             uint64_t hold = contended ? GAP_HOLD_NS : IDLE_HOLD_NS;
             if (contended && __atomic_load_n(&d->syncs_in, __ATOMIC_SEQ_CST) && now - d->idle_from < IDLE_HOLD_NS)
                 wait_ns = EMPTY_POLL_NS; /* an app thread still wakes up to its sync: no gap yet */
@@ -994,9 +1000,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
                 /* How long the app let its queue stay empty: until it first wanted to launch
                  * again (the wait for a grant is the broker's, and the wait for our own
                  * drain report ours: neither is a gap in its work). */
-                uint64_t from = d->gave_from, back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
-                if (back > from)
-                    from = back;
+                uint64_t from = gap_from(d, d->gave_from);
                 d->long_gaps = d->asked_from > from && d->asked_from - from > GAP_HOLD_NS;
                 d->gave_from = 0;
             }
@@ -1044,9 +1048,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->first_gap = (now > from ? now - from : 0) + 1; /* (1: a start to date) */
         if (from > now)
             from = now;
-        uint64_t back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
         if (!first)
-            d->long_gaps = now - (back > from ? back : from) > GAP_HOLD_NS;
+            d->long_gaps = now - gap_from(d, from) > GAP_HOLD_NS;
         /* (idle_since first: the broker may count a spell short, never twice) */
         atomic_store(&d->q->idle_since, 0);
         d->idle_total += now - from;

@@ -209,13 +209,9 @@ static char *read_small(struct root *r, const char *rel, size_t *len)
     int fd = open_regular(r, rel);
     if (fd < 0)
         return buf;               /* missing, unreachable or not a regular file: nothing to keep */
-    struct stat st;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
-        ssize_t got;
-        while (*len < PRELOAD_MAX &&
-               (got = read(fd, buf + *len, PRELOAD_MAX - *len)) > 0)
-            *len += (size_t)got;
-    }
+    ssize_t got;
+    while (*len < PRELOAD_MAX && (got = read(fd, buf + *len, PRELOAD_MAX - *len)) > 0)
+        *len += (size_t)got;
     close(fd);
     buf[*len] = '\0';
     return buf;

@@ -316,7 +316,7 @@ def test_a_late_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     the wait charged beyond that), and b's hold is charged that half less when it ends, so
     the two add up to the 75 ms of wall time (a 50 ms kernel of a fixed 30 % beside a greedy
     burst, time-sliced, got 15.5 %)."""
-    lines = play("""
+    trace = """
         0 a settings share=30
         0 b settings share=70 policy=burst
         0 a want
@@ -325,22 +325,13 @@ def test_a_late_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
         70 a drain at=65
         75 b release
         80 - end
-    """)
+    """
+    lines = play(trace)
     assert lines[:7] == ["0.000 grant a", "2.874 end a credit", "2.874 grant b",
                          "52.874 charge a 52.874", "70.000 refund a 18.774",
                          "75.000 end b released", "75.000 grant b"]
     assert "75.000 charge b 40.900" in lines
-    used = accounts("""
-        0 a settings share=30
-        0 b settings share=70 policy=burst
-        0 a want
-        1 b greedy tail=0
-        4 b claim start_seq=1 start_ns=3.2
-        70 a drain at=65
-        75 b release
-        75.001 b stop
-        80 - end
-    """)
+    used = accounts(trace)
     assert used["a"]["used"] + used["b"]["used"] == pytest.approx(75.0, abs=0.01)
 
 
