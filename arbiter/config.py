@@ -91,6 +91,10 @@ class Config:
     state_dir: Path = Path("/var/lib/vgpu")
     run_dir: Path = DEFAULT_RUN_DIR
     event_log: Path = Path("/var/lib/vgpu/events.jsonl")
+    #: The event log is rotated before it passes this many bytes, keeping this many older
+    #: files (<event_log>.1 ...): at most (generations + 1) x max bytes on disk.
+    event_log_max_bytes: int = 10 << 20
+    event_log_generations: int = 3
     #: Versioned installs of libvgpu.so and the programs (arbiter.installs).
     lib_dir: Path = Path("/var/lib/vgpu/lib")
     placement_policy: str = "binpack"
@@ -426,7 +430,8 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         else:
             values.pop(name, None)
     for name, key_path in (("context_reserve", ("defaults", "context_reserve")),
-                           ("guard_memory_margin", ("guard", "memory_margin"))):
+                           ("guard_memory_margin", ("guard", "memory_margin")),
+                           ("event_log_max_bytes", ("events", "max_size"))):
         if name not in values:
             continue
         raw = values[name]
@@ -435,6 +440,10 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         except QuantityError as e:
             raise ConfigError(path, f"{raw!r} is not 0 or a memory quantity: {MEMORY_FORMS}",
                               key=_dotted(key_path), line=lines.value(key_path)) from e
+    if values.get("event_log_max_bytes", _MIN_EVENT_LOG) < _MIN_EVENT_LOG:
+        key_path = ("events", "max_size")
+        raise ConfigError(path, f"{get(*key_path)!r} is below the smallest event log, 4Ki",
+                          key=_dotted(key_path), line=lines.value(key_path))
     address = values.get("metrics_address", "")
     if address and int(address.rsplit(":", 1)[1]) > 65535:
         key_path = ("metrics", "address")
@@ -472,6 +481,8 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
 
 
 _MISSING = object()
+#: The smallest events.max_size: a few events a file.
+_MIN_EVENT_LOG = 4 << 10
 
 #: (section, key) in the file -> Config field.
 _FIELDS: dict[tuple[str, str], str] = {
@@ -480,6 +491,8 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("paths", "run_dir"): "run_dir",
     ("paths", "event_log"): "event_log",
     ("paths", "lib_dir"): "lib_dir",
+    ("events", "max_size"): "event_log_max_bytes",
+    ("events", "generations"): "event_log_generations",
     ("placement", "policy"): "placement_policy",
     ("placement", "allow_preemption"): "allow_preemption",
     ("defaults", "compute"): "default_compute",

@@ -298,7 +298,8 @@ class Daemon:
             self.broker = self._broker_supervisor()
         self.broker.start()
         self.store = Store(c.state_dir)
-        self.events = EventLog(c.event_log)
+        self.events = EventLog(c.event_log, max_bytes=c.event_log_max_bytes,
+                               generations=c.event_log_generations)
         serving_metrics = self.metrics is not None
         if self.metrics is None:
             self.metrics = self._make_metrics()

@@ -208,8 +208,8 @@ SAD = [
                  "line 2: placement.polcy: unknown key (expected one of: allow_preemption, "
                  "policy)", id="unknown-key"),
     pytest.param("# top\nbogus: 1\n", "line 2: bogus: unknown key (expected one of: broker, "
-                 "defaults, devices, guard, hook, metrics, nvml, paths, placement, reconcile, "
-                 "runtime)",
+                 "defaults, devices, events, guard, hook, metrics, nvml, paths, placement, "
+                 "reconcile, runtime)",
                  id="unknown-section"),
     pytest.param("placement: [binpack]\n", "line 1: placement: ['binpack'] is not a mapping of "
                  "keys", id="section-not-mapping"),

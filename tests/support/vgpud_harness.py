@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -16,6 +15,7 @@ from typing import Any
 import grpc
 import yaml
 
+from arbiter.events import read_events
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.proto import vgpu_pb2_grpc
 from support.paths import ROOT
@@ -66,9 +66,7 @@ class Vgpud:
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         """Events vgpud wrote so far (of one kind)."""
-        if not self.events_path.exists():
-            return []
-        out = [json.loads(line) for line in self.events_path.read_text().splitlines() if line]
+        out = read_events(self.events_path)  # with the generations rotation kept
         return [e for e in out if kind is None or e["kind"] == kind]
 
     def log(self) -> str:
