@@ -45,6 +45,7 @@ class DeviceView:
     unhealthy: str = ""      # why NVML cannot use the GPU now; empty: healthy
     driver_version: str = ""  # NVML's, e.g. "570.86.15"
     cuda_version: str = ""    # the driver's CUDA version, e.g. "12.8"
+    broker: str = ""          # why its token broker does not serve it; empty: it does
 
 
 def priority_from_name(name: str) -> Priority:
@@ -194,5 +195,5 @@ def device_to_proto(d: DeviceView) -> pb.Device:
         compute_allocated_percent=d.compute_allocated, minor=max(g.minor, 0),
         device_nodes=list(g.device_nodes), slices=d.slices,
         utilization_percent=d.utilization, unhealthy=d.unhealthy,
-        driver_version=d.driver_version, cuda_version=d.cuda_version,
+        driver_version=d.driver_version, cuda_version=d.cuda_version, broker=d.broker,
     )

@@ -133,6 +133,9 @@ class Arbiter:
         self._check = check
         self._versions = versions
         self._versions_seen: Any = None  # the driver's versions, once NVML told them
+        #: Per GPU index, why its token broker does not serve it (arbiter.brokerwatch;
+        #: vgpud sets it once its watch runs): Device.broker.
+        self.brokers: Callable[[], Mapping[int, str]] = dict
         self._proc = Path(proc)
         self._kill = kill
         self._lock = threading.RLock()
@@ -323,6 +326,7 @@ class Arbiter:
         samples = self.sample()
         unhealthy = self.unhealthy()
         driver, cuda = self.driver_versions()
+        brokers = self.brokers()
         with self._lock:
             slices = list(self._slices.values())
         out = []
@@ -337,7 +341,7 @@ class Arbiter:
                 memory_used=int(getattr(smp, "used", 0) or 0),
                 utilization=int(getattr(smp, "utilization", 0) or 0),
                 unhealthy=unhealthy.get(g.index, ""),
-                driver_version=driver, cuda_version=cuda,
+                driver_version=driver, cuda_version=cuda, broker=brokers.get(g.index, ""),
             ))
         return out
 

@@ -52,6 +52,7 @@ from arbiter.configmemo import AcceptedConfigs
 from arbiter.core import Arbiter, Settings
 from arbiter.defaults import DEFAULT_RUN_DIR
 from arbiter.errors import ConfigError, VgpuError
+from arbiter.brokerwatch import BrokerWatch
 from arbiter.events import EventLog
 from arbiter.freezer import Freezer, find_root
 from arbiter.guardian import ComputeGuard
@@ -165,6 +166,7 @@ class Daemon:
         self.guard: ComputeGuard | None = None
         self.sched_files: dict[str, Path] = {}  # GPU uuid -> its scheduling region
         self.broker: BrokerSupervisor | None = None
+        self.broker_watch: BrokerWatch | None = None
         self.serving = False  # start() finished: the broker is left serving at close()
         self._factories = tuple(attachments)
         self.attachments: list[Attachment] = []  # made at start; those that serve
@@ -310,6 +312,10 @@ class Daemon:
             versions=inventory.driver_versions, proc=self.proc)
         self.arbiter.start()
         self._watch_regions(regions)
+        self.broker_watch = BrokerWatch(self.sched_files, {g.uuid: g.index for g in gpus},
+                                        self.arbiter.emit)
+        self.arbiter.brokers = self.broker_watch.states
+        self.broker_watch.start()
         self.reconciler = Reconciler(
             self.arbiter, runtime_state_roots=c.runtime_state_roots,
             drift_action=c.drift_action, interval_s=c.reconcile_interval_s, proc=self.proc,
@@ -445,6 +451,8 @@ class Daemon:
             gpu_handoffs={g.index: scheds[g.uuid].handoffs for g in a.gpus if g.uuid in scheds},
             gpu_revocations={g.index: scheds[g.uuid].revocations
                              for g in a.gpus if g.uuid in scheds},
+            gpu_broker_serving={g.index: scheds[g.uuid].broker_pid != 0
+                                for g in a.gpus if g.uuid in scheds},
         )
 
     def _sched_summaries(self) -> dict[str, SchedSummary]:
@@ -524,6 +532,8 @@ class Daemon:
                 self.reconciler.stop()
             if self.guard is not None:  # thaws every cgroup it throttles
                 self.guard.stop()
+            if self.broker_watch is not None:
+                self.broker_watch.stop()
             if self.broker is not None:
                 # Served slices keep their broker through a restart; a failed start
                 # leaves nothing it started behind (an adopted broker served before it).

@@ -40,6 +40,7 @@ KINDS = frozenset({
     "guard.over_share", "guard.over_memory", "guard.kill", "guard.throttle",
     "guard.throttle_refused", "guard.unthrottle",
     "usage.malformed", "rundir.remade", "user.add", "user.drop", "start", "reload",
+    "broker.silent", "broker.serving",
 })
 
 

@@ -49,6 +49,7 @@ class Snapshot:
     slice in its GPU's scheduling region (None: the slice has no entry there).
     gpu_handoffs: per GPU index, times the broker granted the scheduling token.
     gpu_revocations: per GPU index, grants the broker took back (quantum, credit, priority, lease).
+    gpu_broker_serving: per GPU index, whether a token broker serves it (a fresh heartbeat).
     Missing entries are simply not exported.
     """
 
@@ -61,6 +62,7 @@ class Snapshot:
     slice_gpu_ns: dict[str, list[int | None]] = field(default_factory=dict)
     gpu_handoffs: dict[int, int] = field(default_factory=dict)
     gpu_revocations: dict[int, int] = field(default_factory=dict)
+    gpu_broker_serving: dict[int, bool] = field(default_factory=dict)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -127,6 +129,9 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     g_revocations = CounterMetricFamily(
         "vgpu_gpu_token_revocations", "Grants of the GPU's token the broker took back "
         "(quantum, credit, priority, lapsed lease).", labels=list(_GPU_LABELS))
+    g_broker = _gauge("vgpu_gpu_broker_serving",
+                      "1 while a token broker serves the GPU (its heartbeat is fresh), 0 when "
+                      "none does: throttled slices there cannot launch work.", _GPU_LABELS)
     s_info = InfoMetricFamily("vgpu_slice", "A slice's owner, priority and policy.",
                               labels=["slice", "owner", "priority", "policy"])
 
@@ -170,9 +175,11 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
             g_handoffs.add_metric(labels, snap.gpu_handoffs[gpu.index])
         if gpu.index in snap.gpu_revocations:
             g_revocations.add_metric(labels, snap.gpu_revocations[gpu.index])
+        if gpu.index in snap.gpu_broker_serving:
+            g_broker.add_metric(labels, int(snap.gpu_broker_serving[gpu.index]))
 
     yield from (g_total, g_alloc, g_used, g_calloc, g_cused, g_slices, g_handoffs, g_revocations,
-                s_limit, s_used, s_share, s_cused, s_seconds, s_info)
+                g_broker, s_limit, s_used, s_share, s_cused, s_seconds, s_info)
 
 
 class Metrics:

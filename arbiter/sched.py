@@ -72,6 +72,10 @@ SCHED_UUID_LEN = 96
 
 #: <run_dir>/<this> holds one scheduling region per GPU, named by the GPU's UUID.
 SCHED_DIR_NAME = "sched"
+#: Beside the GPU files, never mounted into a container: the brokers' lock, one byte per GPU
+#: file at its inode number (libvgpu vg_broker_lock; VGPU_BROKER_LOCK_NAME of vgpu_sched.h).
+#: Not the GPU file itself: every container of a GPU has that one, and flock works read-only.
+BROKER_LOCK_NAME = ".broker.lock"
 #: Root's alone: it holds per-slice files containers write (their .req), which they
 #: reach through bind mounts; no host user but root needs a way in.
 SCHED_DIR_MODE = 0o700

@@ -145,6 +145,8 @@ def device_to_dict(d: Any) -> dict[str, Any]:
         "device_nodes": list(d.device_nodes),
         "driver_version": d.driver_version,
         "cuda_version": d.cuda_version,
+        "unhealthy": d.unhealthy,
+        "broker": d.broker,
     }
 
 
@@ -239,6 +241,8 @@ def render_smi(devices: Sequence[Any], slices: Sequence[Any], version: str = "",
         out.append(boxed(f"{_bar(d.memory_allocated_bytes, d.memory_total_bytes, 30)} "
                          f"memory allocated {_pct(d.memory_allocated_bytes, d.memory_total_bytes)}"
                          f"   slices {d.slices}"))
+        if d.broker:
+            out.append(boxed(f"BROKER {d.broker}"))
         out.append(border)
         members = by_gpu.get(d.index, [])
         if not members:

@@ -6,8 +6,9 @@
  *
  *   vgpu-broker --dir DIR [--standalone] [--orphan-s N --owner PIDFILE]
  *
- * One thread per GPU file; a GPU file is served by whoever holds its flock,
- * so a second broker (or a standalone process) waits instead of competing.
+ * One thread per GPU file; a GPU file is served by whoever holds its lock in
+ * DIR/.broker.lock (vg_broker_lock: not the GPU file, which tenants can lock), so
+ * a second broker (or a standalone process) waits instead of competing.
  * With vgpud a slice's settings come from its .conf files only; --standalone
  * takes them from the slices' own .req files (cooperative processes).
  * New GPU files are picked up within 100 ms. SIGTERM/SIGINT end it.
@@ -26,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -59,14 +59,29 @@ static void *serve(void *arg)
     struct served *sv = arg;
     char path[1024];
     snprintf(path, sizeof(path), "%s/%s", g_dir, sv->name);
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    /* Never a blocking open: a file lease (F_SETLEASE, which a container root may take
+     * on a file root owns while no one has it open for writing) would hold it for the
+     * lease-break time. This fd (writable) keeps anyone from taking one later. */
+    int fd, said = 0;
+    while ((fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)) < 0 && errno == EWOULDBLOCK &&
+           !g_stop) {
+        if (!said++)
+            fprintf(stderr, "vgpu-broker: %s: leased by another process; serving it once the "
+                            "kernel breaks the lease\n", path);
+        usleep(10000);
+    }
     if (fd < 0) {
-        fprintf(stderr, "vgpu-broker: %s: %s\n", path, strerror(errno));
+        if (!g_stop)
+            fprintf(stderr, "vgpu-broker: %s: %s\n", path, strerror(errno));
         return NULL;
     }
-    while (!g_stop && flock(fd, LOCK_EX | LOCK_NB) != 0)
+    int lock;
+    while ((lock = vg_broker_lock(fd, path)) < 0 && errno == EAGAIN && !g_stop)
         usleep(10000); /* another broker serves it (an upgrade's hand-over): take over at once */
-    if (g_stop) {
+    if (lock < 0) {
+        if (!g_stop)
+            fprintf(stderr, "vgpu-broker: %s: cannot take its lock (%s/%s): %s\n", path, g_dir,
+                    VGPU_BROKER_LOCK_NAME, strerror(errno));
         close(fd);
         return NULL;
     }
@@ -74,11 +89,13 @@ static void *serve(void *arg)
     struct vg_bgpu *g = vg_bgpu_open(path, g_confs, &why);
     if (!g) {
         fprintf(stderr, "vgpu-broker: %s: %s\n", path, why);
+        close(lock);
         close(fd);
         return NULL;
     }
     fprintf(stderr, "vgpu-broker: serving %s\n", path);
     vg_bgpu_run(g, &g_stop);
+    close(lock);
     close(fd);
     return NULL;
 }

@@ -24,6 +24,12 @@
  *                              never mounted into a container. Standalone
  *                              there is none and the .req's own settings
  *                              count (cooperative processes of one user).
+ *   .broker.lock               who serves which GPU file: a broker holds a
+ *                              write lock on the byte at the GPU file's inode
+ *                              number (broker.h vg_broker_lock). Never mounted
+ *                              into a container: a lock on the GPU file itself
+ *                              could be taken by any tenant (flock works on a
+ *                              read-only fd).
  *
  * <key> is the slice key in 16 lowercase hex digits (vgpu_region.h slice_key).
  *
@@ -56,6 +62,8 @@
 /* Outside a container: the directory of the GPUs' scheduling files (`vgpu run` sets it;
  * arbiter.defaults.ENV_SCHED_DIR). */
 #define VGPU_ENV_SCHED_DIR "VGPU_SCHED_DIR"
+/* Beside the GPU files: the brokers' lock (arbiter.sched.BROKER_LOCK_NAME). */
+#define VGPU_BROKER_LOCK_NAME ".broker.lock"
 
 /* The broker's accounting of one slice on this GPU (128 bytes); read-only. */
 struct vgpu_sched_entry {

@@ -64,6 +64,45 @@ uint64_t vg_broker_now(void)
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+int vg_broker_lock(int gpu_fd, const char *path)
+{
+    struct stat sb;
+    if (fstat(gpu_fd, &sb) != 0)
+        return -1;
+    char lock[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    int dirlen = slash ? (int)(slash - path) : 1;
+    if (snprintf(lock, sizeof(lock), "%.*s/%s", dirlen, slash ? path : ".", VGPU_BROKER_LOCK_NAME) >=
+        (int)sizeof(lock)) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    /* 0666: standalone, every user's processes that share the directory may elect one of
+     * theirs (a write lock needs a writable fd); vgpud's directory is its own, 0700. */
+    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0666);
+    if (fd < 0)
+        return -1;
+    struct stat lb;
+    /* A lock on a FIFO or device someone put there would be no lock at all. */
+    if (fstat(fd, &lb) != 0 || !S_ISREG(lb.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return -1;
+    }
+    /* One byte per GPU file, at its inode number (kept below 2^62: off_t is signed). An
+     * open-file-description lock: released when the last fd of this open goes, by a
+     * crash too, and exclusive between threads of one process (a POSIX lock is not). */
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET,
+                       .l_start = (off_t)(sb.st_ino & ((1ull << 62) - 1)), .l_len = 1};
+    if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e == EACCES ? EAGAIN : e;
+        return -1;
+    }
+    return fd;
+}
+
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, uint64_t ns)
 {
     struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
@@ -401,7 +440,7 @@ static struct vg_bgpu *bgpu_new(struct vgpu_sched *s)
 
 struct vg_bgpu *vg_bgpu_open(const char *path, int confs, const char **why)
 {
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a lease: no wait */
     if (fd < 0) {
         *why = strerror(errno);
         return NULL;

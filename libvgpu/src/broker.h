@@ -22,6 +22,15 @@ struct vg_bgpu;
  * each .req (standalone). NULL with *why set on failure. */
 struct vg_bgpu *vg_bgpu_open(const char *path, int confs, const char **why);
 
+/* Take the lock that says who serves the GPU file open at gpu_fd (its path: path):
+ * the fd that holds it (close it to let go), or -1 with errno EAGAIN while another
+ * broker holds it (other errnos: it cannot be taken at all). The lock lives in
+ * VGPU_BROKER_LOCK_NAME beside the GPU file, never on the GPU file itself: every
+ * container of the GPU has that file mounted, and flock, a read lock or a lease work
+ * on a read-only fd, so a tenant could hold the lock when a broker restarts and keep
+ * every slice of the GPU from being granted. Never blocks. */
+int vg_broker_lock(int gpu_fd, const char *path);
+
 /* Serve an anonymous scheduling region (one process alone): its one slice
  * posts in req. */
 struct vg_bgpu *vg_bgpu_private(struct vgpu_sched *s, struct vgpu_sched_req *req, uint64_t key);

@@ -20,7 +20,7 @@
  * index against the table, the entry's key against ours. A GPU file that is
  * missing or not whole fails closed (launches return an error, one line
  * says why); standalone, the slices elect one of their processes to run the
- * broker (whoever holds the file's flock), and a process alone runs one for
+ * broker (whoever holds the file's lock, vg_broker_lock), and a process alone runs one for
  * itself on anonymous memory.
  *
  * Threads: application threads wait in vg_sched_admit; one thread per
@@ -33,7 +33,6 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -256,13 +255,17 @@ static void try_elect(struct sdev *d)
     if (vg_cfg.sched_from_arbiter || !d->path[0] || __atomic_load_n(&d->brokering, __ATOMIC_ACQUIRE))
         return;
     if (d->lock_fd < 0) {
-        int fd = open(d->path, O_RDWR | O_CLOEXEC);
+        int fd = open(d->path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
         if (fd < 0)
             return;
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0) {
-            d->lock_fd = fd;
+        int lock = vg_broker_lock(fd, d->path);
+        int held = lock < 0 && errno == EAGAIN;
+        close(fd);
+        if (lock >= 0) {
+            d->lock_fd = lock;
         } else {
-            close(fd);
+            if (!held)
+                return; /* no lock can be had here at all: never two brokers */
             /* Another process holds the lock: take over only from a broker that has been
              * silent (or never beat: one starting now beats within a step) this long. */
             uint64_t beat = atomic_load(&d->s->broker_beat_ns), now = vg_broker_now();

@@ -34,6 +34,8 @@
  *   limits    the region's memory_limit / share / priority / slice key raised
  *             (refused: read-only), every slot of the usage file zeroed and its
  *             high water cleared (the slice's own file: the limit must hold anyway)
+ *   lock      flock, a read lock and a read lease on the GPU file and the .req,
+ *             taken again whenever free (lock_mode)
  *   none      a control: find the files and probe them, write nothing
  *
  * Every mode also tries to open every file read-write and write-only (the
@@ -53,6 +55,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <linux/futex.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -396,6 +399,35 @@ static void limits_mode(struct file *x, unsigned round)
     }
 }
 
+/* Mode lock: hold every lock a read-only fd allows on the GPU file and the .req,
+ * taken again each round once free (a broker that restarts must not find them in
+ * its way): flock (shared and exclusive), an open-file-description read lock on
+ * the whole file, and a read lease (the owner's right: container root owns what
+ * root made). Counted per kind, printed in the summary. */
+static int g_lock_fd[MAX_FILES];
+static long long g_flocks, g_rdlocks, g_leases;
+
+static void lock_mode(struct file *x, unsigned round)
+{
+    (void)round;
+    if (x->kind != K_GPU && x->kind != K_REQ)
+        return;
+    int i = (int)(x - g_files);
+    if (g_lock_fd[i] <= 0) {
+        g_lock_fd[i] = open(x->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (g_lock_fd[i] < 0)
+            return;
+    }
+    int fd = g_lock_fd[i];
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        g_flocks++;
+    struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_OFD_SETLK, &fl) == 0)
+        g_rdlocks++;
+    if (fcntl(fd, F_GETLEASE) != F_RDLCK && fcntl(fd, F_SETLEASE, F_RDLCK) == 0)
+        g_leases++;
+}
+
 /* Mode none (a control): find and probe the files, write nothing. */
 static void probe_only(struct file *x, unsigned round)
 {
@@ -571,6 +603,9 @@ static void print_summary(const char *mode, double seconds, unsigned rounds, con
                st->created, st->create_fail, errname(st->create_errno), errname(st->rename_over),
                errname(st->link_from), errname(st->rename_gpu_away), errname(st->unlink_gpu),
                errname(st->symlink_over), errname(st->mknod_over));
+    if (!strcmp(mode, "lock"))
+        printf(",\"lock\":{\"flocks\":%lld,\"read_locks\":%lld,\"leases\":%lld}", g_flocks,
+               g_rdlocks, g_leases);
     printf("}\n");
     fflush(stdout);
 }
@@ -578,7 +613,7 @@ static void print_summary(const char *mode, double seconds, unsigned rounds, con
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|yield|full|limits|none SECONDS [--from NS] "
+        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|yield|full|limits|lock|none SECONDS [--from NS] "
                         "[--until NS] [--seed N] [--gap-us U] [--nice N]\n");
         return 2;
     }
@@ -617,6 +652,8 @@ int main(int argc, char **argv)
         attack = probe_only;
     else if (!strcmp(mode, "limits"))
         attack = limits_mode;
+    else if (!strcmp(mode, "lock"))
+        attack = lock_mode;
     else if (strcmp(mode, "full") != 0) {
         fprintf(stderr, "scribble: unknown mode %s\n", mode);
         return 2;

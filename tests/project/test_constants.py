@@ -20,6 +20,7 @@ from support.paths import ROOT
 
 from arbiter import defaults
 from arbiter import region as rg
+from arbiter import sched
 from arbiter.config import Config
 from arbiter.native import PROGRAMS
 from arbiter.regions import region_name
@@ -84,6 +85,7 @@ ELSEWHERE: dict[str, object] = {
     "VGPU_SCHED_CONTAINER_DIR": CONTAINER_SCHED_DIR,
     "VGPU_ENV_REGION_DIR": defaults.ENV_REGION_DIR,
     "VGPU_ENV_SCHED_DIR": defaults.ENV_SCHED_DIR,
+    "VGPU_BROKER_LOCK_NAME": sched.BROKER_LOCK_NAME,
 }
 HEADERS = ("vg_defaults.h", "vg_msg.h", "vgpu_region.h", "vgpu_sched.h")
 
