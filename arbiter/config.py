@@ -123,6 +123,11 @@ class Config:
     #: How long vgpu-broker keeps serving without a live vgpud (0: for good).
     broker_orphan_s: float = 300.0
     allow_env_requests: bool = True
+    #: requests.trusted_sources (oci_hook.trust): per namespace ('*': every one), the
+    #: request keys (short names: memory, priority, ...) that a Kubernetes pod's own
+    #: annotations, and its containers' VGPU_* env, may set. Empty: none.
+    trusted_pod_annotations: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    trusted_pod_env: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     nvml_library: Path | None = None
     #: OCI runtime vgpu-runtime execs: a name searched on PATH, or an absolute path.
     runtime_lower: str = DEFAULT_LOWER_RUNTIME
@@ -459,6 +464,11 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
     for name in ("runtime_state_roots", "cdi_spec_dirs"):
         if name in values:
             values[name] = tuple(Path(p) for p in values[name])
+    trusted = document.get("requests", {}).get("trusted_sources", {})
+    for name, key in (("trusted_pod_annotations", "pod_annotations"),
+                      ("trusted_pod_env", "pod_env")):
+        if key in trusted:
+            values[name] = {ns: tuple(keys) for ns, keys in trusted[key].items()}
     if "device_nodes" in values:
         values["device_nodes"] = {
             (-1 if k == "*" else int(k)): tuple(v) for k, v in values["device_nodes"].items()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from arbiter.errors import VgpuError
 
-__all__ = ["HookError", "MountError", "RequestError", "SliceError", "StateError"]
+__all__ = ["HookError", "MountError", "RequestError", "SliceError", "SourceError", "StateError"]
 
 _VALUE_MAX = 64  # longer values are cut in messages: the line must stay readable
 
@@ -24,6 +24,19 @@ class RequestError(HookError, ValueError):
         where = key if shown is None else f"{key}={shown}"
         # One line, whatever the value holds: the engine prints it as the container's error.
         super().__init__(" ".join(f"{where}: {reason}".split()))
+
+
+class SourceError(HookError, PermissionError):
+    """A request key from a source the config does not trust for it (oci_hook.trust):
+    ``vgpu.io/priority=high from the pod's annotations is not allowed in namespace ...``."""
+
+    def __init__(self, name: str, value: str, where: str, reason: str) -> None:
+        self.name = name
+        self.value = value
+        self.where = where
+        self.reason = reason
+        shown = value if len(value) <= _VALUE_MAX else value[:_VALUE_MAX] + "..."
+        super().__init__(" ".join(f"{name}={shown} from {where} {reason}".split()))
 
 
 class StateError(HookError, ValueError):

@@ -30,15 +30,10 @@ from arbiter.errors import NotFoundError, StateError, VgpuError
 from oci_hook.errors import SliceError
 from oci_hook.errors import StateError as HookStateError
 from oci_hook.mounts import PRELOAD_HOST_NAME, Plan, plan_mounts, preload_plan
-from oci_hook.request import (
-    ENV_KEYS,
-    ENV_REQUESTS_ANNOTATION,
-    SLICE_ANNOTATION,
-    find_request,
-    parse_request,
-)
+from oci_hook.request import SLICE_ANNOTATION, find_request, parse_request
 from oci_hook.slices import view_of
 from oci_hook.state import HookState, Spec, load_spec
+from oci_hook.trust import check_request
 
 if TYPE_CHECKING:
     from arbiter.config import Config
@@ -57,16 +52,13 @@ CLAIM_KIND = "claim"
 
 def _request(state: HookState, spec: Spec | None,
              config: Config) -> tuple[dict[str, str] | None, dict[str, str]]:
-    """(the raw request or None, the annotations: the spec's, then the state's)."""
+    """(the raw request or None, the annotations: the spec's, then the state's).
+
+    Env requests count by this vgpud's config alone: vgpu-runtime's decision used the same
+    one, and an annotation (vgpu.io/env-requests) is something a tenant can set too."""
     annotations = {**(spec.annotations if spec else {}), **state.annotations}
     env = spec.env if spec else ()
-    raw = find_request(annotations, env, allow_env=False)
-    if raw is None and any(item.partition("=")[0] in ENV_KEYS for item in env):
-        # Env requests: allowed where vgpu-runtime's decision said the config allowed
-        # them, else by the config itself (an image can carry env no scheduler saw).
-        allow = (annotations.get(ENV_REQUESTS_ANNOTATION) == "allowed"
-                 or config.allow_env_requests)
-        raw = find_request(annotations, env, allow_env=allow)
+    raw = find_request(annotations, env, allow_env=config.allow_env_requests)
     return raw, annotations
 
 
@@ -80,6 +72,8 @@ def prestart(state: HookState, config: Config, slices: Slices, *,
     raw, annotations = _request(state, spec, config)
     if raw is None:
         return None
+    # A pod author's keys only where the config trusts them (before anything is asked).
+    check_request(raw, annotations, state.bundle, config)
     if state.pid <= 0:
         raise HookStateError("the OCI state on stdin",
                              f"no container pid (run vgpu-hook as a {PRESTART} or "

@@ -61,8 +61,9 @@ ENV_KEYS: Mapping[str, str] = {
 #: Set by vgpu-runtime on the spec after it allocated: the slice's id (the hook checks
 #: that the slice's owner is the container before trusting it).
 SLICE_ANNOTATION = "vgpu.io/slice"
-#: Set by vgpu-runtime when the request came from env and the config allowed it, so the
-#: hook honours the same env request.
+#: Set by vgpu-runtime when the request came from env and the config allowed it: a record
+#: for whoever reads the spec. The hook never trusts it (a tenant can set any vgpu.io/*
+#: annotation): env requests count by vgpud's config alone.
 ENV_REQUESTS_ANNOTATION = "vgpu.io/env-requests"
 #: vgpu.io/* annotations that are not part of a request.
 INTERNAL_ANNOTATIONS = frozenset({SLICE_ANNOTATION, ENV_REQUESTS_ANNOTATION})

@@ -31,15 +31,9 @@ from oci_hook.cdi import (
 )
 from oci_hook.mounts import slice_env
 from oci_hook.phases import CLAIM_KIND, release
-from oci_hook.request import (
-    ANNOTATION_PREFIX,
-    INTERNAL_ANNOTATIONS,
-    SANDBOX,
-    container_type,
-    find_request,
-    parse_request,
-)
+from oci_hook.request import SANDBOX, container_type, find_request, parse_request
 from oci_hook.slices import view_of
+from oci_hook.trust import check_request, request_keys
 from shim.errors import AllocateError, HookProgramError
 from shim.modifiers import CdiEditsModifier, HookSettings, SliceInfo, for_slice
 from shim.spec import Spec, SpecStore
@@ -119,8 +113,9 @@ def give_vgpu(store: SpecStore, spec: Spec, container_id: str, bundle: Path, con
                        allow_env=config.allow_env_requests)
     if raw is None:
         return None
-    from_env = not any(k.startswith(ANNOTATION_PREFIX) and k not in INTERNAL_ANNOTATIONS
-                       for k in annotations)
+    # A pod author's keys only where the config trusts them (oci_hook.trust).
+    check_request(raw, annotations, bundle, config)
+    from_env = not request_keys(annotations)
     settings = hook_settings(hook, config)
     request = parse_request(raw, owner=container_id, defaults=slices.defaults())
     # Who asks: the bundle tells this container from another with the same id until its

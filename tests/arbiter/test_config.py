@@ -172,6 +172,10 @@ HAPPY = [
                  {"nvml_library": Path("/opt/simgpu/libnvidia-ml.so.1")}, id="nvml-library"),
     pytest.param("paths: {socket: /tmp/s.sock, state_dir: /tmp/st, run_dir: /tmp/run, "
                  "event_log: /tmp/ev.jsonl, lib_dir: /tmp/lib}",
+    pytest.param("requests:\n  trusted_sources:\n    pod_annotations: {ml-batch: [priority]}\n"
+                 "    pod_env: {'*': [memory, compute]}\n",
+                 {"trusted_pod_annotations": {"ml-batch": ("priority",)},
+                  "trusted_pod_env": {"*": ("memory", "compute")}}, id="trusted-sources"),
                  {"socket": Path("/tmp/s.sock"), "state_dir": Path("/tmp/st"),
                   "run_dir": Path("/tmp/run"), "event_log": Path("/tmp/ev.jsonl"),
                   "lib_dir": Path("/tmp/lib")},
@@ -209,7 +213,7 @@ SAD = [
                  "policy)", id="unknown-key"),
     pytest.param("# top\nbogus: 1\n", "line 2: bogus: unknown key (expected one of: broker, "
                  "defaults, devices, events, guard, hook, metrics, nvml, paths, placement, "
-                 "reconcile, runtime)",
+                 "reconcile, requests, runtime)",
                  id="unknown-section"),
     pytest.param("placement: [binpack]\n", "line 1: placement: ['binpack'] is not a mapping of "
                  "keys", id="section-not-mapping"),
@@ -302,6 +306,17 @@ SAD = [
     pytest.param("hook:\n  wait_s: true\n", "line 2: hook.wait_s: True is not a number",
                  id="wait-bool"),
     pytest.param("runtime:\n  cdi_spec_dirs:\n    - /etc/cdi\n    - var/run/cdi\n",
+    pytest.param("requests:\n  trusted_sources:\n    pod_annotations: {Team_A: [priority]}\n",
+                 "line 3: requests.trusted_sources.pod_annotations.Team_A: unknown key: "
+                 "expected a Kubernetes namespace name, or * for every namespace",
+                 id="trusted-bad-namespace"),
+    pytest.param("requests:\n  trusted_sources:\n    pod_env: {ml: [prio]}\n",
+                 "line 3: requests.trusted_sources.pod_env.ml[0]: 'prio' is not one of "
+                 "['memory', 'compute', 'count', 'priority', 'policy', 'devices']",
+                 id="trusted-bad-key"),
+    pytest.param("requests:\n  trusted_sources:\n    pod: {}\n",
+                 "line 3: requests.trusted_sources.pod: unknown key (expected one of: "
+                 "pod_annotations, pod_env)", id="trusted-bad-source"),
                  "line 4: runtime.cdi_spec_dirs[1]: 'var/run/cdi' is not an absolute path",
                  id="cdi-dir-relative"),
     pytest.param("runtime:\n  cdi_spec_dirs: []\n",

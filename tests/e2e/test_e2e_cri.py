@@ -31,6 +31,8 @@ PAUSE = "registry.local/vgpu-test/pause:1"
 MI = 1 << 20
 # Keeps a container (and so its slice) alive after the probe printed what it saw.
 PROBE_THEN_WAIT = "vgpu_probe info && exec sleep 600"
+#: The namespace whose pods' own vgpu.io/* annotations the module's vgpud trusts.
+TRUSTED = "vgpu-trusted"
 
 
 class World:
@@ -41,6 +43,11 @@ class World:
             "hook": {"wait_s": 10},
             # The runc shim keeps CRI's containers under the k8s.io namespace's root.
             "reconcile": {"runtime_state_roots": ["/run/containerd/runc/k8s.io"]},
+            # A pod author's keys count only where listed (oci_hook.trust): memory and
+            # priority in TRUSTED; in any namespace, env may give the memory alone.
+            "requests": {"trusted_sources": {
+                "pod_annotations": {TRUSTED: ["memory", "priority"]},
+                "pod_env": {"*": ["memory"], TRUSTED: ["priority"]}}},
         }, devices="1Gi,1Gi")
         env = engine_env(vgpu_bin_dir(tmp / "bin"))
         point_at(env, self.vgpud)
@@ -63,20 +70,21 @@ class World:
         self.vgpud.close()
 
     def pod(self, name: str, annotations: dict[str, str] | None = None,
-            handler: str = "vgpu") -> Pod:
+            handler: str = "vgpu", namespace: str = "default") -> Pod:
         uid = str(uuid.uuid4())
         log_dir = self.logs / uid
         log_dir.mkdir(parents=True)
         assert self.cri is not None
-        return self.cri.run_pod(PodSpec(name, uid, annotations=annotations or {},
+        return self.cri.run_pod(PodSpec(name, uid, namespace=namespace,
+                                        annotations=annotations or {},
                                         runtime_handler=handler, log_directory=str(log_dir)))
 
     def container(self, name: str, script: str, annotations: dict[str, str] | None = None,
-                  ) -> ContainerSpec:
+                  envs: dict[str, str] | None = None) -> ContainerSpec:
         """A container of the test image that sees the simulated GPUs (as a real one sees
         the driver's device nodes and libraries)."""
         return ContainerSpec(name, IMAGE, ["sh", "-c", script],
-                             envs={"SIMGPU_STATE": "/sim/simgpu.state"},
+                             envs={"SIMGPU_STATE": "/sim/simgpu.state", **(envs or {})},
                              mounts=[(str(self.sim), "/sim", False)],
                              annotations=dict(annotations or {}))
 
@@ -126,7 +134,7 @@ def clean(world):
 
 
 def test_pod_annotations_give_each_app_container_a_slice_and_the_sandbox_none(world):
-    pod = world.pod("annotated", {"vgpu.io/memory": "64Mi"})
+    pod = world.pod("annotated", {"vgpu.io/memory": "64Mi"}, namespace=TRUSTED)
     first = world.run(pod, world.container("first", PROBE_THEN_WAIT))
     # A container-level key wins over the pod's (what a device plugin's Allocate sets).
     second = world.run(pod, world.container("second", PROBE_THEN_WAIT,
@@ -225,7 +233,7 @@ def test_runc_handler_ignores_vgpu_annotations(world):
 
 
 def test_containerd_restart_keeps_the_slices_and_removal_releases_them(world):
-    pod = world.pod("restart", {"vgpu.io/memory": "64Mi"})
+    pod = world.pod("restart", {"vgpu.io/memory": "64Mi"}, namespace=TRUSTED)
     cid = world.run(pod, world.container("app", PROBE_THEN_WAIT))
     assert [i["total"] for i in world.infos(cid)] == [64 * MI]
     world.containerd.restart()
@@ -233,3 +241,57 @@ def test_containerd_restart_keeps_the_slices_and_removal_releases_them(world):
     assert world.owners() == {cid: 64 * MI}
     world.cri.remove_pod(pod)
     assert world.slices() == []
+
+
+def refused_start(world, pod: Pod, spec: ContainerSpec) -> str:
+    """What containerd says when the container's start fails (the runtime's one line)."""
+    cid = world.cri.create_container(pod, spec)
+    with pytest.raises(grpc.RpcError) as err:
+        world.cri.start_container(cid)
+    assert world.cri.container_status(cid).state != api.CONTAINER_RUNNING
+    details = err.value.details()
+    assert "\n" not in details, details
+    return details
+
+
+# A container as the device plugin's Allocate leaves it (container-level keys, which only
+# the kubelet sets) in a pod whose author asked for high priority.
+DEVICE_PLUGIN_KEYS = {"vgpu.io/memory": "64Mi", "vgpu.io/devices": "0"}
+
+
+def test_pod_priority_is_refused_where_the_config_does_not_trust_the_pod(world):
+    pod = world.pod("greedy", {"vgpu.io/priority": "high"}, namespace="team-a")
+    details = refused_start(world, pod, world.container("app", "echo must-not-run",
+                                                        DEVICE_PLUGIN_KEYS))
+    assert ("vgpu: vgpu.io/priority=high from the pod's annotations is not allowed in "
+            "namespace team-a (requests.trusted_sources.pod_annotations lists no key for it)"
+            ) in details, details
+    assert world.slices() == []
+    assert [p.state for p in world.cri.pods() if p.id == pod.id] == [api.SANDBOX_READY]
+
+
+def test_pod_priority_counts_where_the_config_lists_the_namespace(world):
+    pod = world.pod("trusted", {"vgpu.io/priority": "high"}, namespace=TRUSTED)
+    cid = world.run(pod, world.container("app", PROBE_THEN_WAIT, DEVICE_PLUGIN_KEYS))
+    assert [i["total"] for i in world.infos(cid)] == [64 * MI]
+    [s] = world.slices()
+    assert (s.owner, s.priority) == (cid, pb.HIGH)
+
+
+def test_env_priority_is_refused_where_the_config_does_not_trust_the_pod(world):
+    pod = world.pod("env", namespace="team-a")
+    details = refused_start(world, pod, world.container(
+        "app", "echo must-not-run", envs={"VGPU_MEMORY": "64Mi", "VGPU_PRIORITY": "high"}))
+    assert ("vgpu: VGPU_PRIORITY=high from the container's env is not allowed in namespace "
+            "team-a (requests.trusted_sources.pod_env lists only memory for it)") in details, \
+        details
+    assert world.slices() == []
+
+
+def test_env_priority_counts_where_the_config_lists_the_namespace(world):
+    pod = world.pod("env-trusted", namespace=TRUSTED)
+    cid = world.run(pod, world.container(
+        "app", PROBE_THEN_WAIT, envs={"VGPU_MEMORY": "64Mi", "VGPU_PRIORITY": "high"}))
+    assert [i["total"] for i in world.infos(cid)] == [64 * MI]
+    [s] = world.slices()
+    assert (s.owner, s.priority) == (cid, pb.HIGH)

@@ -459,7 +459,7 @@ def admission(policy: dict[str, Any], operation: str, user: str, extra: dict[str
 def test_the_admission_policy_lets_the_plugin_write_only_its_own_node_s_slices():
     from vgpu_k8s.dra.resourceslice import resource_slice
     policy = find("ValidatingAdmissionPolicy", "vgpu-dra-plugin-own-node")
-    binding = find("ValidatingAdmissionPolicyBinding")
+    binding = find("ValidatingAdmissionPolicyBinding", "vgpu-dra-plugin-own-node")
     assert binding["spec"] == {"policyName": policy["metadata"]["name"],
                                "validationActions": ["Deny"]}
     assert policy["spec"]["failurePolicy"] == "Fail"

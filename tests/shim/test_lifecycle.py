@@ -220,7 +220,9 @@ def test_close_answers_what_is_in_flight_and_leaves_later_connections_queued(tmp
 @pytest.fixture
 def vgpud(tmp_path, simgpu_env):
     (tmp_path / "vgpud").mkdir()
-    d = Vgpud(tmp_path / "vgpud", simgpu_env, config={"hook": {"wait_s": 2}}).start()
+    d = Vgpud(tmp_path / "vgpud", simgpu_env, config={
+        "hook": {"wait_s": 2},
+        "requests": {"trusted_sources": {"pod_annotations": {"ml": ["priority"]}}}}).start()
     yield d
     d.close()
 
@@ -454,8 +456,12 @@ def test_a_pod_sandbox_or_memoryless_container_runs_without_a_slice(vgpud, tmp_p
 
 
 def test_a_pod_container_gets_the_pod_keys_with_its_own(vgpud, tmp_path):
-    """containerd lays the container's keys over the pod's: both make its request."""
-    b = bundle_with(tmp_path, {CRI: "container", "vgpu.io/priority": "high",
+    """containerd lays the container's keys over the pod's: both make its request, the
+    pod's where the config trusts them (its sandbox's spec holds the pod's alone)."""
+    bundle_with(tmp_path, {CRI: "sandbox", "vgpu.io/priority": "high"}, name="sb")
+    b = bundle_with(tmp_path, {CRI: "container", "io.kubernetes.cri.sandbox-id": "sb",
+                               "io.kubernetes.cri.sandbox-namespace": "ml",
+                               "vgpu.io/priority": "high",
                                "vgpu.io/memory": "64Mi", "vgpu.io/compute": "30"})
     assert ask(vgpud, "runtime-create", bundle=str(b), id="app")["status"] == "ok"
     [s] = slices(vgpud)
