@@ -168,14 +168,14 @@ HAPPY = [
                  {"hook_wait_s": 2.5, "allow_env_requests": False}, id="hook"),
     pytest.param("runtime: {cdi_spec_dirs: [/srv/cdi]}", {"cdi_spec_dirs": (Path("/srv/cdi"),)},
                  id="cdi-dirs"),
-    pytest.param("nvml: {library: /opt/simgpu/libnvidia-ml.so.1}",
-                 {"nvml_library": Path("/opt/simgpu/libnvidia-ml.so.1")}, id="nvml-library"),
-    pytest.param("paths: {socket: /tmp/s.sock, state_dir: /tmp/st, run_dir: /tmp/run, "
-                 "event_log: /tmp/ev.jsonl, lib_dir: /tmp/lib}",
     pytest.param("requests:\n  trusted_sources:\n    pod_annotations: {ml-batch: [priority]}\n"
                  "    pod_env: {'*': [memory, compute]}\n",
                  {"trusted_pod_annotations": {"ml-batch": ("priority",)},
                   "trusted_pod_env": {"*": ("memory", "compute")}}, id="trusted-sources"),
+    pytest.param("nvml: {library: /opt/simgpu/libnvidia-ml.so.1}",
+                 {"nvml_library": Path("/opt/simgpu/libnvidia-ml.so.1")}, id="nvml-library"),
+    pytest.param("paths: {socket: /tmp/s.sock, state_dir: /tmp/st, run_dir: /tmp/run, "
+                 "event_log: /tmp/ev.jsonl, lib_dir: /tmp/lib}",
                  {"socket": Path("/tmp/s.sock"), "state_dir": Path("/tmp/st"),
                   "run_dir": Path("/tmp/run"), "event_log": Path("/tmp/ev.jsonl"),
                   "lib_dir": Path("/tmp/lib")},
@@ -293,6 +293,17 @@ SAD = [
     pytest.param("devices:\n  include: 0\n",
                  "line 2: devices.include: 0 is not null (all GPUs) or a non-empty list",
                  id="include-scalar"),
+    pytest.param("requests:\n  trusted_sources:\n    pod_annotations: {Team_A: [priority]}\n",
+                 "line 3: requests.trusted_sources.pod_annotations.Team_A: unknown key: "
+                 "expected a Kubernetes namespace name, or * for every namespace",
+                 id="trusted-bad-namespace"),
+    pytest.param("requests:\n  trusted_sources:\n    pod_env: {ml: [prio]}\n",
+                 "line 3: requests.trusted_sources.pod_env.ml[0]: 'prio' is not one of "
+                 "['memory', 'compute', 'count', 'priority', 'policy', 'devices']",
+                 id="trusted-bad-key"),
+    pytest.param("requests:\n  trusted_sources:\n    pod: {}\n",
+                 "line 3: requests.trusted_sources.pod: unknown key (expected one of: "
+                 "pod_annotations, pod_env)", id="trusted-bad-source"),
     pytest.param("devices:\n  nodes:\n    x: [/dev/null]\n",
                  "line 3: devices.nodes.x: unknown key: expected a GPU index or '*'",
                  id="nodes-bad-key"),
@@ -306,17 +317,6 @@ SAD = [
     pytest.param("hook:\n  wait_s: true\n", "line 2: hook.wait_s: True is not a number",
                  id="wait-bool"),
     pytest.param("runtime:\n  cdi_spec_dirs:\n    - /etc/cdi\n    - var/run/cdi\n",
-    pytest.param("requests:\n  trusted_sources:\n    pod_annotations: {Team_A: [priority]}\n",
-                 "line 3: requests.trusted_sources.pod_annotations.Team_A: unknown key: "
-                 "expected a Kubernetes namespace name, or * for every namespace",
-                 id="trusted-bad-namespace"),
-    pytest.param("requests:\n  trusted_sources:\n    pod_env: {ml: [prio]}\n",
-                 "line 3: requests.trusted_sources.pod_env.ml[0]: 'prio' is not one of "
-                 "['memory', 'compute', 'count', 'priority', 'policy', 'devices']",
-                 id="trusted-bad-key"),
-    pytest.param("requests:\n  trusted_sources:\n    pod: {}\n",
-                 "line 3: requests.trusted_sources.pod: unknown key (expected one of: "
-                 "pod_annotations, pod_env)", id="trusted-bad-source"),
                  "line 4: runtime.cdi_spec_dirs[1]: 'var/run/cdi' is not an absolute path",
                  id="cdi-dir-relative"),
     pytest.param("runtime:\n  cdi_spec_dirs: []\n",
