@@ -310,8 +310,9 @@ class Daemon:
             settings=Settings.from_config(c), metrics=self.metrics,
             sample=inventory.sample, check=inventory.unhealthy,
             versions=inventory.driver_versions, proc=self.proc)
-        self.arbiter.start()
+        # Watched from the start: the start's reconcile may find leased files to tell of.
         self._watch_regions(regions)
+        self.arbiter.start()
         self.broker_watch = BrokerWatch(self.sched_files, {g.uuid: g.index for g in gpus},
                                         self.arbiter.emit)
         self.arbiter.brokers = self.broker_watch.states
@@ -387,8 +388,12 @@ class Daemon:
         def remade(what: str, path: Path) -> None:
             arbiter.emit("rundir.remade", what=what, path=str(path))
 
+        def busy(slice_id: str, path: Path, reason: str) -> None:
+            arbiter.emit("file.leased", slice=slice_id, path=str(path), reason=reason)
+
         regions.on_bad_usage = bad_usage
         regions.on_remade = remade
+        regions.on_busy = busy
 
     def _make_guard(self) -> ComputeGuard:
         """The out-of-band compute guard (arbiter.guardian) on this host's cgroup v2 root."""

@@ -37,10 +37,12 @@ class RegionError(VgpuError):
 
     noun = "region file"
 
-    def __init__(self, path: str | Path, verb: str, reason: str) -> None:
+    def __init__(self, path: str | Path, verb: str, reason: str, *, busy: bool = False) -> None:
         self.path = Path(path)
         self.verb = verb
         self.reason = reason
+        #: A tenant's file lease held the file (arbiter.leases): not opened now, worth a retry.
+        self.busy = busy
         super().__init__(f"failed to {verb} {self.noun} {self.path}: {reason}")
 
 

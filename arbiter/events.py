@@ -39,7 +39,7 @@ KINDS = frozenset({
     "reconcile.release", "reconcile.drift", "reconcile.kill",
     "guard.over_share", "guard.over_memory", "guard.kill", "guard.throttle",
     "guard.throttle_refused", "guard.unthrottle",
-    "usage.malformed", "rundir.remade", "user.add", "user.drop", "start", "reload",
+    "usage.malformed", "file.leased", "rundir.remade", "user.add", "user.drop", "start", "reload",
     "broker.silent", "broker.serving",
 })
 

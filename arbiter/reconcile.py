@@ -125,6 +125,8 @@ class Reconciler:
                     log.info("released slice %s of %s %s: %s", s.id, s.owner_kind, s.owner, why)
             # A deleted scheduling file is made again (a kept one keeps its inode).
             self.arbiter.regions.repair_sched(self.arbiter.slices())
+            # Files a tenant's lease kept from vgpud: written and held now if it has ended.
+            self.arbiter.regions.retry_pending(self.arbiter.slices())
             self._check_drift(report)
             return report
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from arbiter.errors import RegionError
+from arbiter.leases import open_tenant_file
 from arbiter.proc import ProcessView
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
 
@@ -493,10 +494,7 @@ def read_slots(path: str | Path) -> list[tuple[int, int, int, int]]:
 
     Raises RegionError naming the first thing wrong: missing, short, bad header."""
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as e:
-        raise RegionError(path, "read", e.strerror or str(e)) from e
+    fd = open_tenant_file(path, os.O_RDONLY | os.O_NOFOLLOW, verb="read")
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise RegionError(path, "read", "not a regular file")
@@ -527,10 +525,8 @@ def read_slots(path: str | Path) -> list[tuple[int, int, int, int]]:
 def open_region(path: str | Path, *, writable: bool = True, proc: str | Path = "/proc") -> Region:
     """Map a region file after checking that it is a whole, current vgpu region."""
     path = Path(path)
-    try:
-        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
-    except OSError as e:
-        raise RegionError(path, "open", e.strerror or str(e)) from e
+    # Its container can lease it (read-only mount or not): never wait on that.
+    fd = open_tenant_file(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size < REGION_SIZE:

@@ -11,6 +11,12 @@ whole; removal renames it away first for the same reason. Each vGPU also has a
 .req and a .conf beside its GPU's scheduling file (arbiter.sched), named by a
 key derived from the slice id. The store (SQLite) is the truth: `reconcile_dirs`
 makes the files agree with it after a crash, `repair_sched` remakes deleted ones.
+
+Every slice file a container can open (region, usage, .req) is opened without waiting
+and then held open read-write while the slice lives (arbiter.leases: no tenant can lease
+it then; the GPUs' files are held by arbiter.brokerwatch). One that a lease holds at that
+moment (after a vgpud restart) is kept as it is, said (`on_busy`) and tried again by
+`retry_pending`, never waited on.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arbiter.errors import RegionError, SchedError
+from arbiter.leases import Pins
 from arbiter.model import Slice
 from arbiter.region import (
     USAGE_SUFFIX,
@@ -35,6 +42,7 @@ from arbiter.sched import (
     SCHED_DIR_NAME,
     prepare_sched_dir,
     remove_slice_files,
+    req_path,
     slice_file_keys,
     slice_key_of,
     write_slice_files,
@@ -90,6 +98,13 @@ class Regions:
         self._bad_seen: set[tuple[str, int]] = set()
         #: Told (what, path) when a part of the run dir was missing and is made again.
         self.on_remade: Callable[[str, Path], None] | None = None
+        #: Told (slice id, path, reason) when a tenant's file lease keeps a slice's file
+        #: from being opened now; once per slice until all its files are held again.
+        self.on_busy: Callable[[str, Path, str], None] | None = None
+        #: The files containers can open, held open while in use (arbiter.leases).
+        self.pins = Pins()
+        #: Slices with a file not held, or a region write that waits for a lease to end.
+        self._pending: set[str] = set()
 
     # -- paths -----------------------------------------------------------------
 
@@ -156,6 +171,7 @@ class Regions:
         except BaseException:
             self.remove(s.id)
             raise
+        self._hold(s)
         return final
 
     def _create_file(self, path: Path, s: Slice, ordinal: int) -> None:
@@ -166,6 +182,44 @@ class Regions:
                       context_reserve=self.context_reserve, arbiter=True,
                       mode=REGION_FILE_MODE, usage_mode=USAGE_FILE_MODE, replace=True,
                       slice_key=slice_key_of(s.id, ordinal))
+
+    # -- files a tenant can open --------------------------------------------------
+
+    def _tenant_files(self, s: Slice) -> list[Path]:
+        """The slice's files its container can open: region, usage and .req per vGPU."""
+        out = []
+        for i, g in enumerate(s.grants):
+            region = self.region_path(s.id, i)
+            out += [region, usage_path_of(region),
+                    req_path(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i))]
+        return out
+
+    def _hold(self, s: Slice) -> bool:
+        """Hold the slice's tenant files open; False (said, retried) when one is not now."""
+        for path in self._tenant_files(s):
+            try:
+                self.pins.hold(s.id, path)
+            except RegionError as e:
+                self._defer(s.id, e)
+                return False
+        return True
+
+    def _defer(self, slice_id: str, e: RegionError) -> None:
+        """A slice's file not opened now: said once a spell, tried again by retry_pending."""
+        if slice_id not in self._pending:
+            log.warning("slice %s: %s", slice_id, e)
+            if e.busy and self.on_busy is not None:
+                self.on_busy(slice_id, e.path, e.reason)
+        self._pending.add(slice_id)
+
+    def retry_pending(self, slices: Iterable[Slice]) -> None:
+        """Write and hold again the files of slices a lease kept from vgpud (each pass)."""
+        for s in slices:
+            if s.id in self._pending:
+                try:
+                    self.update(s)
+                except (RegionError, ValueError) as e:
+                    log.warning("slice %s: %s", s.id, e)
 
     # -- scheduling files ---------------------------------------------------------
 
@@ -202,7 +256,9 @@ class Regions:
             wanted.update(slice_key_of(s.id, i) for i in range(len(s.grants)))
             try:
                 self._write_sched(s)
-            except (SchedError, ValueError) as e:
+            except SchedError as e:
+                self._defer(s.id, e)
+            except ValueError as e:
                 log.warning("%s", e)
         stray = slice_file_keys(self.sched_root) - wanted
         if stray:
@@ -221,12 +277,22 @@ class Regions:
             if self.on_remade is not None:
                 self.on_remade("slice", self.slice_dir(s.id))
             return
-        for i, g in enumerate(s.grants):
-            with open_region(self.region_path(s.id, i), proc=self.proc) as r:
-                r.set_limits(memory_limit=g.memory, compute_share=g.compute,
-                             priority=s.priority, policy=s.policy,
-                             priority_floor=self.priority_floor)
-        self._write_sched(s)
+        held = self._hold(s)
+        try:
+            for i, g in enumerate(s.grants):
+                with open_region(self.region_path(s.id, i), proc=self.proc) as r:
+                    r.set_limits(memory_limit=g.memory, compute_share=g.compute,
+                                 priority=s.priority, policy=s.policy,
+                                 priority_floor=self.priority_floor)
+            self._write_sched(s)
+        except RegionError as e:
+            if not e.busy:
+                raise
+            # The store holds the new limits; they reach the file once the lease ends.
+            self._defer(s.id, e)
+            return
+        if held:
+            self._pending.discard(s.id)
 
     def set_priority_floor(self, floor: int, slices: Iterable[Slice]) -> list[str]:
         """Use floor for every slice from now on, rewriting existing regions in place.
@@ -244,7 +310,10 @@ class Regions:
                         if r.priority_floor != floor:
                             r.set_limits(priority_floor=floor)
                 except RegionError as e:
-                    log.warning("%s", e)
+                    if e.busy:  # written by retry_pending once the lease ends
+                        self._defer(s.id, e)
+                    else:
+                        log.warning("%s", e)
                     failed.append(s.id)
                     break
             else:
@@ -257,6 +326,8 @@ class Regions:
 
     def remove(self, slice_id: str) -> bool:
         """Delete a slice's directory and scheduling files; False when there was no directory."""
+        self.pins.drop(slice_id)
+        self._pending.discard(slice_id)
         remove_slice_files(self.sched_root, (slice_key_of(slice_id, i) for i in range(_MAX_VGPUS)))
         final = self.slice_dir(slice_id)
         doomed = self.root / f".{slice_id}.del"
@@ -285,9 +356,16 @@ class Regions:
                     out.append(r.used_bytes())
                 self._bad_seen.discard((s.id, i))  # whole again: the next spell is news
             except RegionError as e:
-                self._bad_usage(s.id, i, e)
+                self._unreadable(s.id, i, e)
                 out.append(0)
         return out
+
+    def _unreadable(self, slice_id: str, ordinal: int, e: RegionError) -> None:
+        """A slice file that did not read: leased (not opened now) or damaged."""
+        if e.busy:
+            self._defer(slice_id, e)
+        else:
+            self._bad_usage(slice_id, ordinal, e)
 
     def _bad_usage(self, slice_id: str, ordinal: int, e: RegionError) -> None:
         """A usage file its tenant damaged (or that is gone): said once per bad spell (its
@@ -323,7 +401,7 @@ class Regions:
                 with open_region(self.region_path(s.id, i), writable=False, proc=self.proc) as r:
                     out[i] = {p.pid for p in r.processes()}
             except RegionError as e:
-                self._bad_usage(s.id, i, e)
+                self._unreadable(s.id, i, e)
                 out[i] = set()
         return out
 
@@ -360,6 +438,8 @@ class Regions:
             elif not self._check(s):
                 fixed.append(sid)
         self.repair_sched(wanted.values())
+        for s in wanted.values():
+            self._hold(s)
         return ReconcileReport(tuple(created), tuple(fixed), tuple(removed))
 
     def _check(self, s: Slice) -> bool:
@@ -390,6 +470,9 @@ class Regions:
                         ok = False
                         continue
             except RegionError as e:
+                if e.busy:  # leased, so mounted and in use: kept, and written when it ends
+                    self._defer(s.id, e)
+                    continue
                 log.warning("%s; making it again", e)
             ok = False
             self._create_file(path, s, i)

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiter.errors import SchedError
+from arbiter.leases import LEASED, open_tenant_file
 
 __all__ = [
     "CONF_FILE_MODE",
@@ -55,6 +56,7 @@ __all__ = [
     "open_sched",
     "prepare_sched_dir",
     "remove_slice_files",
+    "req_path",
     "slice_file_keys",
     "slice_gpu_ns",
     "slice_key_of",
@@ -282,9 +284,12 @@ def _header_problem(data: bytes, file_size: int, uuid: bytes) -> str | None:
 def _file_problem(path: Path, uuid: bytes) -> str | None:
     """Why path is not a whole scheduling region of GPU uuid (None: it is one)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        # Every container of the GPU has it: never wait on a lease one of them took.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return "missing"
+    except BlockingIOError:
+        return LEASED
     except OSError as e:
         return e.strerror or str(e)
     try:
@@ -343,7 +348,10 @@ def create_sched(path: str | Path, uuid: str, *, mode: int = SCHED_FILE_MODE) ->
     if len(uuid_bytes) >= SCHED_UUID_LEN or b"\0" in uuid_bytes:
         raise ValueError(f"uuid {uuid!r} is not a string of under {SCHED_UUID_LEN} bytes")
     problem = _file_problem(path, uuid_bytes)
-    if problem is None:
+    if problem == LEASED:
+        # Leased, so in use by a container: kept (its next check reads it).
+        log.warning("keeping scheduling region %s unread: %s", path, problem)
+    if problem is None or problem == LEASED:
         _keep_mode(path, mode)
         return False
     tmp = _write_temp(path, uuid_bytes, mode)
@@ -487,10 +495,7 @@ _ENTRY_SCALARS = _scalars(VgpuSchedEntry)
 def open_sched(path: str | Path) -> Sched:
     """Map a scheduling region read-only after checking that it is a whole, current one."""
     path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as e:
-        raise SchedError(path, "open", e.strerror or str(e)) from e
+    fd = open_tenant_file(path, os.O_RDONLY, error=SchedError)
     try:
         size = os.fstat(fd).st_size
         if size < SCHED_SIZE:
@@ -529,10 +534,19 @@ def _slice_name(uuid: str, key: int, suffix: str) -> str:
     return f"{uuid}.{key:016x}.{suffix}"
 
 
+def req_path(root: str | Path, uuid: str, key: int) -> Path:
+    """The .req of slice key on GPU uuid: the slice's own, mounted read-write in its container."""
+    return Path(root) / _slice_name(uuid, key, "req")
+
+
 def _whole_req(path: Path, key: int) -> bool:
+    """Whether path is a whole .req of slice key; SchedError (busy) when its container's
+    lease holds it: then it is in use, and kept."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
+        fd = open_tenant_file(path, os.O_RDONLY | os.O_NOFOLLOW, error=SchedError)
+    except SchedError as e:
+        if e.busy:
+            raise
         return False
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -575,9 +589,14 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
     root = Path(root)
     if not _usable_name(uuid):
         raise SchedError(root / uuid, "write the slice files of", "not a usable GPU UUID")
-    req = root / _slice_name(uuid, key, "req")
+    req = req_path(root, uuid, key)
+    busy: SchedError | None = None
     try:
-        if not _whole_req(req, key):
+        try:
+            whole = _whole_req(req, key)
+        except SchedError as e:
+            busy, whole = e, True  # leased by its container: in use, kept; said below
+        if not whole:
             raw = VgpuSchedReq()
             raw.version, raw.size, raw.key = SCHED_VERSION, REQ_SIZE, key
             raw.share, raw.priority, raw.policy, raw.floor = share, priority, policy, floor
@@ -593,6 +612,8 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
             _replace(conf, text, CONF_FILE_MODE)
     except OSError as e:
         raise SchedError(req, "write", e.strerror or str(e)) from e
+    if busy is not None:
+        raise busy
 
 
 def slice_file_keys(root: str | Path) -> set[int]:

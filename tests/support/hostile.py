@@ -24,9 +24,10 @@ REFUSED = {"EROFS", "EACCES", "EPERM"}
 class Host:
     """A vgpud on a private simgpu; containers started by vgpu-runtime on runc."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, config: dict[str, dict[str, object]] | None = None) -> None:
         self.tmp = tmp
-        self.sim, self.vgpud = simgpu_vgpud(tmp, {"hook": {"wait_s": 10}})
+        # config: sections of vgpud's config besides the hook's (e.g. the guard's).
+        self.sim, self.vgpud = simgpu_vgpud(tmp, {"hook": {"wait_s": 10}, **(config or {})})
         # What vgpu-runtime reads: vgpud's socket and run dir, runc below it.
         self.runtime_config = tmp / "runtime.yaml"
         self.runtime_config.write_text(
