@@ -76,6 +76,9 @@ RELOADABLE = frozenset({
     "guard_margin",
     "guard_memory_action",
     "guard_memory_margin",
+    "guard_memory_escalate_after",
+    "guard_memory_escalate_window_s",
+    "guard_memory_escalate_action",
 })
 
 _SCHEMA_NAME = "vgpud.schema.json"
@@ -110,7 +113,10 @@ class Config:
     guard_margin: int = 10                         # percentage points above the share
     guard_interval_s: float = 0.5
     guard_memory_action: str = "kill"              # flag | kill | throttle (arbiter.memguard)
-    guard_memory_margin: int = 512 << 20           # bytes per process above the memory limit
+    guard_memory_margin: int = 128 << 20           # bytes per slice above the memory limit
+    guard_memory_escalate_after: int = 3           # memory findings that stop the slice (0: never)
+    guard_memory_escalate_window_s: float = 60.0   # ... within this many seconds
+    guard_memory_escalate_action: str = "kill"     # freeze | kill (arbiter.memguard)
     cgroup_root: Path | None = None                # None: find the cgroup v2 mount
     metrics_address: str = "127.0.0.1:9400"        # '' disables the endpoint
     devices_include: tuple[int | str, ...] | None = None   # None: every GPU NVML reports
@@ -454,7 +460,8 @@ def _build(path: Path | None, document: dict[str, Any], tree: yaml.Node | None,
         key_path = ("metrics", "address")
         raise ConfigError(path, f"{address!r} has a port above 65535",
                           key=_dotted(key_path), line=lines.value(key_path))
-    for name in ("reconcile_interval_s", "hook_wait_s", "guard_interval_s", "broker_orphan_s"):
+    for name in ("reconcile_interval_s", "hook_wait_s", "guard_interval_s", "broker_orphan_s",
+                 "guard_memory_escalate_window_s"):
         if name in values:
             values[name] = float(values[name])
     if values.get("devices_include") is not None:
@@ -518,6 +525,9 @@ _FIELDS: dict[tuple[str, str], str] = {
     ("guard", "interval_s"): "guard_interval_s",
     ("guard", "memory_action"): "guard_memory_action",
     ("guard", "memory_margin"): "guard_memory_margin",
+    ("guard", "memory_escalate_after"): "guard_memory_escalate_after",
+    ("guard", "memory_escalate_window_s"): "guard_memory_escalate_window_s",
+    ("guard", "memory_escalate_action"): "guard_memory_escalate_action",
     ("guard", "cgroup_root"): "cgroup_root",
     ("metrics", "address"): "metrics_address",
     ("devices", "include"): "devices_include",

@@ -407,6 +407,9 @@ class Daemon:
             self.arbiter, lambda: inventory.process_utilisation(gpus),
             action=c.guard_action, margin=c.guard_margin, interval_s=c.guard_interval_s,
             memory_action=c.guard_memory_action, memory_margin=c.guard_memory_margin,
+            memory_escalate_after=c.guard_memory_escalate_after,
+            memory_escalate_window_s=c.guard_memory_escalate_window_s,
+            memory_escalate_action=c.guard_memory_escalate_action,
             freezer=Freezer(root) if root is not None else None,
             ledger=c.run_dir / "guard-frozen", proc=self.proc, metrics=self.metrics)
 
@@ -515,7 +518,11 @@ class Daemon:
         if self.guard is not None:
             self.guard.configure(action=self.config.guard_action, margin=self.config.guard_margin,
                                  memory_action=self.config.guard_memory_action,
-                                 memory_margin=self.config.guard_memory_margin)
+                                 memory_margin=self.config.guard_memory_margin,
+                                 memory_escalate_after=self.config.guard_memory_escalate_after,
+                                 memory_escalate_window_s=(
+                                     self.config.guard_memory_escalate_window_s),
+                                 memory_escalate_action=self.config.guard_memory_escalate_action)
         if ignored:
             log.warning("reload: %s change only after a restart", ", ".join(ignored))
         self.arbiter.emit("reload", changed=[n for n in changed if n not in ignored],

@@ -38,7 +38,7 @@ KINDS = frozenset({
     "allocate.refused", "attach.refused", "release.refused",
     "reconcile.release", "reconcile.drift", "reconcile.kill",
     "guard.over_share", "guard.over_memory", "guard.kill", "guard.throttle",
-    "guard.throttle_refused", "guard.unthrottle",
+    "guard.throttle_refused", "guard.unthrottle", "guard.escalate",
     "usage.malformed", "file.leased", "rundir.remade", "user.add", "user.drop", "start", "reload",
     "broker.silent", "broker.serving",
 })

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["DutyCycle", "Freezer", "cgroup_of", "find_root"]
@@ -75,6 +77,24 @@ class Freezer:
     def set_frozen(self, cgroup: str, frozen: bool) -> None:
         """Freeze or thaw the cgroup (OSError when it is gone or not writable)."""
         (self.path(cgroup) / "cgroup.freeze").write_text("1" if frozen else "0")
+
+    def kill(self, cgroup: str, kill: Callable[[int, int], None] = os.kill) -> None:
+        """SIGKILL every process of the cgroup and below it, forks in flight included.
+
+        cgroup.kill (Linux >= 5.14) does it in the kernel; before that, freeze, signal
+        every member (a frozen task still dies of SIGKILL) and thaw. OSError when the
+        cgroup is gone or not writable."""
+        top = self.path(cgroup)
+        if (top / "cgroup.kill").is_file():
+            (top / "cgroup.kill").write_text("1")
+            return
+        self.set_frozen(cgroup, True)
+        try:
+            for pid in self.members(cgroup) or ():
+                with contextlib.suppress(OSError):
+                    kill(pid, signal.SIGKILL)
+        finally:
+            self.set_frozen(cgroup, False)
 
     def frozen(self, cgroup: str) -> bool:
         """Whether the kernel reports the cgroup frozen (cgroup.events "frozen 1")."""

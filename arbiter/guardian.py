@@ -25,8 +25,8 @@ Compute: on each new finding (a slice above its share), by `action`:
 
 A greedy bypass is caught within about window * allowance + interval: under 1.5 s.
 
-Memory: a slice whose processes hold more than its limit (plus memory_margin
-per process) on a GPU in CONFIRM (2) measurements in a row, by `memory_action`:
+Memory: a slice whose processes hold more than its limit (plus memory_margin,
+once per slice) on a GPU in CONFIRM (2) measurements in a row, by `memory_action`:
 
 - flag: event `guard.over_memory` and vgpu_guard_findings_total, once per episode;
 - kill (the default, see arbiter.memguard): that, then SIGKILL to the fewest of
@@ -39,6 +39,22 @@ per process) on a GPU in CONFIRM (2) measurements in a row, by `memory_action`:
 
 A bypass that allocates past its limit is caught within CONFIRM * interval_s
 plus one NVML read: under 1.5 s.
+
+Escalation: killing the largest holders ends one bypass, but a supervisor that
+starts it again takes the memory back within a second, over and over. Each memory
+finding the guard acts on (a new episode, or a round that kills someone new) is
+counted per slice; memory_escalate_after of them within memory_escalate_window_s
+stop the whole slice, by memory_escalate_action (event `guard.escalate`, naming
+the slice and why):
+
+- kill (the default): every process of the slice: each cgroup its processes are in
+  that holds only the slice's (cgroup.kill), and the rest one by one, stopped
+  first so none forks past the kill;
+- freeze: those cgroups frozen for good (the supervisor cannot respawn anything; the
+  finding's largest holders are still SIGKILLed, so the memory goes back); a process
+  of the slice outside such a cgroup is killed. They stay frozen until the slice's
+  container is removed: vgpud neither thaws them when it stops nor lists them in
+  its ledger (a tenant must not get out by outliving a vgpud restart).
 """
 from __future__ import annotations
 
@@ -100,6 +116,9 @@ class Guardian:
         memory_action: str = memguard.DEFAULT_ACTION,
         memory_margin: int = memguard.DEFAULT_MARGIN,
         memory: Measure | None = None,
+        memory_escalate_after: int = memguard.DEFAULT_ESCALATE_AFTER,
+        memory_escalate_window_s: float = memguard.DEFAULT_ESCALATE_WINDOW_S,
+        memory_escalate_action: str = memguard.DEFAULT_ESCALATE_ACTION,
         interval_s: float = 0.5,
         window_s: float = 1.0,
         freezer: Freezer | None = None,
@@ -114,6 +133,9 @@ class Guardian:
         self.margin = margin
         self.memory_action = memory_action
         self.memory_margin = memory_margin
+        self.memory_escalate_after = memory_escalate_after
+        self.memory_escalate_window_s = memory_escalate_window_s
+        self.memory_escalate_action = memory_escalate_action
         # NVML's per-process memory comes with the arbiter's sample (one NVML read).
         self.memory = memory if memory is not None else (
             lambda: memguard.process_memory(arbiter.sample()))
@@ -129,6 +151,8 @@ class Guardian:
         self._mem_seen: dict[tuple[str, int], int] = {}     # (slice, gpu) -> ticks over in a row
         self._mem_flagged: set[tuple[str, int]] = set()     # episodes already reported
         self._mem_killed: dict[tuple[str, int], set[int]] = {}  # pids SIGKILLed this episode
+        self._mem_acted: dict[str, list[float]] = {}  # slice -> monotonic times it was acted on
+        self._escalated: dict[str, list[str]] = {}    # slice -> cgroups frozen for good
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,7 +160,9 @@ class Guardian:
     # -- settings --------------------------------------------------------------
 
     def configure(self, *, action: str, margin: int, memory_action: str | None = None,
-                  memory_margin: int | None = None) -> None:
+                  memory_margin: int | None = None, memory_escalate_after: int | None = None,
+                  memory_escalate_window_s: float | None = None,
+                  memory_escalate_action: str | None = None) -> None:
         """Apply reloaded settings; leaving throttle lifts the throttles it made."""
         with self._lock:
             self.action, self.margin = action, margin
@@ -144,6 +170,12 @@ class Guardian:
                 self.memory_action = memory_action
             if memory_margin is not None:
                 self.memory_margin = memory_margin
+            if memory_escalate_after is not None:
+                self.memory_escalate_after = memory_escalate_after
+            if memory_escalate_window_s is not None:
+                self.memory_escalate_window_s = memory_escalate_window_s
+            if memory_escalate_action is not None:
+                self.memory_escalate_action = memory_escalate_action
             for cg, t in list(self._throttles.items()):
                 if t.memory and self.memory_action != "throttle":
                     t.memory = False
@@ -214,14 +246,23 @@ class Guardian:
             seen[key] = self._mem_seen.get(key, 0) + 1
             if seen[key] >= memguard.CONFIRM:
                 found.append(f)
-                self._act_memory(slices[f.slice_id], f, host[f.slice_id])
+                s = slices[f.slice_id]
+                if self._act_memory(s, f, host[s.id]) and self._due(s.id):
+                    self._escalate(s, f, host[s.id])
         self._mem_seen = seen
+        # A released slice's count and freeze are forgotten (its cgroups go with it).
+        for sid in set(self._mem_acted) - set(slices):
+            del self._mem_acted[sid]
+        for sid in set(self._escalated) - set(slices):
+            del self._escalated[sid]
         # An episode ends when its slice is back within its limit: report the next one anew.
         self._mem_flagged &= set(seen)
         self._mem_killed = {k: v for k, v in self._mem_killed.items() if k in seen}
         return found
 
-    def _act_memory(self, s: Slice, f: memguard.MemoryFinding, pids: set[int]) -> None:
+    def _act_memory(self, s: Slice, f: memguard.MemoryFinding, pids: set[int]) -> bool:
+        """Act on a confirmed finding; True when it counts towards escalation (a new
+        episode, or a kill round that found someone new)."""
         key = (f.slice_id, f.gpu)
         action = self.memory_action
         first = key not in self._mem_flagged
@@ -243,10 +284,97 @@ class Guardian:
             if todo:
                 self.arbiter.emit("guard.kill", slice=s.id, owner=s.owner, gpu=f.gpu,
                                   pids=self._sigkill(todo), resource="memory")
-        elif action == "throttle":
+            return first or bool(todo)
+        if action == "throttle":
             # Every tick (a process that joins is held too); a refusal is said once.
             self._hold(s, f.gpu, f.pids, pids, allowed=None, run=guard.MIN_RUN_FRACTION,
                        say_refusal=first)
+        return first
+
+    # -- escalation: a bypass that comes back ------------------------------------
+
+    def _due(self, slice_id: str) -> bool:
+        """Count a finding just acted on; whether those lately call for stopping the slice."""
+        if slice_id in self._escalated:
+            return False  # frozen already: its findings are only acted on
+        now = time.monotonic()
+        times = memguard.recent([*self._mem_acted.get(slice_id, ()), now], now,
+                                self.memory_escalate_window_s)
+        self._mem_acted[slice_id] = times
+        return memguard.escalates(times, now, self.memory_escalate_after,
+                                  self.memory_escalate_window_s)
+
+    def _escalate(self, s: Slice, f: memguard.MemoryFinding, pids: set[int]) -> None:
+        """Freeze or kill the whole slice (kill where it has no cgroup to freeze); say so."""
+        n = len(self._mem_acted.pop(s.id, ()))
+        frozen = self._freeze_own_cgroups(s, pids)
+        inside = set().union(*(self._members(cg) for cg in frozen))
+        action = "freeze" if self.memory_escalate_action == "freeze" and frozen else "kill"
+        if action == "freeze":
+            self._escalated[s.id] = frozen
+            # Frozen processes keep their memory: the largest holders still go.
+            killed = self._sigkill(p for p in f.victims if p in inside)
+        else:
+            for cg in frozen:
+                assert self.freezer is not None
+                with contextlib.suppress(OSError):
+                    self.freezer.kill(cg, self._kill)
+                with contextlib.suppress(OSError):
+                    self.freezer.set_frozen(cg, False)  # let the killed go
+            killed = sorted(inside)
+        killed += self._kill_rest(s, pids - inside, inside)
+        why = f"{n} memory findings within {self.memory_escalate_window_s:g} s: " \
+              "a bypass that comes back"
+        if action != self.memory_escalate_action:
+            why += "; no cgroup of its own to freeze"
+        self.arbiter.emit("guard.escalate", slice=s.id, owner=s.owner, gpu=f.gpu,
+                          action=action, reason=why, findings=n,
+                          window_s=self.memory_escalate_window_s, used=f.used, limit=f.limit,
+                          cgroups=frozen, pids=sorted(set(killed)))
+        log.warning("guard: slice %s: %s: %s", s.id, why, action)
+
+    def _members(self, cgroup: str) -> set[int]:
+        assert self.freezer is not None
+        return self.freezer.members(cgroup) or set()
+
+    def _fresh_pids(self, s: Slice) -> set[int]:
+        """The slice's host pids now (the tick's may miss what it forked since)."""
+        return SlicePids(self.arbiter.regions.pids, self.proc,
+                         users=self.arbiter.users_of).host(s)
+
+    def _freeze_own_cgroups(self, s: Slice, pids: set[int]) -> list[str]:
+        """Freeze the cgroups of the slice's processes that hold only the slice's (as the
+        throttle checks them); each is checked again once frozen, when nothing in it can
+        fork, and thawed if a stranger turned up."""
+        if self.freezer is None:
+            return []
+        pids = pids | self._fresh_pids(s)
+        cgroups = {cg for cg in (cgroup_of(p, self.proc) for p in pids) if cg is not None}
+        out = []
+        for cg in sorted(c for c in cgroups if not self._refusal(c, lambda: self._fresh_pids(s))):
+            self._lift(cg, "slice escalated")  # a duty cycle would thaw it
+            with contextlib.suppress(OSError):
+                self.freezer.set_frozen(cg, True)
+                if self._members(cg) - self._fresh_pids(s):
+                    self.freezer.set_frozen(cg, False)
+                    continue
+                out.append(cg)
+        return out
+
+    def _kill_rest(self, s: Slice, pids: set[int], spare: set[int]) -> list[int]:
+        """SIGKILL pids and whatever of the slice they fork meanwhile: SIGSTOP first, then
+        look again (a stopped process forks no more), a few rounds, then SIGKILL them all."""
+        stopped: set[int] = set()
+        todo = set(pids)
+        for _ in range(4):
+            if not todo:
+                break
+            for pid in todo:
+                with contextlib.suppress(OSError):
+                    self._kill(pid, signal.SIGSTOP)
+            stopped |= todo
+            todo = self._fresh_pids(s) - stopped - spare
+        return self._sigkill(sorted(stopped | todo))
 
     # -- throttles ---------------------------------------------------------------
 
@@ -255,6 +383,8 @@ class Guardian:
         """Throttle the cgroups of offenders: for compute (allowed) or memory (None)."""
         memory = allowed is None
         cgroups = {cg for cg in (cgroup_of(p, self.proc) for p in offenders) if cg is not None}
+        # A cgroup frozen for good (escalation) stays so: a duty cycle would thaw it.
+        cgroups -= {cg for held in self._escalated.values() for cg in held}
         for cg in sorted(cgroups):
             t = self._throttles.get(cg)
             if t is not None:  # already held: add this reason to it
@@ -281,8 +411,10 @@ class Guardian:
                               cgroup=cg, run_fraction=round(run, 3), allowed=allowed,
                               resource="memory" if memory else "compute")
 
-    def _refusal(self, cgroup: str, pids: set[int]) -> str:
-        """Why the cgroup must not be frozen for this slice ("" when it may be)."""
+    def _refusal(self, cgroup: str, pids: set[int] | Callable[[], set[int]]) -> str:
+        """Why the cgroup must not be frozen for this slice ("" when it may be). pids may be
+        a callable, asked after the members are read: a process forked in between is then
+        already the slice's, not a stranger."""
         if self.freezer is None:
             return "no cgroup v2 freezer on this host"
         if not self.freezer.can_freeze(cgroup):
@@ -292,7 +424,7 @@ class Guardian:
             return "the cgroup is gone"
         if os.getpid() in members:
             return "vgpud runs in that cgroup"
-        strangers = members - pids
+        strangers = members - (pids() if callable(pids) else pids)
         if strangers:
             return f"{len(strangers)} process(es) in the cgroup are not the slice's"
         return ""

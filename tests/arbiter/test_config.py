@@ -151,6 +151,10 @@ HAPPY = [
                   "cgroup_root": Path("/sys/fs/cgroup/unified")}, id="guard"),
     pytest.param("guard: {action: flag, interval_s: 1}",
                  {"guard_action": "flag", "guard_interval_s": 1.0}, id="guard-flag"),
+    pytest.param("guard: {memory_escalate_after: 0, memory_escalate_window_s: 5, "
+                 "memory_escalate_action: freeze}",
+                 {"guard_memory_escalate_after": 0, "guard_memory_escalate_window_s": 5.0,
+                  "guard_memory_escalate_action": "freeze"}, id="guard-escalate"),
     pytest.param("metrics: {address: ''}", {"metrics_address": ""}, id="metrics-off"),
     pytest.param("metrics: {address: '0.0.0.0:0'}", {"metrics_address": "0.0.0.0:0"},
                  id="metrics-any-port"),
@@ -268,6 +272,15 @@ SAD = [
     pytest.param("guard:\n  margin_percent: 101\n",
                  "line 2: guard.margin_percent: 101 is not an integer percent from 0 to 100",
                  id="guard-margin"),
+    pytest.param("guard:\n  memory_escalate_action: flag\n",
+                 "line 2: guard.memory_escalate_action: 'flag' is not one of ['freeze', 'kill']",
+                 id="guard-escalate-action"),
+    pytest.param("guard:\n  memory_escalate_after: -1\n",
+                 "line 2: guard.memory_escalate_after: -1 is not an integer count of findings, "
+                 "0 or more (0: never escalate)", id="guard-escalate-after"),
+    pytest.param("guard:\n  memory_escalate_window_s: 0\n",
+                 "line 2: guard.memory_escalate_window_s: 0 is not a number of seconds above 0",
+                 id="guard-escalate-window"),
     pytest.param("guard:\n  cgroup_root: sys/fs/cgroup\n",
                  "line 2: guard.cgroup_root: 'sys/fs/cgroup' is not an absolute path",
                  id="guard-cgroup-root"),
@@ -488,7 +501,9 @@ def test_replace_reloadable(tmp_path: Path) -> None:
         defaults: {compute: 20, priority: low, policy: burst, context_reserve: 1Gi,
                    priority_floor: 30}
         reconcile: {interval_s: 1, drift_action: kill}
-        guard: {action: flag, margin_percent: 20, memory_action: flag, memory_margin: 0}
+        guard: {action: flag, margin_percent: 20, memory_action: flag, memory_margin: 0,
+                memory_escalate_after: 5, memory_escalate_window_s: 30,
+                memory_escalate_action: freeze}
         metrics: {address: ''}
         """))
     merged = old.replace_reloadable(new)
