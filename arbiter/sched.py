@@ -133,7 +133,9 @@ class VgpuSched(ctypes.Structure):
         ("revocations", ctypes.c_uint64),
         ("active", ctypes.c_uint32),
         ("broker_epoch", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 11),
+        ("wake_epoch", ctypes.c_uint32),
+        ("pad3", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 10),
         ("entries", VgpuSchedEntry * SCHED_ENTRIES),
     ]
 
@@ -166,7 +168,9 @@ class VgpuSchedReq(ctypes.Structure):
         ("start_ns", ctypes.c_uint64),
         ("start_seq", ctypes.c_uint32),
         ("pad2", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 16),
+        ("wake", ctypes.c_uint32),
+        ("pad3", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 15),
     ]
 
 

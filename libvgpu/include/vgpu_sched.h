@@ -99,7 +99,14 @@ struct vgpu_sched {
     _Atomic uint64_t revocations;    /* grants the broker took back, for metrics */
     _Atomic uint32_t active;         /* slices active within 5 ms: a holder keeps a short queue if > 1 */
     _Atomic uint32_t broker_epoch;   /* bumped by each broker that starts; an older one stops */
-    uint64_t reserved[11];
+    _Atomic uint32_t wake_epoch;     /* = broker_epoch while the broker wakes each slice through the
+                                      * wake word of its own .req; a slice then waits there, where no
+                                      * other slice can wake it (a FUTEX_WAKE needs only a read-only
+                                      * mapping, and every container maps this file). Otherwise it
+                                      * waits on grant (was reserved: a broker that never sets it is
+                                      * waited for on grant, as before) */
+    uint32_t pad3;
+    uint64_t reserved[10];
     struct vgpu_sched_entry entries[VGPU_SCHED_ENTRIES];
 };
 
@@ -134,7 +141,11 @@ struct vgpu_sched_req {
                                       * its first gap in idle_ns as before) */
     _Atomic uint32_t start_seq;      /* the grant seq start_ns belongs to */
     uint32_t pad2;
-    uint64_t reserved[16];
+    _Atomic uint32_t wake;           /* the broker bumps it (pwrite) and wakes its waiters when it
+                                      * grants this slice or takes it on; the slice's threads wait on
+                                      * it (struct vgpu_sched wake_epoch; was reserved) */
+    uint32_t pad3;
+    uint64_t reserved[15];
 };
 
 #endif

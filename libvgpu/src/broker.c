@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <sched.h>
 #include <linux/futex.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,20 @@
 
 #define RESCAN_NS (20 * VGPU_MS)     /* new, changed and gone slices are seen within this */
 #define RESCAN_RUNG_NS (2 * VGPU_MS) /* ... and within this when a slice rings */
+/* The doorbell is in the GPU file, which every container maps, and a FUTEX_WAKE needs only
+ * a read-only mapping: anyone can ring it, as often as it likes. A ring makes the broker
+ * step early only when a slice's requests changed, and each slice's changes may do so
+ * RING_BURST times at once, then once per RING_REFILL_NS (a slice rings a few times per
+ * hold); a change past that waits for the next step that is due anyway. Rings that changed
+ * nothing cost a read of the requests; after EMPTY_RINGS_MAX of them, each within
+ * EMPTY_GAP_NS of the last, the broker stops listening for QUIET_SPAN_NS and looks at the
+ * requests every QUIET_NS instead (a real request then waits at most that long). */
+#define RING_BURST 8u
+#define RING_REFILL_NS (100 * VGPU_US)
+#define EMPTY_RINGS_MAX 8u
+#define EMPTY_GAP_NS (1 * VGPU_MS)
+#define QUIET_SPAN_NS (10 * VGPU_MS)
+#define QUIET_NS (250 * VGPU_US)
 
 _Static_assert(VG_POL_SLICES == VGPU_SCHED_ENTRIES, "one policy slice per entry of the GPU file");
 
@@ -42,6 +57,14 @@ struct bslice {
     uint64_t key;                  /* 0 = free slot */
     int fd;                        /* the .req, read with pread; -1 in private mode */
     struct vgpu_sched_req *mem;    /* private mode: the req itself */
+    /* The .req mapped read-only, never read through (a tenant may truncate it): only the
+     * address of its wake word, for FUTEX_WAKE (which fails with EFAULT past the end of a
+     * file, never faults the broker). The word itself is written with pwrite. */
+    const struct vgpu_sched_req *wmap;
+    uint32_t wake_seq;
+    uint64_t sig;                  /* its requests' signature at the last step */
+    uint32_t ring_tokens;          /* early steps its changes may still cause (RING_BURST) */
+    uint64_t ring_refill_ns;
     ino_t conf_ino;
     struct timespec conf_mtime;
     int seen;
@@ -53,7 +76,9 @@ struct vg_bgpu {
     int confs, priv;
     struct bslice sl[VGPU_SCHED_ENTRIES];
     struct vg_pol pol;
-    uint64_t last_scan, sig;
+    uint64_t last_scan;
+    uint32_t empty_rings;          /* rings in a row that changed nothing (EMPTY_RINGS_MAX) */
+    uint64_t empty_ns, quiet_until; /* the last of them; not listening until then */
     int rung;                      /* woken by a ring: a new slice may be asking */
 };
 
@@ -135,11 +160,31 @@ int vg_sched_header_ok(const struct vgpu_sched *s)
 
 /* ---- publishing ---- */
 
+/* Wake slice i's waiters through its own .req (struct vgpu_sched wake_epoch). */
+static void wake_slice(struct vg_bgpu *g, int i)
+{
+    struct bslice *b = &g->sl[i];
+    if (b->mem) {
+        atomic_fetch_add(&b->mem->wake, 1);
+        futex(&b->mem->wake, FUTEX_WAKE, INT_MAX, 0);
+        return;
+    }
+    uint32_t seq = ++b->wake_seq;
+    if (b->fd < 0 || pwrite(b->fd, &seq, sizeof(seq), offsetof(struct vgpu_sched_req, wake)) != sizeof(seq))
+        return; /* its own file, gone bad: its waiters renew within VGPU_WANT_RENEW_NS */
+    if (b->wmap)
+        futex((_Atomic uint32_t *)&b->wmap->wake, FUTEX_WAKE, INT_MAX, 0);
+}
+
 static void publish_grant(struct vg_bgpu *g, uint32_t v, uint64_t now)
 {
     atomic_store(&g->s->grant_ns, now);
     atomic_store(&g->s->grant, v);
+    /* Slices of an older libvgpu wait on the grant word itself. */
     futex(&g->s->grant, FUTEX_WAKE, INT_MAX, 0);
+    unsigned e = v & 0xFFu;
+    if (e && e <= VGPU_SCHED_ENTRIES && g->sl[e - 1].key)
+        wake_slice(g, (int)e - 1);
 }
 
 /* Carry out a decision's grant changes: the hold's end (grant 0), then a new grant. */
@@ -267,6 +312,7 @@ static void take_on(struct vg_bgpu *g, int i, uint64_t key, uint64_t now)
     atomic_store(&e->used_ns, 0);
     atomic_store(&e->holds, 0);
     atomic_store(&e->key, key);
+    wake_slice(g, i); /* waiting for its entry (await_entry) */
 }
 
 static void drop(struct vg_bgpu *g, int i, uint64_t now)
@@ -277,7 +323,10 @@ static void drop(struct vg_bgpu *g, int i, uint64_t now)
     apply(g, &d, now);
     if (b->fd >= 0)
         close(b->fd);
+    if (b->wmap)
+        munmap((void *)b->wmap, sizeof(*b->wmap));
     b->fd = -1;
+    b->wmap = NULL;
     b->key = 0;
     atomic_store(&g->s->entries[i].key, 0);
 }
@@ -336,7 +385,9 @@ static void rescan(struct vg_bgpu *g, uint64_t now)
         }
         if (fresh) {
             snprintf(path, sizeof(path), "%s/%s", g->dir, n);
-            int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+            /* Writable: the broker writes the slice's wake word (a tenant's own file: what
+             * it does to it can only cost its own slice). */
+            int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
             struct stat sb;
             if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
                 if (fd >= 0)
@@ -356,6 +407,12 @@ static void rescan(struct vg_bgpu *g, uint64_t now)
             }
             b->fd = fd;
             b->mem = NULL;
+            void *w = mmap(NULL, sizeof(struct vgpu_sched_req), PROT_READ, MAP_SHARED, fd, 0);
+            b->wmap = w == MAP_FAILED ? NULL : w;
+            /* Go on from its word as it is: a waiter that read it must see it change. */
+            if (pread(fd, &b->wake_seq, sizeof(b->wake_seq), offsetof(struct vgpu_sched_req, wake)) !=
+                sizeof(b->wake_seq))
+                b->wake_seq = 0;
             take_on(g, i, key, now);
         }
         b->seen = 1;
@@ -376,16 +433,45 @@ static uint64_t sig_of(const struct vg_pol_claims *r)
            ((uint64_t)r->owner_seq << 32);
 }
 
-static void read_all(struct vg_bgpu *g, uint64_t *sig)
+/* Every slice's requests, read for this step; each one's signature noted. */
+static void read_all(struct vg_bgpu *g)
 {
-    uint64_t x = 0;
     for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++) {
         if (!g->sl[i].key)
             continue;
         read_req(g, (int)i);
-        x = x * 1000003u + sig_of(&g->pol.sl[i].req) + i;
+        g->sl[i].sig = sig_of(&g->pol.sl[i].req);
     }
-    *sig = x;
+}
+
+/* Whether a slice may make the broker step early once more (RING_BURST, RING_REFILL_NS). */
+static int ring_token(struct bslice *b, uint64_t now)
+{
+    if (now - b->ring_refill_ns >= RING_REFILL_NS) {
+        uint64_t add = (now - b->ring_refill_ns) / RING_REFILL_NS;
+        b->ring_tokens = add >= RING_BURST - b->ring_tokens ? RING_BURST : b->ring_tokens + (uint32_t)add;
+        b->ring_refill_ns = add >= RING_BURST ? now : b->ring_refill_ns + add * RING_REFILL_NS;
+    }
+    if (!b->ring_tokens)
+        return 0;
+    b->ring_tokens--;
+    return 1;
+}
+
+/* Whether a slice's requests changed since the last step, and its budget lets it cause a
+ * step now (the others' changes are read again at the next step). */
+static int changed(struct vg_bgpu *g, uint64_t now)
+{
+    int cause = 0;
+    for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++) {
+        struct bslice *b = &g->sl[i];
+        if (!b->key)
+            continue;
+        read_req(g, (int)i);
+        if (sig_of(&g->pol.sl[i].req) != b->sig && ring_token(b, now))
+            cause = 1;
+    }
+    return cause;
 }
 
 /* Read, decide, publish; returns how long to sleep at most. */
@@ -395,12 +481,52 @@ static uint64_t step(struct vg_bgpu *g)
     if (!g->priv && now - g->last_scan >= (g->rung ? RESCAN_RUNG_NS : RESCAN_NS))
         rescan(g, now);
     g->rung = 0;
-    read_all(g, &g->sig);
+    read_all(g);
     struct vg_pol_decision d;
     vg_pol_step(&g->pol, now, &d);
     apply(g, &d, now);
     publish(g, &d.sum, now);
     return d.sleep_ns;
+}
+
+/* A ring that changed nothing: enough of them close together, and the doorbell is not
+ * listened to for a while (EMPTY_RINGS_MAX). */
+static void note_empty_ring(struct vg_bgpu *g, uint64_t now)
+{
+    g->empty_rings = now - g->empty_ns <= EMPTY_GAP_NS ? g->empty_rings + 1 : 1;
+    g->empty_ns = now;
+    if (g->empty_rings >= EMPTY_RINGS_MAX) {
+        g->quiet_until = now + QUIET_SPAN_NS;
+        g->empty_rings = 0;
+    }
+}
+
+/* Sleep until the next step is due (until) or a slice's changed requests call for one
+ * sooner (RING_BURST: rings that changed nothing cause no step). */
+static void await_cause(struct vg_bgpu *g, uint64_t until)
+{
+    int woken = 0;
+    for (;;) {
+        uint64_t now = vg_broker_now();
+        /* Not listening: 0 tells a ringer not to try (vg_broker_ring) while it is polled. */
+        int quiet = now < g->quiet_until;
+        atomic_store(&g->s->doorbell, quiet ? 0 : 1);
+        /* (Also a request made after the step and before the bell.) */
+        if (changed(g, now) || now >= until)
+            break;
+        if (woken)
+            note_empty_ring(g, now);
+        woken = 0;
+        uint64_t left = until - now;
+        if (quiet) {
+            struct timespec ts = {0, (long)(left < QUIET_NS ? left : QUIET_NS)};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        woken = futex(&g->s->doorbell, FUTEX_WAIT, 1, left) == 0;
+        g->rung |= woken;
+    }
+    atomic_store(&g->s->doorbell, 0);
 }
 
 void vg_bgpu_run(struct vg_bgpu *g, volatile int *stop)
@@ -409,12 +535,7 @@ void vg_bgpu_run(struct vg_bgpu *g, volatile int *stop)
     /* A broker that was stopped (SIGSTOP) and replaced must not come back to it. */
     while (!*stop && atomic_load(&g->s->broker_epoch) == g->pol.epoch) {
         uint64_t sleep = step(g);
-        atomic_store(&g->s->doorbell, 1);
-        uint64_t sig;
-        read_all(g, &sig); /* a request made after the step and before the bell */
-        if (sig == g->sig)
-            g->rung = futex(&g->s->doorbell, FUTEX_WAIT, 1, sleep) == 0;
-        atomic_store(&g->s->doorbell, 0);
+        await_cause(g, vg_broker_now() + sleep);
     }
 }
 
@@ -428,6 +549,7 @@ static struct vg_bgpu *bgpu_new(struct vgpu_sched *s)
     g->s = s;
     /* Taken first: an older broker still running stops at its next step. */
     vg_pol_init(&g->pol, atomic_fetch_add(&s->broker_epoch, 1) + 1);
+    atomic_store(&s->wake_epoch, g->pol.epoch); /* this broker wakes each slice in its .req */
     for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++)
         g->sl[i].fd = -1;
     /* Whatever a former broker left: a fresh start (slices re-request). */

@@ -843,6 +843,17 @@ static void start_thread(void)
     start_detached(holder_thread, NULL);
 }
 
+/* The word this slice's threads sleep on while they wait for the broker: the wake word of
+ * its own .req while the broker serving the GPU bumps it (no other slice maps that file,
+ * so none can wake us: a FUTEX_WAKE needs only a read-only mapping, and every slice maps
+ * the GPU file); else, from an older broker, the grant word. The value to compare is
+ * read before what the caller checks, so a wake in between is not lost. */
+static _Atomic uint32_t *wait_word(struct sdev *d)
+{
+    uint32_t e = atomic_load(&d->s->wake_epoch);
+    return e && e == atomic_load(&d->s->broker_epoch) ? &d->q->wake : &d->s->grant;
+}
+
 /* Wait (without g_lock) until the broker grants our slice the token and this
  * process takes it for the slice. */
 static void acquire(struct sdev *d, uint32_t *grant_out)
@@ -855,6 +866,8 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
     atomic_fetch_add(&q->want, 1);
     vg_broker_ring(s);
     for (;;) {
+        _Atomic uint32_t *word = wait_word(d);
+        uint32_t w = atomic_load(word);
         uint32_t g = atomic_load(&s->grant);
         if (grant_is_ours(d, g)) {
             uint32_t seq = g >> 8, cur = atomic_load(&q->owner_seq);
@@ -871,7 +884,7 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
                 break;
             }
         }
-        vg_futex_wait(&s->grant, g, VGPU_WANT_RENEW_NS);
+        vg_futex_wait(word, w, VGPU_WANT_RENEW_NS);
         now = vg_broker_now();
         if (now - renewed >= VGPU_WANT_RENEW_NS) {
             renewed = now;
@@ -900,7 +913,11 @@ static void await_entry(struct sdev *d)
 {
     uint64_t since = vg_broker_now();
     int said = 0;
-    while (my_entry(d) < 0) {
+    for (;;) {
+        _Atomic uint32_t *word = wait_word(d);
+        uint32_t w = atomic_load(word);
+        if (my_entry(d) >= 0)
+            break;
         atomic_store(&d->q->want_ns, vg_broker_now());
         vg_broker_ring(d->s);
         uint64_t now = vg_broker_now();
@@ -910,7 +927,7 @@ static void await_entry(struct sdev *d)
             fprintf(stderr, "vgpu: %s: no broker serves this slice yet; waiting\n", d->path);
             said = 1;
         }
-        vg_futex_wait(&d->s->grant, atomic_load(&d->s->grant), MS);
+        vg_futex_wait(word, w, MS);
     }
 }
 

@@ -34,6 +34,7 @@
  *   limits    the region's memory_limit / share / priority / slice key raised
  *             (refused: read-only), every slot of the usage file zeroed and its
  *             high water cleared (the slice's own file: the limit must hold anyway)
+ *   wake      FUTEX_WAKE the grant word and the doorbell in a loop (wake_mode)
  *   lock      flock, a read lock and a read lease on the GPU file and the .req,
  *             taken again whenever free (lock_mode)
  *   none      a control: find the files and probe them, write nothing
@@ -489,6 +490,20 @@ static void yield_mode(struct file *x, unsigned round)
     syscall(SYS_futex, &m->doorbell, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
 
+/* Mode wake: FUTEX_WAKE every waiter of the GPU file's grant word and the broker's
+ * doorbell, 64 times a round (a wake needs only the read-only mapping). */
+static void wake_mode(struct file *x, unsigned round)
+{
+    (void)round;
+    const struct vgpu_sched *m = gpu_map();
+    if (x->kind != K_GPU || !m)
+        return;
+    for (int i = 0; i < 64; i++) {
+        syscall(SYS_futex, &m->grant, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+        syscall(SYS_futex, &m->doorbell, FUTEX_WAKE, INT32_MAX, NULL, NULL, 0);
+    }
+}
+
 static void magic_mode(struct file *x, unsigned round)
 {
     (void)round;
@@ -613,7 +628,7 @@ static void print_summary(const char *mode, double seconds, unsigned rounds, con
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|yield|full|limits|lock|none SECONDS [--from NS] "
+        fprintf(stderr, "usage: scribble lease|priority|index|truncate|magic|yield|full|limits|lock|wake|none SECONDS [--from NS] "
                         "[--until NS] [--seed N] [--gap-us U] [--nice N]\n");
         return 2;
     }
@@ -654,6 +669,8 @@ int main(int argc, char **argv)
         attack = limits_mode;
     else if (!strcmp(mode, "lock"))
         attack = lock_mode;
+    else if (!strcmp(mode, "wake"))
+        attack = wake_mode;
     else if (strcmp(mode, "full") != 0) {
         fprintf(stderr, "scribble: unknown mode %s\n", mode);
         return 2;

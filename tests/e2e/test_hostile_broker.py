@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A tenant cannot keep the token broker from serving its GPU (issue 22, item 1), on real runc.
+"""A tenant cannot keep the token broker from serving its GPU (issue 22, item 1), nor make its
+neighbours or the broker spin by waking them (item 6), on real runc.
 
 Every container of a GPU has the GPU's scheduling file mounted read-only, and a read-only
 fd allows flock, a read lock and, to container root (it owns what host root made), a read
@@ -13,6 +14,14 @@ Here scribble (build/tests/scribble, mode `lock`) takes every such lock on its f
 and again; the broker is killed with SIGKILL and vgpud's supervisor starts another. The new
 one serves at once (its lock is in the sched dir, which no container reaches), a
 neighbour's throttled work runs, and vgpud never had a silent broker to report.
+
+A FUTEX_WAKE needs only a read-only mapping too. Slices used to wait for the token on the
+GPU file's grant word, and the broker on its doorbell there: scribble (mode `wake`) waking
+both in a loop kept a waiting neighbour's threads and the broker busy. Each slice now waits
+on a word in its own .req, which no other container maps, and rings that changed no
+slice's requests make the broker do no step (and, in a flood, stop listening for 100 us at
+a time); the CPU the neighbour and the broker spend under the flood stays near what they
+spend without it.
 """
 from __future__ import annotations
 
@@ -21,6 +30,7 @@ import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from support.hostile import SCRIBBLE, Host
@@ -86,3 +96,71 @@ def _read(path) -> str:
         return path.read_text()
     except FileNotFoundError:
         return ""
+
+
+HZ = os.sysconf("SC_CLK_TCK")
+CALM_S = 2.5        # the neighbours run calm this long, then scribble wakes everything
+FLOOD_S = 2.5
+VICTIM_EXTRA = 0.1   # cores the flood may add to the waiting neighbour (it added 0.26)
+BROKER_EXTRA = 0.1   # ... and to the broker (it added 0.35; now 0.02-0.03)
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / HZ  # utime + stime, all threads
+
+
+def pid_of(marker: str) -> int:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv = (d / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"gpu_load") and marker.encode() in argv:
+                return int(d.name)
+    raise AssertionError(f"no gpu_load with {marker}")
+
+
+def test_waking_the_grant_word_and_the_doorbell_makes_nobody_spin(host):
+    start = time.monotonic_ns() + int(3e9)
+    flood = start + int(CALM_S * 1e9)
+    until = flood + int(FLOOD_S * 1e9)
+    loads = {}
+    for name, pct in (("holder", 60), ("victim", 20)):
+        p, _ = host.start(
+            f"gpu_load --kernel busy_2000us --start-at {start} --until {until} "
+            f"--trace /sim/trace-{name}; echo load-exit $?",
+            {"vgpu.io/memory": "64Mi", "vgpu.io/compute": str(pct), "vgpu.io/policy": "fixed"})
+        loads[name] = p
+    attacker, _ = host.start(
+        f"scribble wake 0 --gap-us 0 --from {flood} --until {until} > /sim/scribble.json "
+        "2> /sim/scribble.err; echo scribble-exit $?",
+        {"vgpu.io/memory": "64Mi", "vgpu.io/compute": "10", "vgpu.io/policy": "fixed"},
+        extra_bin=SCRIBBLE)
+    host.vgpud.wait_for(lambda: len(host.slices()) == 3, timeout=20, what="three slices")
+    [broker] = host.broker_pids()
+
+    def at(t_ns: int) -> tuple[float, float]:
+        time.sleep(max(0.0, (t_ns - time.monotonic_ns()) / 1e9))
+        return cpu_s(pid_of("/sim/trace-victim")), cpu_s(broker)
+
+    settle = 500_000_000
+    v0, b0 = at(start + settle)
+    v1, b1 = at(flood)
+    v2, b2 = at(flood + settle)
+    v3, b3 = at(until - 200_000_000)
+    calm_s, flood_s = (flood - start - settle) / 1e9, (until - 200_000_000 - flood - settle) / 1e9
+    rates = {"victim": ((v1 - v0) / calm_s, (v3 - v2) / flood_s),
+             "broker": ((b1 - b0) / calm_s, (b3 - b2) / flood_s)}
+    print("cores calm -> flooded: " + ", ".join(f"{k} {a:.3f} -> {b:.3f}"
+                                                for k, (a, b) in rates.items()))
+    for name, p in loads.items():
+        out, err = p.communicate(timeout=60)
+        assert "load-exit 0" in out, (name, out, err)
+    a_out, a_err = attacker.communicate(timeout=60)
+    assert "scribble-exit 0" in a_out, (a_out, a_err)
+    report = json.loads((host.sim / "scribble.json").read_text())
+    assert report["rounds"] > 1000, report["rounds"]  # the flood happened
+    assert rates["victim"][1] <= rates["victim"][0] + VICTIM_EXTRA, rates
+    assert rates["broker"][1] <= rates["broker"][0] + BROKER_EXTRA, rates

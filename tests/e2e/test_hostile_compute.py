@@ -30,7 +30,7 @@ from support.gpu_loads import read_trace
 from support.hostile import REFUSED, SCRIBBLE, Host
 from support.measure import timing
 
-from arbiter.sched import open_sched, slice_key_of
+from arbiter.sched import BROKER_LOCK_NAME, open_sched, slice_key_of
 
 pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
                                 reason="needs runc and root (real containers)")
@@ -209,6 +209,6 @@ def _attack(host: Host, mode: str) -> None:
     assert host.broker_pids() == [broker], "the broker died (and was restarted)"
     pid, beat = broker_beat(host.gpu_file())
     assert pid == broker and time.monotonic_ns() - beat < 1_000_000_000
-    made = {p.name for p in host.sched_dir.iterdir()} - {host.gpu_file().name}
+    made = {p.name for p in host.sched_dir.iterdir()} - {host.gpu_file().name, BROKER_LOCK_NAME}
     assert all(n.endswith((".req", ".conf")) for n in made), made
     assert len(made) <= 6, made
