@@ -5,11 +5,13 @@ slice's scheduling files under <run_dir>/sched.
 A slice's directory `<run_dir>/slices/<id>/` holds per vGPU a region file
 (`vgpu<i>`: limits and identity, only vgpud writes it, containers mount it read-only)
 and a usage file (`vgpu<i>.usage`: the slice's processes write it; read here as
-untrusted data). Both follow arbiter.region's layout. It is built under a hidden temporary
-name and renamed into place, so a directory with the slice's id is always
-whole; removal renames it away first for the same reason. Each vGPU also has a
-.req and a .conf beside its GPU's scheduling file (arbiter.sched), named by a
-key derived from the slice id. The store (SQLite) is the truth: `reconcile_dirs`
+untrusted data). Both follow arbiter.region's layout. The directory is a tmpfs of its
+own, sized to its files (arbiter.slicefs: what bounds the files a container writes),
+made in place under the arbiter's lock; a crash half-way leaves a part that
+reconcile_dirs completes or removes; removal unmounts it and renames it away first.
+Each vGPU also has a .req and a .conf beside its GPU's scheduling file
+(arbiter.sched), named by a key derived from the slice id; the .req itself is in the
+slice's directory, bind-mounted at that name. The store (SQLite) is the truth: `reconcile_dirs`
 makes the files agree with it after a crash, `repair_sched` remakes deleted ones.
 
 Every slice file a container can open (region, usage, .req) is opened without waiting
@@ -21,6 +23,7 @@ moment (after a vgpud restart) is kept as it is, said (`on_busy`) and tried agai
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -32,6 +35,8 @@ from arbiter.errors import RegionError, SchedError
 from arbiter.leases import Pins
 from arbiter.model import Slice
 from arbiter.region import (
+    REGION_SIZE,
+    USAGE_SIZE,
     USAGE_SUFFIX,
     create_region,
     create_usage,
@@ -39,6 +44,7 @@ from arbiter.region import (
     usage_path_of,
 )
 from arbiter.sched import (
+    REQ_SIZE,
     SCHED_DIR_NAME,
     prepare_sched_dir,
     remove_slice_files,
@@ -47,6 +53,7 @@ from arbiter.sched import (
     slice_key_of,
     write_slice_files,
 )
+from arbiter.slicefs import detach, mount_slice_fs, slice_fs_bytes
 
 __all__ = ["REGION_FILE_MODE", "USAGE_FILE_MODE", "ReconcileReport", "Regions"]
 
@@ -105,6 +112,9 @@ class Regions:
         self.pins = Pins()
         #: Slices with a file not held, or a region write that waits for a lease to end.
         self._pending: set[str] = set()
+        #: Whether slice directories get their own tmpfs (False once a mount was refused:
+        #: vgpud without CAP_SYS_ADMIN, said once).
+        self.bounded = True
 
     # -- paths -----------------------------------------------------------------
 
@@ -146,25 +156,22 @@ class Regions:
     # -- lifecycle -------------------------------------------------------------
 
     def create(self, s: Slice) -> Path:
-        """Make the slice's directory with one region file per grant, atomically."""
+        """Make the slice's directory, its own tmpfs, with one region file per grant."""
         final = self.slice_dir(s.id)
         self._ensure_root()
-        tmp = self.root / f".{s.id}.tmp"
-        _rmtree(tmp)
         try:
-            tmp.mkdir(mode=_DIR_MODE)
-            os.chmod(tmp, _DIR_MODE)
+            # No fsync: region directories need no durability of their own (run_dir is a
+            # tmpfs on a real host, and every start remakes them from the store).
+            final.mkdir(mode=_DIR_MODE)
+            self._bound(final, len(s.grants))
+            os.chmod(final, _DIR_MODE)
             for i in range(len(s.grants)):
-                self._create_file(tmp / region_name(i), s, i)
-            # No directory fsync: region directories need no durability of their own
-            # (run_dir is a tmpfs on a real host, and every start remakes them from the
-            # store), only atomicity, which the rename gives.
-            os.rename(tmp, final)
+                self._create_file(final / region_name(i), s, i)
         except OSError as e:
-            _rmtree(tmp)
+            _rmtree(final)
             raise RegionError(final, "create", e.strerror or str(e)) from e
         except BaseException:
-            _rmtree(tmp)
+            _rmtree(final)
             raise
         try:
             self._write_sched(s)
@@ -173,6 +180,20 @@ class Regions:
             raise
         self._hold(s)
         return final
+
+    def _bound(self, path: Path, vgpus: int) -> None:
+        """Mount the slice's own tmpfs at its new directory (arbiter.slicefs)."""
+        if not self.bounded:
+            return
+        size = slice_fs_bytes(vgpus, (REGION_SIZE, USAGE_SIZE, REQ_SIZE))
+        try:
+            mount_slice_fs(path, size, files=6 * vgpus + 2, mode=_DIR_MODE)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EACCES):
+                raise
+            self.bounded = False
+            log.warning("slice files are not size-bounded: cannot mount a tmpfs at %s: %s "
+                        "(vgpud needs CAP_SYS_ADMIN)", path, e.strerror)
 
     def _create_file(self, path: Path, s: Slice, ordinal: int) -> None:
         g = s.grants[ordinal]
@@ -232,7 +253,8 @@ class Regions:
                 self._prepare_sched([g.gpu_uuid])
             write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
                               share=g.compute or 100, priority=int(s.priority),
-                              policy=int(s.policy), floor=self.priority_floor)
+                              policy=int(s.policy), floor=self.priority_floor,
+                              home=self.slice_dir(s.id))
 
     def _prepare_sched(self, uuids: list[str]) -> None:
         """The GPUs' scheduling files, made again where deleted (one warning event each).
@@ -333,6 +355,7 @@ class Regions:
         doomed = self.root / f".{slice_id}.del"
         _rmtree(doomed)
         try:
+            detach(final)  # its tmpfs lives on in the containers that mount its files
             os.rename(final, doomed)
         except FileNotFoundError:
             return False
@@ -448,6 +471,8 @@ class Regions:
         d = self.slice_dir(s.id)
         names = {region_name(i) for i in range(len(s.grants))}
         names |= {n + USAGE_SUFFIX for n in names}
+        names |= {req_path(d, g.gpu_uuid, slice_key_of(s.id, i)).name
+                  for i, g in enumerate(s.grants)}
         for extra in d.iterdir():
             if extra.name not in names:
                 _rmtree(extra)
@@ -485,6 +510,8 @@ def _check_id(slice_id: str) -> None:
 
 
 def _rmtree(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        detach(path)  # a slice's tmpfs (arbiter.slicefs) left mounted by a crash
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import logging
 import mmap
@@ -33,6 +34,7 @@ from typing import Any
 
 from arbiter.errors import SchedError
 from arbiter.leases import LEASED, open_tenant_file
+from arbiter.slicefs import bind_file, detach
 
 __all__ = [
     "CONF_FILE_MODE",
@@ -583,12 +585,15 @@ def _replace(path: Path, data: bytes, mode: int) -> None:
 
 
 def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, priority: int,
-                      policy: int, floor: int) -> None:
+                      policy: int, floor: int, home: Path | None = None) -> None:
     """Make (or keep) a slice's .req on GPU uuid and write its .conf, atomically.
 
     A whole .req of this slice is kept (same inode: a running container has it
-    mounted); anything else at its name is replaced. The .conf is rewritten:
-    the broker sees new settings within its rescan period (20 ms).
+    mounted); anything else at its name is replaced. With `home` (the slice's own
+    directory, its size-bounded tmpfs: arbiter.slicefs) the .req is made there and is
+    at its name in root by a bind mount (a hard link where both are one filesystem);
+    a whole .req already in root with none in home (an older vgpud's) is kept as it is.
+    The .conf is rewritten: the broker sees new settings within its rescan period (20 ms).
     """
     root = Path(root)
     if not _usable_name(uuid):
@@ -596,6 +601,11 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
     req = req_path(root, uuid, key)
     busy: SchedError | None = None
     try:
+        own = home / req.name if home is not None else None
+        if own is not None and (own.exists() or not req.exists()):
+            req, at = own, req
+        else:
+            at = None
         try:
             whole = _whole_req(req, key)
         except SchedError as e:
@@ -606,6 +616,8 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
             raw.share, raw.priority, raw.policy, raw.floor = share, priority, policy, floor
             raw.magic = SCHED_REQ_MAGIC
             _replace(req, bytes(raw), REQ_FILE_MODE)
+        if at is not None:
+            _link_req(req, at)
         conf = root / _slice_name(uuid, key, "conf")
         text = conf_text(share, priority, policy, floor).encode()
         try:
@@ -618,6 +630,32 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
         raise SchedError(req, "write", e.strerror or str(e)) from e
     if busy is not None:
         raise busy
+
+
+def _link_req(own: Path, at: Path) -> None:
+    """Make `at` name the file `own`: kept when it does; else a hard link, or a bind mount
+    where they are on two filesystems (own on its slice's tmpfs)."""
+    try:
+        a, b = os.stat(own), os.stat(at)
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            return
+        detach(at)
+        os.unlink(at)
+    except FileNotFoundError:
+        pass
+    try:
+        os.link(own, at)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    fd = os.open(at, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, REQ_FILE_MODE)
+    os.close(fd)
+    try:
+        bind_file(own, at)
+    except OSError:
+        os.unlink(at)
+        raise
 
 
 def slice_file_keys(root: str | Path) -> set[int]:
@@ -647,4 +685,5 @@ def remove_slice_files(root: str | Path, keys: Iterable[int]) -> None:
         parts = name.rsplit(".", 2)
         if len(parts) == 3 and parts[1] in wanted and parts[2] in ("req", "conf"):
             with contextlib.suppress(FileNotFoundError):
+                detach(root / name)  # a .req bind-mounted from its slice's tmpfs
                 os.unlink(root / name)

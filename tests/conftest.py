@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT, SIMGPU_DIR
 from support.process import clean_env
+from support.vgpud_harness import unmount_under
 
 from arbiter.freezer import find_root
 
@@ -25,6 +26,14 @@ def built() -> None:
     """
     if os.environ.get("VGPU_TEST_NO_BUILD") != "1":
         subprocess.run(["make", "-s", "-C", str(ROOT), "all"], check=True)
+
+
+@pytest.fixture(autouse=True)
+def _unmount_slice_fs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Unmount the slices' own tmpfs (arbiter.slicefs) a test's vgpud or Regions left under
+    the test's directories: the mounts would outlive it (and its temporary directory)."""
+    yield
+    unmount_under(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <linux/mount.h>
 
 #include "vg_common.h"
 
@@ -22,6 +23,12 @@
 
 #ifndef SYS_openat2
 #define SYS_openat2 437         /* the same on every architecture */
+#endif
+#ifndef SYS_open_tree
+#define SYS_open_tree 428       /* the same on every architecture */
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
 #endif
 
 /* The rootfs directory fd and the path of the last failure (for the message). */
@@ -291,7 +298,8 @@ static int bind_one(struct root *r, const struct vg_mount *m, char *err, size_t 
     const char *rel = m->target;
     while (*rel == '/')
         rel++;
-    int src = open(m->source, O_PATH | O_CLOEXEC);
+    /* The detached copy taken in the host's namespace, else the path as seen here. */
+    int src = m->src_fd >= 0 ? dup(m->src_fd) : open(m->source, O_PATH | O_CLOEXEC);
     if (src < 0) {
         snprintf(err, errsz, "failed to open %s: %s", m->source, strerror(errno));
         return -1;
@@ -334,7 +342,9 @@ static int bind_one(struct root *r, const struct vg_mount *m, char *err, size_t 
     }
     fd_path(sp, sizeof(sp), src);
     fd_path(tp, sizeof(tp), tgt);
-    if (mount(sp, tp, NULL, MS_BIND, NULL) != 0) {
+    if (m->src_fd >= 0 ? syscall(SYS_move_mount, src, "", tgt, "",
+                                 MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH) != 0
+                       : mount(sp, tp, NULL, MS_BIND, NULL) != 0) {
         snprintf(err, errsz, "failed to bind-mount %s onto %s: %s", m->source, m->target,
                  strerror(errno));
         goto out;
@@ -460,7 +470,7 @@ int vg_plan_parse(const struct vg_msg *m, struct vg_plan *plan, char *err, size_
                 plan->mounts = more;
             }
             cur = &plan->mounts[plan->n_mounts++];
-            *cur = (struct vg_mount){.read_only = 1};
+            *cur = (struct vg_mount){.read_only = 1, .src_fd = -1};
             char opts[64];
             vg_strlcpy(opts, v, sizeof(opts));
             char *save = NULL;
@@ -497,8 +507,29 @@ int vg_plan_parse(const struct vg_msg *m, struct vg_plan *plan, char *err, size_
     return 0;
 }
 
+int vg_plan_open_sources(struct vg_plan *plan, char *err, size_t errsz)
+{
+    for (size_t i = 0; i < plan->n_mounts; i++) {
+        struct vg_mount *m = &plan->mounts[i];
+        long fd = syscall(SYS_open_tree, AT_FDCWD, m->source, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (fd < 0 && errno == ENOSYS)
+            return 0; /* an old kernel: bind_one opens the paths inside the namespace */
+        if (fd < 0 && errno == ENOENT)
+            continue; /* made by vg_plan_apply (the generated ld.so.preload): by path */
+        if (fd < 0) {
+            snprintf(err, errsz, "failed to open %s: %s", m->source, strerror(errno));
+            return -1;
+        }
+        m->src_fd = (int)fd;
+    }
+    return 0;
+}
+
 void vg_plan_free(struct vg_plan *plan)
 {
+    for (size_t i = 0; i < plan->n_mounts; i++)
+        if (plan->mounts[i].src_fd >= 0)
+            close(plan->mounts[i].src_fd);
     free(plan->mounts);
     plan->mounts = NULL;
     plan->n_mounts = 0;

@@ -21,6 +21,7 @@ struct vg_mount {
     int read_only;
     int device;              /* a device node: keep it usable (no nodev) */
     int executable;          /* a library the loader maps (no noexec) */
+    int src_fd;              /* a detached copy of the source's mount (open_tree), or -1 */
 };
 
 struct vg_plan {
@@ -34,6 +35,13 @@ struct vg_plan {
 /* The plan in vgpud's `status=mount` answer (pointers into `m`); -1 with `err` set. */
 int vg_plan_parse(const struct vg_msg *m, struct vg_plan *plan, char *err, size_t errsz);
 void vg_plan_free(struct vg_plan *plan);
+
+/* Take every source as a detached copy of its mount (open_tree), here, in the host's
+ * mount namespace: a mount vgpud made after the container's namespace was copied from
+ * the host's (a slice's own size-bounded tmpfs) is then mounted in the container too,
+ * whatever the engine's rootfs propagation. On a kernel without open_tree (before 5.2)
+ * the sources are opened by path inside the container's namespace, as before. */
+int vg_plan_open_sources(struct vg_plan *plan, char *err, size_t errsz);
 
 /* Enter the mount namespace of `pid` (this process must be single-threaded). */
 int vg_enter_mount_ns(pid_t pid, char *err, size_t errsz);

@@ -66,6 +66,7 @@ static int mount_plan(const struct vg_msg *reply, int pid, char *err, size_t err
     /* Our own namespace, to go back to: the release must reach vgpud's socket. */
     int home = open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC);
     int ok = vg_plan_parse(reply, &plan, err, errsz) == 0 &&
+             vg_plan_open_sources(&plan, err, errsz) == 0 &&
              vg_enter_mount_ns(pid, err, errsz) == 0 && vg_plan_apply(&plan, err, errsz) == 0;
     vg_plan_free(&plan);
     if (!ok && home >= 0)

@@ -18,6 +18,9 @@ import pytest
 from support.paths import LIBVGPU, ROOT, TEST_BIN
 from support.vgpud_harness import Vgpud, pb
 
+from arbiter.sched import slice_key_of
+from arbiter.slicefs import detach
+
 MiB = 1 << 20
 GiB = 1 << 30
 PROBE = str(TEST_BIN / "vgpu_probe")
@@ -72,7 +75,8 @@ def test_every_call_works(vgpud):
     assert s.vgpus[0].device_nodes == ["/dev/null"]
     assert s.region_dir == str(v.run_dir / "slices" / s.id)
     assert dict(s.labels) == {"app": "x"}
-    assert sorted(p.name for p in Path(s.region_dir).iterdir()) == ["vgpu0", "vgpu0.usage"]
+    assert sorted(p.name for p in Path(s.region_dir).iterdir()) == [  # its own tmpfs
+        f"{s.vgpus[0].gpu_uuid}.{slice_key_of(s.id, 0):016x}.req", "vgpu0", "vgpu0.usage"]
     # The limits are vgpud's (read-only in a container); the usage any container uid writes.
     assert stat.S_IMODE(Path(s.vgpus[0].region_path).stat().st_mode) == 0o644
     assert stat.S_IMODE((Path(s.region_dir) / "vgpu0.usage").stat().st_mode) == 0o666
@@ -184,7 +188,8 @@ def test_multi_gpu_slices_and_pins(vgpud):
     two = alloc(vgpud, "two", 4 * GiB, count=2).slice
     assert sorted(g.gpu_index for g in two.vgpus) == [0, 1]
     assert [g.index for g in two.vgpus] == [0, 1]
-    assert sorted(p.name for p in Path(two.region_dir).iterdir()) == [
+    assert sorted(p.name for p in Path(two.region_dir).iterdir()
+                  if not p.name.endswith(".req")) == [
         "vgpu0", "vgpu0.usage", "vgpu1", "vgpu1.usage"]
     by_uuid = alloc(vgpud, "uuid", GiB, devices=[gpus[1].uuid]).slice
     assert [g.gpu_index for g in by_uuid.vgpus] == [1]
@@ -262,6 +267,7 @@ def test_restart_reloads_state_and_repairs_regions(vgpud):
     import shutil
 
     from arbiter.region import open_region
+    detach(Path(a.region_dir))  # its own tmpfs: `rm -rf` could only empty it
     shutil.rmtree(a.region_dir)
     (vgpud.run_dir / "slices" / "0123456789ab").mkdir()
     (vgpud.run_dir / "slices" / ".feedfacecafe.tmp").mkdir()
@@ -272,7 +278,8 @@ def test_restart_reloads_state_and_repairs_regions(vgpud):
     assert set(slices) == {a.id, b.id}
     assert slices[a.id].vgpus == a.vgpus
     assert sorted(p.name for p in (vgpud.run_dir / "slices").iterdir()) == sorted([a.id, b.id])
-    assert sorted(p.name for p in Path(a.region_dir).iterdir()) == [
+    assert sorted(p.name for p in Path(a.region_dir).iterdir()
+                  if not p.name.endswith(".req")) == [
         "vgpu0", "vgpu0.usage", "vgpu1", "vgpu1.usage"]
     with open_region(Path(b.region_dir) / "vgpu0") as r:
         assert r.memory_limit == GiB
@@ -496,7 +503,7 @@ def _broker_entry(path: Path, key: int, timeout: float = 5.0):
 
 def test_sched_files_survive_restarts_and_the_broker_serves_them(daemons):
     from arbiter.region import open_region
-    from arbiter.sched import BROKER_LOCK_NAME, conf_text, slice_key_of
+    from arbiter.sched import BROKER_LOCK_NAME, conf_text
 
     v = daemons(devices="16Gi,16Gi", config={"reconcile": {"interval_s": 0.2}}).start()
     sched_dir = v.run_dir / "sched"
@@ -541,6 +548,7 @@ def test_sched_files_survive_restarts_and_the_broker_serves_them(daemons):
 
     # Deleted files are made again by the next reconciliation pass; released slices' go.
     (sched_dir / uuids[0]).unlink()
+    detach(req)  # bind-mounted from the slice's own tmpfs (arbiter.slicefs)
     req.unlink()
     v.wait_for(lambda: (sched_dir / uuids[0]).is_file() and req.is_file(),
                what="the deleted scheduling files made again")
@@ -587,7 +595,6 @@ def test_update_changes_compute_in_place_within_100ms(vgpud):
         assert r.memory_limit == GiB
     assert path.stat().st_ino == inode
     # The broker, which enforces it, has the last one within 100 ms too (20 ms rescans).
-    from arbiter.sched import slice_key_of
     sched = vgpud.run_dir / "sched" / s.vgpus[0].gpu_uuid
     _, entry = _broker_entry(sched, slice_key_of(s.id, 0))
     returned = time.monotonic()

@@ -10,6 +10,8 @@ from arbiter.errors import RegionError
 from arbiter.model import Grant, Policy, Priority, Slice
 from arbiter.region import open_region
 from arbiter.regions import Regions
+from arbiter.sched import slice_key_of
+from arbiter.slicefs import detach
 
 MiB = 1 << 20
 
@@ -36,7 +38,13 @@ def test_create_writes_one_region_per_grant(regions):
     s = make_slice()
     d = regions.create(s)
     assert d == regions.root / s.id
-    assert sorted(p.name for p in d.iterdir()) == ["vgpu0", "vgpu0.usage", "vgpu1", "vgpu1.usage"]
+    assert sorted(p.name for p in d.iterdir() if not p.name.endswith(".req")) == [
+        "vgpu0", "vgpu0.usage", "vgpu1", "vgpu1.usage"]
+    # Each vGPU's .req is in the slice's directory and at its name beside the GPU file.
+    for i, g in enumerate(s.grants):
+        own = d / f"{g.gpu_uuid}.{slice_key_of(s.id, i):016x}.req"
+        at = regions.sched_root / own.name
+        assert (own.stat().st_dev, own.stat().st_ino) == (at.stat().st_dev, at.stat().st_ino)
     assert [p.name for p in regions.root.iterdir()] == [s.id]  # no temporary left
     assert stat.S_IMODE(d.stat().st_mode) == 0o700  # no other host user reaches the files
     for i, g in enumerate(s.grants):
@@ -123,7 +131,8 @@ def test_reconcile_dirs_makes_the_tree_match_the_store(regions):
     assert sorted(p.name for p in regions.root.iterdir()) == sorted(
         s.id for s in (kept, lost, stale, truncated))
     for s in (kept, lost, stale, truncated):
-        assert sorted(p.name for p in regions.slice_dir(s.id).iterdir()) == [
+        assert sorted(p.name for p in regions.slice_dir(s.id).iterdir()
+                      if not p.name.endswith(".req")) == [
             "vgpu0", "vgpu0.usage", "vgpu1", "vgpu1.usage"]
         for i, g in enumerate(s.grants):
             with open_region(regions.region_path(s.id, i)) as r:
@@ -200,6 +209,8 @@ def test_a_deleted_slices_dir_is_made_again_on_demand(regions):
     a = make_slice("a" * 12, n=1)
     regions.create(a)
     import shutil
+    for d in regions.root.iterdir():  # a slice's own tmpfs: `rm -rf` empties, unmount removes
+        detach(d)
     shutil.rmtree(regions.root)
     b = make_slice("b" * 12, n=1)
     regions.create(b)  # not "No such file or directory" until vgpud restarts

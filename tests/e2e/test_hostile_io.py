@@ -1,6 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """A hostile tenant against vgpud's own I/O on the files it can reach, on real runc.
 
+The files it may write (its usage file, its .req) are on its slice's own tmpfs, sized to
+them: what it writes past their end costs the host no more than that.
+
 A container's root owns the files vgpu mounts into it, so it may take a file lease on
 them, even read-only: an open that would break the lease then waits for the kernel's
 lease-break-time (45 s). vgpud opens them without waiting (O_NONBLOCK) and holds them open
@@ -10,6 +13,7 @@ while in use, so a lease cannot be taken then at all; one taken while vgpud was 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -23,7 +27,9 @@ from support.prereq import require
 from support.vgpud_harness import pb
 
 from arbiter.errors import RegionError
-from arbiter.region import open_region, usage_path_of
+from arbiter.region import REGION_SIZE, USAGE_SIZE, open_region, usage_path_of
+from arbiter.sched import REQ_SIZE
+from arbiter.slicefs import slice_fs_bytes
 
 LEASER = TEST_BIN / "leaser"
 require(LEASER.exists(), "make builds build/tests/leaser")
@@ -132,5 +138,49 @@ def test_a_tenants_file_leases_never_stall_vgpud(host):
     probe = [json.loads(x) for x in (host.sim / "probe.out").read_text().splitlines()
              if x.startswith("{")]
     # 384 MiB fits only under the updated 512 MiB limit, in the container's own file.
+    assert [r["result"] for r in probe if r.get("op") == "alloc"] == ["CUDA_SUCCESS"], probe
+    assert host.healthy()
+
+
+def _used(path: Path) -> int:
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def test_a_gib_written_past_its_files_costs_the_host_at_most_the_slices_bound(host):
+    """The container's root writes 1 GiB past the end of each file it may write (its usage
+    file and its .req). Each slice's directory is a tmpfs of its own sized to its files
+    (arbiter.slicefs): the writes stop there (ENOSPC), the run dir's filesystem does not
+    grow, and vgpud and the slice go on: scrapes, `vgpu ls`, an Update, an allocation."""
+    script = (
+        "for f in /dev/vgpu0.usage /run/vgpu/sched/*.req; do "
+        "dd if=/dev/zero of=$f bs=1M count=1024 seek=1 conv=notrunc 2>> /sim/dd.err; "
+        "echo dd-exit $?; done; touch /sim/written; "
+        "while [ ! -e /sim/go ]; do sleep 0.05; done; "
+        f"vgpu_probe alloc:mem:{200 * MiB} > /sim/probe.out 2> /sim/probe.err; echo done")
+    run_fs = host.vgpud.run_dir / "slices"
+    before = _used(run_fs)
+    p, _ = host.start(script, {"vgpu.io/memory": "256Mi"})
+    host.vgpud.wait_for(lambda: (host.sim / "written").exists() or p.poll() is not None,
+                        timeout=120, what="the writes")
+    assert p.poll() is None, p.communicate()
+    [s] = host.slices()
+    slice_dir = Path(s.region_dir)
+    bound = slice_fs_bytes(1, (REGION_SIZE, USAGE_SIZE, REQ_SIZE))
+    usage = usage_path_of(Path(s.vgpus[0].region_path))
+    [req] = [f for f in slice_dir.iterdir() if f.name.endswith(".req")]
+    for f in (usage, req):
+        assert f.stat().st_blocks * 512 <= bound, (f, f.stat().st_blocks * 512, bound)
+    assert _used(slice_dir) <= bound
+    assert _used(run_fs) - before < 64 * MiB  # not the 2 GiB written (others' noise aside)
+    assert "No space left on device" in (host.sim / "dd.err").read_text()
+    times: dict[str, float] = {}
+    _answers(host, s.id, 300 * MiB, times)
+    assert max(times.values()) < BOUND_S, times
+    (host.sim / "go").touch()
+    out, err = p.communicate(timeout=60)
+    assert "done" in out, (out, err)
+    probe = [json.loads(x) for x in (host.sim / "probe.out").read_text().splitlines()
+             if x.startswith("{")]
     assert [r["result"] for r in probe if r.get("op") == "alloc"] == ["CUDA_SUCCESS"], probe
     assert host.healthy()

@@ -134,6 +134,7 @@ class Vgpud:
             self.proc.wait()
         self._close_channel()
         self.stop_broker()
+        unmount_under(self.run_dir)  # the slices' own tmpfs outlive a killed vgpud
 
     def stop_broker(self) -> None:
         """SIGTERM the vgpu-broker vgpud left serving (it outlives vgpud by design)."""
@@ -147,11 +148,20 @@ class Vgpud:
                 os.kill(pid, signal.SIGTERM)
 
 
+def unmount_under(root: Path) -> None:
+    """Lazily unmount every mount at or below root (slices' tmpfs, their .req binds)."""
+    base = str(root).rstrip("/") + "/"
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        points = [line.split()[4] for line in f]
+    for point in sorted((p for p in points if p.startswith(base)), reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
 def env_without(env: dict[str, str], *names: str) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in names}
 
 
-__all__ = ["Vgpud", "env_without", "pb"]
+__all__ = ["Vgpud", "env_without", "pb", "unmount_under"]
 
 
 def simgpu_vgpud(tmp: Path, config: dict[str, Any], devices: str = "16Gi") -> tuple[Path, Vgpud]:
