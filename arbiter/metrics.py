@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
@@ -30,6 +31,12 @@ log = logging.getLogger(__name__)
 #: first, at most the last (a port freed later is served within RETRY_MAX_S).
 RETRY_FIRST_S = 1.0
 RETRY_MAX_S = 10.0
+
+#: A scrape reuses the per-GPU and per-slice snapshot taken this recently, and scrapes that
+#: arrive while one is being taken wait for it and share it: however often and however many
+#: at once the endpoint is scraped, vgpud reads its slices' files and NVML at most once per
+#: this long. (NVML's utilisation is a one-second average anyway.)
+SNAPSHOT_REUSE_S = 1.0
 
 #: Allocation latency buckets (seconds): the target is p99 < 20 ms with durable writes.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -78,24 +85,40 @@ def parse_address(address: str) -> tuple[str, int]:
 class _SnapshotCollector(Collector):
     """Turns the daemon's Snapshot into gauges at every scrape."""
 
-    def __init__(self) -> None:
+    def __init__(self, reuse_s: float = SNAPSHOT_REUSE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.source: Callable[[], Snapshot] | None = None
+        self.reuse_s = reuse_s
+        self.clock = clock
+        self._taking = threading.Lock()  # one snapshot at a time; the others wait and share it
+        self._last: tuple[float, Snapshot] | None = None
 
     def describe(self) -> list[Metric]:
         # Unchecked registration: the metric names depend on nothing but this module.
         return []
 
     def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot()
+        if snap is not None:
+            yield from _families(snap)
+
+    def snapshot(self) -> Snapshot | None:
+        """The snapshot for this scrape: one taken within reuse_s, else a new one."""
         source = self.source
         if source is None:
-            return
-        try:
-            snap = source()
-        except Exception:
-            # A failing source must not break the whole scrape (counters still matter).
-            log.exception("metrics: failed to take a snapshot")
-            return
-        yield from _families(snap)
+            return None
+        with self._taking:
+            last = self._last
+            if last is not None and self.clock() - last[0] < self.reuse_s:
+                return last[1]
+            try:
+                snap = source()
+            except Exception:
+                # A failing source must not break the whole scrape (counters still matter).
+                log.exception("metrics: failed to take a snapshot")
+                return None
+            self._last = (self.clock(), snap)
+            return snap
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
@@ -185,7 +208,9 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
 class Metrics:
     """vgpud's metrics on their own registry (a fresh one per instance unless given)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 snapshot_reuse_s: float = SNAPSHOT_REUSE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._allocations = Counter(
             "vgpu_allocations_total", "Allocate calls by outcome (ok, exists, no_capacity, ...).",
@@ -211,7 +236,7 @@ class Metrics:
             "vgpu_usage_file_errors_total",
             "Times a slice's usage file (written by its tenant) read malformed or missing.",
             registry=self.registry)
-        self._collector = _SnapshotCollector()
+        self._collector = _SnapshotCollector(snapshot_reuse_s, clock)
         self.registry.register(self._collector)
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
@@ -246,8 +271,10 @@ class Metrics:
         self._bad_usage.inc()
 
     def set_source(self, fn: Callable[[], Snapshot] | None) -> None:
-        """Use fn() at each scrape for the per-GPU and per-slice gauges (None: export none)."""
+        """Use fn() for the per-GPU and per-slice gauges (None: export none), at most once per
+        SNAPSHOT_REUSE_S however often the endpoint is scraped."""
         self._collector.source = fn
+        self._collector._last = None
 
     def serve(self, address: str) -> WSGIServer:
         """Serve /metrics over HTTP at 'HOST:PORT' (port 0: any free port) on a daemon thread.

@@ -2,6 +2,9 @@
 """arbiter.metrics: counters, the per-scrape GPU/slice gauges, and the real HTTP endpoint."""
 from __future__ import annotations
 
+import itertools
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -9,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from arbiter.metrics import Metrics, Snapshot, parse_address
+from arbiter.metrics import SNAPSHOT_REUSE_S, Metrics, Snapshot, parse_address
 from arbiter.model import Gpu, Grant, Policy, Priority, Slice
 
 GI, MI = 1 << 30, 1 << 20
@@ -165,11 +168,17 @@ def test_gpu_seconds_and_handoffs_from_the_sched_regions(metrics: Metrics) -> No
     assert not any(k[0] == "vgpu_slice_gpu_seconds_total" for k in s)
 
 
-def test_released_slice_disappears(metrics: Metrics) -> None:
+def test_released_slice_disappears() -> None:
+    """... at the first scrape after SNAPSHOT_REUSE_S (until then the last snapshot is reused)."""
+    now = [100.0]
+    metrics = Metrics(CollectorRegistry(), clock=lambda: now[0])
     current = [SLICES]
     metrics.set_source(lambda: Snapshot(gpus=GPUS, slices=current[0]))
     assert any(k[0] == "vgpu_slice_info" for k in scrape(metrics))
     current[0] = []
+    now[0] += SNAPSHOT_REUSE_S * 0.9
+    assert any(k[0] == "vgpu_slice_info" for k in scrape(metrics))
+    now[0] += SNAPSHOT_REUSE_S * 0.2
     s = scrape(metrics)
     assert not any(k[0].startswith("vgpu_slice_") for k in s)
     assert value(s, "vgpu_gpu_slices", gpu="0", uuid="GPU-aaaa") == 0
@@ -219,3 +228,39 @@ def test_parse_address(address: str, expected: tuple[str, int]) -> None:
 def test_parse_address_rejects(address: str) -> None:
     with pytest.raises(ValueError, match="invalid metrics address"):
         parse_address(address)
+
+
+def test_scrapes_however_many_take_at_most_one_snapshot_a_second(metrics: Metrics) -> None:
+    """Issue 22, item 9: a scrape reads every slice's files and NVML; 8 clients scraping as
+    fast as they can over real HTTP for 2.5 s cause at most one snapshot per second (each
+    took one before: hundreds here), and every scrape is answered."""
+    taken: list[float] = []
+
+    def source() -> Snapshot:
+        taken.append(time.monotonic())
+        time.sleep(0.02)  # what reading the files and NVML costs, roughly
+        return Snapshot(gpus=GPUS, slices=SLICES)
+
+    metrics.set_source(source)
+    metrics.serve("127.0.0.1:0")
+    url = f"http://127.0.0.1:{metrics.port}/metrics"
+    answered: list[int] = []
+    began = time.monotonic()
+    end = began + 2.5
+
+    def client() -> None:
+        while time.monotonic() < end:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                assert b"vgpu_slice_info" in r.read()
+            answered.append(1)
+
+    threads = [threading.Thread(target=client) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answered) > 20, len(answered)
+    span = time.monotonic() - began  # the last scrapes may end a little after `end`
+    assert len(taken) <= span / SNAPSHOT_REUSE_S + 1, (len(taken), span, len(answered))
+    gaps = [b - a for a, b in itertools.pairwise(taken)]
+    assert all(g >= SNAPSHOT_REUSE_S * 0.99 for g in gaps), gaps

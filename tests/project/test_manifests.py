@@ -262,6 +262,17 @@ def test_vgpud_runs_with_the_default_paths_and_the_shipped_config(tmp_path):
     assert monitor["spec"]["selector"]["matchLabels"].items() <= \
         service["metadata"]["labels"].items()
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    # Only the monitoring namespace reaches vgpud's pods, on the metrics port alone (issue 22,
+    # item 9: the endpoint listens on the pod network).
+    policy = find("NetworkPolicy", "vgpu-metrics")["spec"]
+    assert policy["podSelector"]["matchLabels"] == ds["spec"]["template"]["metadata"]["labels"]
+    assert policy["policyTypes"] == ["Ingress"]
+    [rule] = policy["ingress"]
+    assert [(p["port"], p["protocol"]) for p in rule["ports"]] == [(port, "TCP")]
+    [source] = rule["from"]
+    assert source == {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}
+    assert "hostNetwork" not in ds["spec"]["template"]["spec"]  # a policy would not apply
 
 
 def test_an_update_starts_the_new_pod_first_and_its_vgpud_waits_for_the_old_one():
