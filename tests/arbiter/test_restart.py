@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from support.paths import LIBVGPU, NATIVE_BIN, TEST_BIN
-from support.process import clean_env
+from support.process import clean_env, pids_running
 from support.socket_activation import activated_vgpud, listening_socket
 from support.vgpud_harness import Takeover, Vgpud, pb
 
@@ -131,16 +131,7 @@ def _environ_of(pid: int) -> list[str]:
 
 
 def _broker_pids(sched: Path) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv[0].endswith(b"vgpu-broker") and str(sched).encode() in argv:
-                out.append(int(d.name))
-    return out
+    return pids_running("vgpu-broker", str(sched))
 
 
 def test_inherited_sockets_served_kept_across_restarts_and_never_unlinked(act):

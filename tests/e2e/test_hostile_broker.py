@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 from support.hostile import SCRIBBLE, Host
+from support.process import pids_running
 
 from arbiter.sched import open_sched
 
@@ -111,15 +112,9 @@ def cpu_s(pid: int) -> float:
 
 
 def pid_of(marker: str) -> int:
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0].endswith(b"gpu_load") and marker.encode() in argv:
-                return int(d.name)
-    raise AssertionError(f"no gpu_load with {marker}")
+    pids = pids_running("gpu_load", marker)
+    assert pids, f"no gpu_load with {marker}"
+    return pids[0]
 
 
 def test_waking_the_grant_word_and_the_doorbell_makes_nobody_spin(host):

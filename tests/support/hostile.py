@@ -12,7 +12,7 @@ import grpc
 
 from support.images import make_bundle
 from support.paths import NATIVE_BIN, TEST_BIN
-from support.process import clean_env
+from support.process import clean_env, pids_running
 from support.vgpud_harness import pb, simgpu_vgpud
 
 SCRIBBLE = TEST_BIN / "scribble"
@@ -74,18 +74,7 @@ class Host:
 
     def broker_pids(self) -> list[int]:
         """vgpu-broker processes serving this vgpud's scheduling directory."""
-        want = str(self.sched_dir)
-        pids = []
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                argv = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if argv and argv[0].endswith(b"vgpu-broker") and want.encode() in argv:
-                pids.append(int(d.name))
-        return pids
+        return pids_running("vgpu-broker", str(self.sched_dir))
 
     def close(self) -> None:
         for d in self.tmp.iterdir():

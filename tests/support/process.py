@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 # Variables that would change what libvgpu or simgpu do; a test starts clean.
 _CONFIG_PREFIXES = ("VGPU_", "SIMGPU_")
@@ -23,3 +24,19 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 60, check: bool = 
         raise AssertionError(
             f"{cmd} exited {p.returncode}\nstdout:\n{p.stdout}\nstderr:\n{p.stderr}")
     return p
+
+
+def pids_running(program: str, arg: str) -> list[int]:
+    """Processes whose argv[0] ends with `program` and that have `arg` among their arguments
+    (read from /proc: a test's own vgpu-broker, gpu_load, ...)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(program.encode()) and arg.encode() in argv:
+            out.append(int(d.name))
+    return out
