@@ -102,6 +102,7 @@ def test_a_tenants_file_leases_never_stall_vgpud(host):
 
     times: dict[str, float] = {}
     _answers(host, s.id, 300 * MiB, times)
+    print("seconds:", {k: round(v, 3) for k, v in times.items()})
     assert max(times.values()) < BOUND_S, times
     # vgpud holds every file open: not one lease was granted.
     assert set(_leases(host_state).values()) == {"none"}, host_state.read_text()
@@ -115,6 +116,7 @@ def test_a_tenants_file_leases_never_stall_vgpud(host):
     times = {}
     _timed("restart", lambda: host.vgpud.start(timeout=BOUND_S), times)
     _answers(host, s.id, 512 * MiB, times)
+    print("seconds:", {k: round(v, 3) for k, v in times.items()})
     assert max(times.values()) < BOUND_S, times
     # Said, not waited on: an event naming the slice; the file was kept (same inode).
     assert [e for e in host.vgpud.events("file.leased") if e["slice"] == s.id]
@@ -176,6 +178,7 @@ def test_a_gib_written_past_its_files_costs_the_host_at_most_the_slices_bound(ho
     assert "No space left on device" in (host.sim / "dd.err").read_text()
     times: dict[str, float] = {}
     _answers(host, s.id, 300 * MiB, times)
+    print("seconds:", {k: round(v, 3) for k, v in times.items()})
     assert max(times.values()) < BOUND_S, times
     (host.sim / "go").touch()
     out, err = p.communicate(timeout=60)
