@@ -172,6 +172,12 @@ class Arbiter:
                        regions_made=list(report.created), regions_fixed=list(report.fixed),
                        regions_removed=list(report.removed))
 
+    def retry_pending(self) -> None:
+        """Write and hold the slice files a tenant's lease kept from vgpud, if it has ended
+        (under the lock: an Update meanwhile must not be overwritten with older limits)."""
+        with self._lock:
+            self.regions.retry_pending(list(self._slices.values()))
+
     def use_liveness(self, liveness: Liveness) -> None:
         """Judge holders by `liveness` (the reconciler's: it knows the runtime state roots)."""
         self.liveness = liveness

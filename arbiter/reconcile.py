@@ -126,7 +126,7 @@ class Reconciler:
             # A deleted scheduling file is made again (a kept one keeps its inode).
             self.arbiter.regions.repair_sched(self.arbiter.slices())
             # Files a tenant's lease kept from vgpud: written and held now if it has ended.
-            self.arbiter.regions.retry_pending(self.arbiter.slices())
+            self.arbiter.retry_pending()
             self._check_drift(report)
             return report
 
