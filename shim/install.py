@@ -18,9 +18,10 @@ once without rewriting its config. A program path given explicitly (--runtime-pa
 --hook-path, --shim-path) is registered as it is:
 
 - docker: daemon.json `runtimes.vgpu.path` = vgpu-runtime (`docker run --runtime=vgpu`).
-- containerd: the drop-in `<config dir>/conf.d/vgpu.toml`: the CRI section the host's
-  config gives containerd (containerd 1.x replaces a plugin's whole section from an
-  import: shim.containerd_cri) with the runtime handler `vgpu` added (`runtime_path` =
+- containerd: the drop-in `<config dir>/conf.d/vgpu.toml`: on a version 2 config the CRI
+  section the host's config gives containerd (containerd 1.x replaces a plugin's whole
+  section from an import: shim.containerd_cri), on version 3 (containerd 2.x, which merges
+  imports key by key) nothing of it, with the runtime handler `vgpu` added (`runtime_path` =
   containerd-shim-vgpu-v2: containerd >= 1.6 runs that binary for the handler whatever
   its PATH; `pod_annotations` and `container_annotations` = `vgpu.io/*`,
   `cdi.k8s.io/*`) and, with --set-as-default, `default_runtime_name = "vgpu"`; the
@@ -29,6 +30,8 @@ once without rewriting its config. A program path given explicitly (--runtime-pa
   (which resolves the shim by name on containerd's PATH) finds it.
 - podman: an OCI hooks.d file (Podman, CRI-O) that runs vgpu-hook at every stage the
   shipped file lists (prestart and poststop).
+
+`vgpu uninstall` (shim.uninstall) takes back what this writes.
 """
 from __future__ import annotations
 
@@ -52,7 +55,16 @@ from arbiter import installs
 from arbiter.errors import ShippedFileNotFoundError, VgpuError
 from arbiter.native import program_path
 from arbiter.shipped import shipped_file
-from shim.containerd_cri import CRI_PLUGIN, RUNTIME_NAME, cri_section, import_paths, with_vgpu
+from shim.containerd_cri import (
+    CRI_PLUGIN,
+    RUNTIME_NAME,
+    cri_plugin,
+    cri_section,
+    import_paths,
+    merged_cri_section,
+    vgpu_only,
+    with_vgpu,
+)
 from shim.errors import InstallError
 
 __all__ = [
@@ -306,6 +318,11 @@ def plan_docker(path: Path, runtime_path: str) -> list[Change]:
 
 # ---- containerd ---------------------------------------------------------------------
 
+#: The config versions vgpu writes a drop-in for: 2 (containerd 1.x, and 2.x migrating it),
+#: 3 (2.x) and 4 (containerd after 2.2: server settings moved, the CRI plugins as in 3).
+CONFIG_VERSIONS = (2, 3, 4)
+
+
 def dropin_path(config: Path) -> Path:
     """Where the vgpu drop-in goes: conf.d/ next to the main config."""
     return config.parent / "conf.d" / "vgpu.toml"
@@ -321,15 +338,23 @@ def _shipped_runtime(shim_path: str) -> dict[str, Any]:
     return {**runtime, "runtime_path": shim_path}
 
 
-def dropin_text(config: Path, section: dict[str, Any]) -> str:
-    """The drop-in: the shipped snippet's comments, then the CRI section it must hold."""
+def dropin_text(config: Path, section: dict[str, Any], version: int = 2) -> str:
+    """The drop-in: the shipped snippet's comments, then the CRI section it must hold
+    (config `version` 2: the whole section; 3 on: what vgpu adds to it)."""
     _, text = _snippet("containerd")
     comments = "".join(line for line in text.splitlines(keepends=True)
                        if line.startswith("#"))
-    note = (f"#\n# Written by `vgpu install containerd` from {config}: containerd 1.x takes an\n"
-            "# imported plugin section whole, so this is that config's CRI section with the\n"
-            "# vgpu runtime added. Run `vgpu install containerd` again after editing it.\n")
-    return comments + note + tomli_w.dumps({"version": 2, "plugins": {CRI_PLUGIN: section}})
+    if version < 3:
+        note = (f"#\n# Written by `vgpu install containerd` from {config}: containerd 1.x takes "
+                "an\n# imported plugin section whole, so this is that config's CRI section with "
+                "the\n# vgpu runtime added. Run `vgpu install containerd` again after editing "
+                "it.\n")
+    else:
+        note = (f"#\n# Written by `vgpu install containerd` for {config} (version {version}, "
+                "containerd 2.x):\n# containerd merges an imported file key by key, so this "
+                "holds vgpu's runtime alone.\n")
+    doc = {"version": version, "plugins": {cri_plugin(version): section}}
+    return comments + note + tomli_w.dumps(doc)
 
 
 def _cri_runtimes(doc: dict[str, Any]) -> dict[str, Any]:
@@ -401,16 +426,25 @@ def plan_containerd(path: Path, shim_path: str, bin_dir: Path, *, set_default: b
     dropin = dropin_path(path)
     old = _read(path)
     doc = _toml(path, old) if old is not None and old.strip() else {}
-    if doc and doc.get("version", 1) != 2:
-        raise InstallError(path, f"config version {doc.get('version', 1)} is not supported "
-                                 "(vgpu writes a version 2 drop-in; run `containerd config "
-                                 "migrate` first)")
+    version = doc.get("version", 1) if doc else 2
+    if version not in CONFIG_VERSIONS:
+        hint = ("run `containerd config migrate` (containerd 1.x) first"
+                if version == 1 else "vgpu knows versions 2 (containerd 1.x and 2.x) and 3 "
+                "and 4 (2.x)")
+        raise InstallError(path, f"config version {version} is not supported ({hint})")
     imports = doc.get("imports", [])
     if not isinstance(imports, list):
         raise InstallError(path, "imports is not a list")
-    section = with_vgpu(cri_section(doc, _imported(path, imports, dropin)),
-                        _shipped_runtime(shim_path), set_default=set_default, warn=out)
-    steps: list[Step] = [Change(dropin, _read(dropin), dropin_text(path, section)),
+    imported = _imported(path, imports, dropin)
+    runtime = _shipped_runtime(shim_path)
+    if version < 3:
+        section = with_vgpu(cri_section(doc, imported), runtime, set_default=set_default,
+                            warn=out)
+    else:
+        section = vgpu_only(with_vgpu(merged_cri_section(doc, imported), runtime,
+                                      set_default=set_default, warn=out),
+                            set_default=set_default)
+    steps: list[Step] = [Change(dropin, _read(dropin), dropin_text(path, section, version)),
                          _link(bin_dir / SHIM, shim_path)]
     if old is None or not old.strip():
         new = f"version = 2\nimports = [{json.dumps(str(dropin))}]\n"

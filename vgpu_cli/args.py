@@ -143,6 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("install", "register vgpu with docker, containerd or podman (edits their config)")
     install.add_arguments(p)
 
+    from shim import uninstall
+
+    p = add("uninstall", "take vgpu out of docker, containerd or podman (what install wrote)")
+    uninstall.add_arguments(p)
+
     from vgpu_cli import upgrade
 
     p = add("upgrade", "switch this host to this package's version: install it beside the "

@@ -40,6 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from shim import install
 
             return install.run(args, out)
+        if args.command == "uninstall":
+            from shim import uninstall
+
+            return uninstall.run(args, out)
         if args.command == "upgrade":
             from vgpu_cli.upgrade import cmd_upgrade
 
