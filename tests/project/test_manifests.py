@@ -18,6 +18,7 @@ the plugin publishes and the requests it sends.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -305,7 +306,7 @@ def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler
     assert mounted(init, ds)["/etc/containerd"] == "/etc/containerd"
     line = next(ln for ln in script.replace("\\\n", " ").splitlines()
                 if "install containerd" in ln)
-    argv = line.split("|")[0].split()
+    argv = line.split(">")[0].split()
     assert argv[0] == '"$v/bin/vgpu"' and "vgpu" in SCRIPTS
     assert f"v=/opt/vgpu/{VERSION}\n" in script
     from vgpu_cli.args import build_parser
@@ -315,15 +316,109 @@ def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler
     assert mounted(init, ds)[str(defaults.DEFAULT_CONFIG_PATH.parent)] == "/etc/vgpu"
     assert f"/config/config.yaml {defaults.DEFAULT_CONFIG_PATH}" in script
     # containerd is restarted only when the install changed something: the phrase the
-    # script looks for is what a second `vgpu install containerd` says.
-    (unchanged,) = re.findall(r'grep -q "([^"]+)" /tmp/install.out', script)
-    argv = [sys.executable, "-m", "vgpu_cli", "install", "containerd", "--config-file",
-            str(tmp_path / "config.toml"), "--bin-dir", str(tmp_path / "bin"),
-            "--shim-path", "/opt/vgpu/x/containerd-shim-vgpu-v2"]
-    outs = [subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60)
-            for _ in range(2)]
+    # script looks for is what the first `vgpu install containerd` says, not the second.
+    (changed, _) = re.findall(r'grep -q "([^"]+)" /tmp/install.out', script)
+    outs = [install_out(tmp_path, "containerd") for _ in range(2)]
     assert [p.returncode for p in outs] == [0, 0]
-    assert unchanged not in outs[0].stdout and unchanged in outs[1].stdout
+    assert changed in outs[0].stdout and changed not in outs[1].stdout
+
+
+def install_out(tmp_path: Path, engine: str) -> subprocess.CompletedProcess[str]:
+    """The real `vgpu install` of `engine` (the script's name) on files under tmp_path."""
+    if engine == "crio":
+        argv = ["podman", "--config-file", str(tmp_path / "hooks.d" / "vgpu.json"),
+                "--hook-path", "/opt/vgpu/x/vgpu-hook"]
+    else:
+        argv = ["containerd", "--config-file", str(tmp_path / "config.toml"), "--bin-dir",
+                str(tmp_path / "bin"), "--shim-path", "/opt/vgpu/x/containerd-shim-vgpu-v2"]
+    return subprocess.run([sys.executable, "-m", "vgpu_cli", "install", *argv],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+
+
+#: Stand-ins the init script runs in its chroot: each records its argv in /calls; the
+#: vgpu stand-in answers with what the real `vgpu install` said (/stub.*).
+STUB_VGPU = """#!/bin/sh
+echo "vgpu $*" >> /calls
+cat /stub.out
+cat /stub.err >&2
+exit "$(cat /stub.rc)"
+"""
+STUB_NSENTER = '#!/bin/sh\necho "nsenter $*" >> /calls\n'
+
+
+def run_init(tmp_path: Path, engine: str, said: subprocess.CompletedProcess[str]
+             ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """The init container's own command run with busybox sh in a chroot laid out like the
+    container (its mounts as directories), `vgpu` answering as `said`; (result, calls)."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        pytest.skip("busybox is not installed (scripts/install-deps.sh installs it)")
+    ds = find("DaemonSet", "vgpu-node")
+    init = containers(ds)["install"]
+    root = tmp_path / "root"
+    for d in ["bin", "tmp", f"opt/vgpu/{VERSION}/bin", *(m["mountPath"].lstrip("/")
+                                                        for m in init["volumeMounts"])]:
+        (root / d).mkdir(parents=True, exist_ok=True)
+    shutil.copy(busybox, root / "bin" / "busybox")
+    for applet in ["sh", "cp", "mv", "cat", "grep", "echo"]:
+        (root / "bin" / applet).symlink_to("busybox")
+    for path, text in [(f"opt/vgpu/{VERSION}/bin/vgpu", STUB_VGPU),
+                       ("bin/nsenter", STUB_NSENTER)]:
+        (root / path).write_text(text)
+        (root / path).chmod(0o755)
+    (root / "config" / "config.yaml").write_text("paths: {}\n")
+    for name, text in [("out", said.stdout), ("err", said.stderr),
+                       ("rc", str(said.returncode))]:
+        (root / f"stub.{name}").write_text(text)
+    env = {"PATH": "/bin", **{e["name"]: e["value"] for e in init.get("env", [])},
+           "VGPU_ENGINE": engine}
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    p = subprocess.run([chroot, str(root), *init["command"], init["args"][0]],
+                       capture_output=True, text=True, env=env, timeout=60)
+    calls = (root / "calls").read_text().splitlines() if (root / "calls").exists() else []
+    assert (root / "opt/vgpu" / VERSION).is_dir()
+    return p, calls
+
+
+@pytest.mark.parametrize("engine", ["containerd", "crio"])
+def test_the_init_script_restarts_the_engine_only_when_install_changed_it(tmp_path, engine):
+    ds = find("DaemonSet", "vgpu-node")
+    init = containers(ds)["install"]
+    assert {e["name"]: e["value"] for e in init["env"]}["VGPU_ENGINE"] == "containerd"
+    restart = f"nsenter --target 1 --mount -- systemctl restart {engine}"
+    first, second = install_out(tmp_path, engine), install_out(tmp_path, engine)
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    p, calls = run_init(tmp_path / "first", engine, first)
+    assert p.returncode == 0, p.stderr
+    assert calls[1:] == [restart] and first.stdout in p.stdout
+    assert (tmp_path / "first/root/host/opt/vgpu" / VERSION).is_dir()
+    assert (tmp_path / "first/root/etc/vgpu/config.yaml").read_text() == "paths: {}\n"
+    # The hook goes where CRI-O looks by default, the containerd drop-in where
+    # containerd's config is.
+    argv = calls[0].split()
+    where = Path(argv[argv.index("--config-file") + 1])
+    host = {"crio": "/usr/share/containers/oci/hooks.d", "containerd": "/etc/containerd"}
+    assert argv[1:3] == ["install", {"crio": "podman"}.get(engine, engine)]
+    assert mounted(init, ds)[str(where.parent)] == host[engine]
+    p, calls = run_init(tmp_path / "second", engine, second)
+    assert p.returncode == 0, p.stderr
+    assert len(calls) == 1 and calls[0].startswith("vgpu install")
+
+
+def test_the_init_script_fails_loudly_when_install_fails(tmp_path):
+    """A config vgpu cannot edit (here one of an unknown version) fails the pod with
+    vgpu's line, and containerd is not restarted."""
+    (tmp_path / "config.toml").write_text("version = 5\n")
+    failed = install_out(tmp_path, "containerd")
+    assert failed.returncode == 1
+    p, calls = run_init(tmp_path / "run", "containerd", failed)
+    assert p.returncode == 1
+    assert failed.stderr.strip() in p.stderr and len(calls) == 1
+    p, calls = run_init(tmp_path / "typo", "cri-o", failed)
+    assert p.returncode == 2 and calls == []
+    assert "VGPU_ENGINE is 'cri-o': use containerd or crio" in p.stderr
 
 
 def test_the_device_plugin_runs_with_its_documented_flags():
