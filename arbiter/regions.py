@@ -53,7 +53,7 @@ from arbiter.sched import (
     slice_key_of,
     write_slice_files,
 )
-from arbiter.slicefs import detach, mount_slice_fs, slice_fs_bytes
+from arbiter.slicefs import detach, mount_slice_fs, share, slice_fs_bytes
 
 __all__ = ["REGION_FILE_MODE", "USAGE_FILE_MODE", "ReconcileReport", "Regions"]
 
@@ -133,7 +133,19 @@ class Regions:
             except OSError as e:
                 raise RegionError(d, "prepare directory for", e.strerror or str(e)) from e
             made.append(d)
+        self._share()
         return made
+
+    def _share(self) -> None:
+        """Shared propagation on run_dir, for the previous release's hook (arbiter.slicefs)."""
+        if not self.bounded:
+            return
+        try:
+            share(self.run_dir)
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.EACCES):
+                raise RegionError(self.run_dir, "share mounts below", e.strerror or str(e)) from e
+            self._unbounded(self.run_dir, e)
 
     def _ensure_root(self) -> None:
         """<run_dir>/slices deleted while vgpud runs: made again, and said so."""
@@ -191,9 +203,12 @@ class Regions:
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.EACCES):
                 raise
-            self.bounded = False
-            log.warning("slice files are not size-bounded: cannot mount a tmpfs at %s: %s "
-                        "(vgpud needs CAP_SYS_ADMIN)", path, e.strerror)
+            self._unbounded(path, e)
+
+    def _unbounded(self, path: Path, e: OSError) -> None:
+        self.bounded = False
+        log.warning("slice files are not size-bounded: cannot mount at %s: %s "
+                    "(vgpud needs CAP_SYS_ADMIN)", path, e.strerror)
 
     def _create_file(self, path: Path, s: Slice, ordinal: int) -> None:
         g = s.grants[ordinal]

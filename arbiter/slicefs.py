@@ -13,7 +13,10 @@ the container has the files, not the mount). The .req the broker reads in the
 scheduling directory is bind-mounted there from the slice's tmpfs.
 
 Containers see mounts made after their mount namespace was copied because vgpu-hook
-takes its sources with open_tree in the host's namespace (shim/native/vg_mount.c).
+takes its sources with open_tree in the host's namespace (shim/native/vg_mount.c). The
+previous release's hook opens them by path inside the container's namespace: for it the
+run dir is made a mount point with shared propagation (share), so a slice's tmpfs made
+later reaches the namespaces of containers (runc's default rootfs propagation is rslave).
 """
 from __future__ import annotations
 
@@ -23,11 +26,11 @@ import logging
 import os
 from pathlib import Path
 
-__all__ = ["bind_file", "detach", "mount_slice_fs", "slice_fs_bytes"]
+__all__ = ["bind_file", "detach", "mount_slice_fs", "share", "slice_fs_bytes"]
 
 log = logging.getLogger(__name__)
 
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND = 0x2, 0x4, 0x8, 0x1000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_SHARED = 0x2, 0x4, 0x8, 0x1000, 1 << 20
 _MNT_DETACH = 0x2
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -64,6 +67,19 @@ def mount_slice_fs(path: Path, size: int, files: int, mode: int) -> None:
     """Mount a tmpfs of `size` bytes and `files` inodes at the directory path."""
     _mount("vgpu-slice", path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
            f"size={size},nr_inodes={files + 1},mode={mode:o}")
+
+
+def share(path: Path) -> None:
+    """Give the directory path shared propagation (bound onto itself first when it is not
+    a mount point: then mounts below it propagate to the copies runtimes make of it)."""
+    try:
+        _mount("none", path, None, _MS_SHARED, None)
+        return
+    except OSError as e:
+        if e.errno != errno.EINVAL:  # EINVAL: not a mount point
+            raise
+    _mount(str(path), path, None, _MS_BIND, None)
+    _mount("none", path, None, _MS_SHARED, None)
 
 
 def bind_file(source: Path, target: Path) -> None:

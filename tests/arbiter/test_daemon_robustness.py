@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from support.paths import ROOT
-from support.vgpud_harness import Vgpud, pb
+from support.vgpud_harness import Vgpud, pb, unmount_under
 
 from arbiter.config import DEFAULT_CONFIG_PATH
 from shim.lifecycle import lifecycle_socket
@@ -278,6 +278,9 @@ def test_deleted_run_dir_parts_are_made_again_on_demand(daemons):
     v = daemons(config={"reconcile": {"interval_s": 0.2}}).start()
     first = v.stub.Allocate(pb.AllocateRequest(owner="c1", memory_bytes=256 << 20,
                                                owner_pid=os.getpid()), timeout=10).slice
+    # The slices' own tmpfs and their .req binds: `rm -rf` could only empty them.
+    unmount_under(v.run_dir / "slices")
+    unmount_under(v.run_dir / "sched")
     shutil.rmtree(v.run_dir / "slices")
     shutil.rmtree(v.run_dir / "sched")
     second = v.stub.Allocate(pb.AllocateRequest(owner="c2", memory_bytes=256 << 20,

@@ -149,11 +149,13 @@ class Vgpud:
 
 
 def unmount_under(root: Path) -> None:
-    """Lazily unmount every mount at or below root (slices' tmpfs, their .req binds)."""
-    base = str(root).rstrip("/") + "/"
+    """Lazily unmount every mount at or below root (slices' tmpfs, their .req binds, the
+    run dir's own bind)."""
+    top = str(root).rstrip("/")
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         points = [line.split()[4] for line in f]
-    for point in sorted((p for p in points if p.startswith(base)), reverse=True):
+    for point in sorted((p for p in points if p == top or p.startswith(top + "/")),
+                        reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
