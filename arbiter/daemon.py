@@ -47,12 +47,12 @@ from arbiter import activation, inventory
 from arbiter.activation import Listeners
 from arbiter.attribution import SlicePids
 from arbiter.broker import BrokerSupervisor
+from arbiter.brokerwatch import BrokerWatch
 from arbiter.config import Config, config_path, load_config
 from arbiter.configmemo import AcceptedConfigs
 from arbiter.core import Arbiter, Settings
 from arbiter.defaults import DEFAULT_RUN_DIR
 from arbiter.errors import ConfigError, VgpuError
-from arbiter.brokerwatch import BrokerWatch
 from arbiter.events import EventLog
 from arbiter.freezer import Freezer, find_root
 from arbiter.guardian import ComputeGuard

@@ -10,6 +10,7 @@ never rest on how fast this machine is.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 import subprocess
@@ -408,7 +409,7 @@ def test_greedy_processes_take_turns_in_slices(simgpu_env: dict[str, str]) -> No
     runs = [(s, e, p) for s, e, p in tl
             if p in (a["pid"], b["pid"]) and both_from <= s < both_until]
     assert len(runs) >= 20
-    for (s0, e0, p0), (s1, e1, p1) in zip(runs, runs[1:], strict=False):
+    for (_, e0, p0), (s1, _, p1) in itertools.pairwise(runs):
         assert p1 != p0                 # the other's turn, every time
         assert s1 - e0 == 20_000        # each switch costs SIMGPU_SWITCH_US, idle
     # A slice each: a 3 ms kernel never runs 3 ms unbroken while the other waits.

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
-from arbiter import defaults
+from arbiter import defaults, sched
 from arbiter import region as rg
-from arbiter import sched
 from arbiter.config import Config
 from arbiter.native import PROGRAMS
 from arbiter.regions import region_name
