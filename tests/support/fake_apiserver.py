@@ -9,6 +9,11 @@ concurrency on resourceVersion, delete), with Status objects for errors as the r
 sends. Tests put claims in (`add_claim`, real v1 shapes: status.allocation.devices.results
 with consumedCapacity and shareID) and read what the plugin published (`slices`).
 `kubeconfig(path)` writes a file the client loads (no auth: plain HTTP).
+`kubelet_wipe(node)` is what a starting kubelet does to the API server: it deletes its
+node's ResourceSlices. `consumable_capacity = False` is a server without the
+DRAConsumableCapacity feature gate: like its ResourceSlice strategy, it drops
+`allowMultipleAllocations` and the capacities' `requestPolicy` from what it stores, on
+create, and on update unless the old slice had them; no error, no warning.
 """
 from __future__ import annotations
 
@@ -79,6 +84,7 @@ class FakeApiServer:
         self._cond = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
+        self.consumable_capacity = True     # False: a server without the feature gate
 
     # -- what tests use -------------------------------------------------------
 
@@ -101,6 +107,17 @@ class FakeApiServer:
                 raise AssertionError(f"timed out waiting for {what}; slices: "
                                      f"{json.dumps(list(self._slices.values()))[:2000]}")
             return [copy.deepcopy(s) for _, s in sorted(self._slices.items())]
+
+    def kubelet_wipe(self, node: str) -> list[str]:
+        """A starting kubelet's DeleteCollection of its node's ResourceSlices (every
+        driver); the names deleted."""
+        with self._cond:
+            gone = [n for n, s in self._slices.items() if s["spec"].get("nodeName") == node]
+            for name in gone:
+                del self._slices[name]
+                self.requests.append(("DELETE", f"{_PREFIX}/resourceslices/{name} (kubelet)"))
+            self._cond.notify_all()
+        return sorted(gone)
 
     def kubeconfig(self, path: Path) -> Path:
         """A kubeconfig file that points the client here."""
@@ -202,6 +219,19 @@ class FakeApiServer:
             return f"spec.devices: names must be unique DNS labels: {names}"
         return ""
 
+    def _drop_disabled(self, new: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """What the real strategy's dropDisabledDRAConsumableCapacityFields does."""
+        def in_use(s: dict[str, Any]) -> bool:
+            return any("allowMultipleAllocations" in d or any(
+                "requestPolicy" in c for c in (d.get("capacity") or {}).values())
+                for d in s["spec"].get("devices") or [])
+        if self.consumable_capacity or (old is not None and in_use(old)):
+            return
+        for d in new["spec"].get("devices") or []:
+            d.pop("allowMultipleAllocations", None)
+            for c in (d.get("capacity") or {}).values():
+                c.pop("requestPolicy", None)
+
     def _create(self, body: Any) -> tuple[int, Any]:
         if why := self._invalid(body):
             return 422, _status(422, "Invalid", why)
@@ -210,6 +240,7 @@ class FakeApiServer:
             return 409, _status(409, "AlreadyExists",
                                 f'resourceslices.resource.k8s.io "{name}" already exists')
         obj = copy.deepcopy(body)
+        self._drop_disabled(obj, None)
         obj["metadata"].update(resourceVersion=self._next_version(), uid=str(uuid.uuid4()))
         self._slices[name] = obj
         return 201, obj
@@ -226,6 +257,7 @@ class FakeApiServer:
                                 "been modified; please apply your changes to the latest "
                                 "version and try again")
         obj = copy.deepcopy(body)
+        self._drop_disabled(obj, old)
         obj["metadata"].update(resourceVersion=self._next_version(),
                                uid=old["metadata"]["uid"])
         self._slices[name] = obj

@@ -8,14 +8,17 @@ dials the endpoint and answers NotifyRegistrationStatus. A socket that disappear
 deregistered. Tests then call NodePrepareResources / NodeUnprepareResources through the
 registered endpoint over API v1 or v1beta1, as the kubelet does before a pod's containers
 start and after they stopped. `restart()` is a kubelet restart: connections dropped, and
-the new watcher finds the registration sockets still in the dir and registers them anew.
+the new watcher finds the registration sockets still in the dir and registers them anew;
+`wipe` is the start-up deletion of the node's ResourceSlices the real kubelet does beside
+its watcher (`FakeApiServer.kubelet_wipe`), run before the watcher or `wipe_after` seconds
+after it starts (the kubelet's wipe runs in the background and can land either side).
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,10 +103,18 @@ class DraKubelet:
         for p in plugins:
             p.channel.close()
 
-    def restart(self) -> None:
-        """A kubelet restart: it forgets every plugin, then its watcher scans the dir."""
+    def restart(self, wipe: Callable[[], object] | None = None,
+                wipe_after: float | None = None) -> None:
+        """A kubelet restart: it forgets every plugin, then its watcher scans the dir;
+        `wipe` runs before the watcher starts, or `wipe_after` seconds after."""
         self.stop()
+        if wipe is not None and wipe_after is None:
+            wipe()
         self.start()
+        if wipe is not None and wipe_after is not None:
+            timer = threading.Timer(wipe_after, wipe)
+            timer.daemon = True
+            timer.start()
 
     def _watch(self) -> None:
         while not self._stop.is_set():

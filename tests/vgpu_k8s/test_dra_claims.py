@@ -12,7 +12,11 @@ from support.fake_apiserver import claim, result
 from vgpu_k8s.dra import checkpoint
 from vgpu_k8s.dra.claims import ClaimRef, owner_key, plan
 from vgpu_k8s.dra.errors import ClaimError
-from vgpu_k8s.dra.resourceslice import resource_slice, version_attribute
+from vgpu_k8s.dra.resourceslice import (
+    dropped_sharing_fields,
+    resource_slice,
+    version_attribute,
+)
 from vgpu_k8s.dra.vgpud import Gpu, VGpuAsk
 
 GI, MI = 1 << 30, 1 << 20
@@ -112,6 +116,30 @@ def test_the_slice_lists_healthy_gpus_only():
     assert gpu0["capacity"]["memory"]["value"] == str(4 * GI + 5)
     assert gpu0["capacity"]["memory"]["requestPolicy"]["default"] == str(4 * GI)
     assert "driverVersion" not in s["spec"]["devices"][1]["attributes"]
+
+
+def _without(devices, *, allow=False, policy=False, keep_policy_of=()):
+    out = json.loads(json.dumps(devices))
+    for d in out:
+        if allow:
+            d.pop("allowMultipleAllocations")
+        for key, c in d["capacity"].items():
+            if policy and key not in keep_policy_of:
+                c.pop("requestPolicy")
+    return out
+
+
+@pytest.mark.parametrize(("stored", "dropped"), [
+    (lambda ds: ds, []),
+    (lambda ds: _without(ds, allow=True, policy=True),
+     ["allowMultipleAllocations", "requestPolicy"]),
+    (lambda ds: _without(ds, allow=True), ["allowMultipleAllocations"]),
+    (lambda ds: _without(ds, policy=True, keep_policy_of=("memory",)), ["requestPolicy"]),
+    (lambda ds: [], ["allowMultipleAllocations", "requestPolicy"]),
+], ids=["kept", "both-dropped", "allow-dropped", "one-policy-dropped", "no-devices-stored"])
+def test_the_sharing_fields_a_server_dropped_are_named(stored, dropped):
+    sent = resource_slice(NODE, GPUS, 1)["spec"]["devices"]
+    assert dropped_sharing_fields(sent, stored(sent)) == dropped
 
 
 def test_checkpoint_round_trip_is_atomic_and_refuses_what_it_cannot_read(tmp_path: Path):

@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,16 @@ def node(tmp_path: Path) -> Iterator[Node]:
     n = Node(tmp_path)
     try:
         n.plugin.start()
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def bare_node(tmp_path: Path) -> Iterator[Node]:
+    """A node whose plugin the test starts (with its own flags)."""
+    n = Node(tmp_path)
+    try:
         yield n
     finally:
         n.close()
@@ -321,6 +332,106 @@ def test_vgpud_restart_keeps_the_published_slice(node: Node):
     assert plugin.prepare([ref])[ref[2]].error == ""
 
 
+def generation(s: dict[str, Any]) -> int:
+    return int(s["spec"]["pool"]["generation"])
+
+
+def slice_writes(api: FakeApiServer) -> list[tuple[str, str]]:
+    """The plugin's creates and replaces of ResourceSlices so far."""
+    return [(m, p) for m, p in api.requests if m in ("POST", "PUT") and "resourceslices" in p]
+
+
+SHARING_OFF = ("vgpu-dra-plugin: the API server dropped allowMultipleAllocations and "
+               f"requestPolicy from ResourceSlice {NODE}-{DRIVER}: GPU sharing is off on this "
+               "cluster, each GPU goes whole to one claim at a time; it needs the "
+               "DRAConsumableCapacity feature gate on the API server and the scheduler "
+               "(alpha in Kubernetes 1.34 and 1.35, off by default; beta and on by default "
+               "since 1.36)")
+
+
+@pytest.mark.parametrize("wipe_after", [None, 0.5],
+                         ids=["wipe-before-registration", "wipe-after-registration"])
+def test_the_pool_a_kubelet_restart_wiped_is_back_after_its_registration(
+        bare_node: Node, wipe_after):
+    node = bare_node
+    # A resync interval far longer than the test: only the registration can bring it back.
+    node.plugin = DraPluginProc(node, "--resync-interval", "600")
+    node.plugin.start()
+    node.registered()
+    [before] = node.api.slices()
+    wiped: list[tuple[float, list[str]]] = []
+    node.kubelet.restart(wipe=lambda: wiped.append(
+        (time.monotonic(), node.api.kubelet_wipe(NODE))), wipe_after=wipe_after)
+    node.kubelet.wait_registered(DRIVER, count=2)
+    [after] = node.api.wait_slices(
+        lambda ss: wiped and len(ss) == 1 and generation(ss[0]) > generation(before),
+        "the slice published again")
+    took = time.monotonic() - wiped[0][0]
+    assert wiped[0][1] == [f"{NODE}-{DRIVER}"]
+    assert took < 4.0, f"the pool came back {took:.1f}s after the kubelet's wipe"
+    assert after["spec"]["devices"] == before["spec"]["devices"]
+    assert after["spec"]["pool"]["name"] == NODE
+    assert f"ResourceSlice {NODE}-{DRIVER} is gone in the API server: publishing it again" \
+        in node.plugin.log()
+    assert "DRAConsumableCapacity" not in node.plugin.log()   # this server keeps sharing
+    plugin = node.kubelet.plugins[DRIVER]
+    ref = node.claim("after", result("gpu", "gpu-0", NODE, memory="1Gi", compute="10"))
+    assert plugin.prepare([ref])[ref[2]].error == ""
+
+
+def test_a_slice_deleted_without_a_kubelet_restart_is_back_within_the_resync_interval(
+        bare_node: Node):
+    node = bare_node
+    node.plugin = DraPluginProc(node, "--resync-interval", "1")
+    node.plugin.start()
+    node.registered()
+    [before] = node.api.slices()
+    writes = len(slice_writes(node.api))
+    # Past the looks that follow the registration (0, 1, 2, 4 and 8 s after it; the next
+    # is at 16 s): only the periodic resync can see what happens now. Meanwhile it found
+    # the slice in place ~9 times and wrote nothing.
+    time.sleep(9.0)
+    assert node.api.slices() == [before]
+    assert len(slice_writes(node.api)) == writes
+    assert node.api.kubelet_wipe(NODE) == [f"{NODE}-{DRIVER}"]   # an operator's delete
+    t0 = time.monotonic()
+    [after] = node.api.wait_slices(lambda ss: len(ss) == 1, "the slice published again")
+    took = time.monotonic() - t0
+    assert took < 3.0, f"the pool came back {took:.1f}s after the delete (resync 1 s)"
+    assert generation(after) == generation(before) + 1
+    assert after["spec"]["devices"] == before["spec"]["devices"]
+
+
+def test_a_server_without_consumable_capacity_is_said_in_one_line(bare_node: Node):
+    node = bare_node
+    node.api.consumable_capacity = False
+    node.plugin = DraPluginProc(node, "--resync-interval", "0.5")
+    node.plugin.start()
+    node.registered()
+    [stored] = node.api.slices()
+    for d in stored["spec"]["devices"]:          # what such a server keeps
+        assert "allowMultipleAllocations" not in d
+        assert [c.get("requestPolicy") for c in d["capacity"].values()] == [None, None]
+        assert set(d["capacity"]) == {"memory", "compute"}
+
+    def said() -> list[str]:
+        return [ln for ln in node.plugin.log().splitlines() if "DRAConsumableCapacity" in ln]
+
+    deadline = time.monotonic() + 10
+    while not said() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert said() == [SHARING_OFF]
+    # What it stored differs from what was sent: that is no reason to publish again.
+    time.sleep(2.0)
+    assert node.api.slices() == [stored]
+    # Published anew after a kubelet restart: the same server, still one line.
+    node.kubelet.restart(wipe=lambda: node.api.kubelet_wipe(NODE))
+    node.api.wait_slices(lambda ss: len(ss) == 1 and generation(ss[0]) > generation(stored),
+                         "the slice published again")
+    time.sleep(1.0)
+    assert said() == [SHARING_OFF]
+
+
 @pytest.mark.parametrize(("args", "line"), [
     ([], "vgpu-dra-plugin: --node-name=: is required (or $NODE_NAME): the node whose GPUs "
          "are published"),
@@ -329,7 +440,9 @@ def test_vgpud_restart_keeps_the_published_slice(node: Node):
                                 "253)"),
     (["--node-name", "n", "--kubeconfig", "/nonexistent"],
      "vgpu-dra-plugin: --kubeconfig=/nonexistent: no such file"),
-], ids=["no-node", "bad-node", "no-kubeconfig"])
+    (["--node-name", "n", "--resync-interval", "0"],
+     "vgpu-dra-plugin: --resync-interval=0.0: must be a positive number of seconds"),
+], ids=["no-node", "bad-node", "no-kubeconfig", "zero-resync"])
 def test_bad_flags_are_one_line(tmp_path: Path, args, line):
     env = clean_env()
     env.pop("NODE_NAME", None)

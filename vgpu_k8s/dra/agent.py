@@ -27,6 +27,23 @@ log = logging.getLogger("vgpu-dra-plugin")
 #: How often the sockets are looked at (a stat each).
 _TICK_S = 0.2
 
+# Keeping the published slice in the API server. The kubelet deletes every ResourceSlice
+# of its node when it starts (its DRA plugin manager's start-up wipe: a driver is of no
+# use until its plugin registers again), and later the slices of a driver whose plugin
+# stayed unreachable for 30 s; an operator may delete or edit one. Nothing of that
+# reaches the plugin as a GPU change, so two triggers look at the slice again:
+# - the kubelet's re-registration (NotifyRegistrationStatus), which is how a kubelet
+#   restart shows here: a LIST right away and at the delays below, because the wipe runs
+#   in the background beside the kubelet's plugin watcher and may land just after the
+#   registration, or seconds later when it retries (it backs off from 1 s);
+# - a LIST every --resync-interval whatever happens, the bound for everything else (a
+#   wipe that retried longer, an operator's delete).
+# Not a watch: it would hold a stream open per node and need reconnect and
+# resourceVersion bookkeeping (and the `watch` verb) for events that are rare and, in
+# the common case, announced by the registration; a LIST on the node's field selector
+# is served from the API server's watch cache by an index.
+_AFTER_REGISTRATION_S = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0)
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -38,6 +55,7 @@ class Settings:
     vgpud_socket: str
     kubeconfig: str | None = None
     poll_s: float = 5.0          # how often vgpud is asked for the GPUs and their health
+    resync_s: float = 60.0       # how often the published slice is looked at in the API
 
     @property
     def plugin_dir(self) -> Path:
@@ -73,8 +91,9 @@ class Agent:
                                  gpus=self.gpus)
         self.publisher = Publisher(cluster, settings.node)
         self.dra = DraServer(settings.dra_socket, self.preparer)
+        self._registered = threading.Event()    # set by the kubelet's (re-)registration
         self.registration = RegistrationServer(settings.registry_dir, DRIVER,
-                                               settings.dra_socket)
+                                               settings.dra_socket, self._registered.set)
         self._errors: dict[str, str] = {}
 
     def _report(self, what: str, error: str) -> None:
@@ -118,6 +137,19 @@ class Agent:
         except ApiError as e:
             self._report("API server", f"{e}; retrying")
 
+    def resync(self) -> bool:
+        """Publish again if the API server lost or changed the slice; False when the API
+        server did not answer (the caller tries again sooner)."""
+        if self._gpus is None:
+            return True
+        try:
+            self.publisher.resync(self._gpus)
+        except ApiError as e:
+            self._report("API server", f"{e}; retrying")
+            return False
+        self._report("API server", "")
+        return True
+
     def keep_serving(self) -> None:
         """Serve again a socket that was removed (the plugin watcher then finds it anew)."""
         if not self.dra.serving():
@@ -152,12 +184,23 @@ class Agent:
                      self.registration.socket)
             self.publish()
             next_poll = time.monotonic() + self.settings.poll_s
+            next_resync = time.monotonic() + self.settings.resync_s
+            looks: list[float] = []      # when to look again after a registration
             while not stop.wait(_TICK_S):
                 self.keep_serving()
-                if time.monotonic() >= next_poll:
+                now = time.monotonic()
+                if self._registered.is_set():
+                    self._registered.clear()
+                    looks = [now + d for d in _AFTER_REGISTRATION_S]
+                if now >= next_poll:
                     self.poll()
                     self.publish()
                     next_poll = time.monotonic() + self.settings.poll_s
+                if now >= next_resync or (looks and now >= looks[0]):
+                    looks = [t for t in looks if t > now]
+                    wait = self.settings.resync_s if self.resync() else \
+                        min(self.settings.resync_s, self.settings.poll_s)
+                    next_resync = time.monotonic() + wait
         finally:
             self.close(withdraw=started)
 

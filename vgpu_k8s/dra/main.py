@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval", type=float, default=5.0, metavar="S",
                    help="seconds between two looks at vgpud's GPUs and their health "
                         "(default 5)")
+    p.add_argument("--resync-interval", type=float, default=60.0, metavar="S",
+                   help="seconds between two looks at the published ResourceSlice in the "
+                        "API server, which is published again when it is gone or changed "
+                        "(default 60; also right after each registration with the kubelet)")
     return p
 
 
@@ -61,14 +65,16 @@ def parse_args(argv: Sequence[str], env: dict[str, str]) -> Settings:
     if len(node) > 253 or not _NODE_RE.fullmatch(node):
         raise UsageError("--node-name", node, "is not a Kubernetes node name (lowercase "
                          "letters, digits, '-' and '.', at most 253)")
-    if not args.poll_interval > 0:
-        raise UsageError("--poll-interval", str(args.poll_interval),
-                         "must be a positive number of seconds")
+    for flag, value in (("--poll-interval", args.poll_interval),
+                        ("--resync-interval", args.resync_interval)):
+        if not value > 0:
+            raise UsageError(flag, str(value), "must be a positive number of seconds")
     if args.kubeconfig is not None and not Path(args.kubeconfig).is_file():
         raise UsageError("--kubeconfig", args.kubeconfig, "no such file")
     return Settings(node=node, kubelet_dir=args.kubelet_dir, cdi_dir=args.cdi_dir,
                     vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
-                    kubeconfig=args.kubeconfig, poll_s=args.poll_interval)
+                    kubeconfig=args.kubeconfig, poll_s=args.poll_interval,
+                    resync_s=args.resync_interval)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,13 +4,16 @@
 The watcher looks for sockets in `<kubelet dir>/plugins_registry/` (at its start it scans
 the dir, then it watches it), calls GetInfo on each, checks the answer, dials the endpoint
 named there, and says how that went with NotifyRegistrationStatus. A kubelet restart
-therefore needs nothing from the plugin but its registration socket still being there;
-a socket removed from the dir (by hand, or by a cleanup) is made again by the agent.
+needs nothing from the plugin's sockets but their still being there; a socket removed from
+the dir (by hand, or by a cleanup) is made again by the agent. The kubelet also deletes
+its node's ResourceSlices when it starts, so the agent looks at the published slice again
+after each registration.
 """
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -30,9 +33,11 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 
 class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
-    def __init__(self, info: reg.PluginInfo) -> None:
+    def __init__(self, info: reg.PluginInfo,
+                 on_registered: Callable[[], None] | None = None) -> None:
         self.info = info
         self.registered = threading.Event()
+        self.on_registered = on_registered
 
     def GetInfo(self, request: reg.InfoRequest,  # noqa: N802 - gRPC method name
                 context: grpc.ServicerContext) -> reg.PluginInfo:
@@ -44,6 +49,8 @@ class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
         if request.plugin_registered:
             log.info("registered with the kubelet as DRA driver %s", self.info.name)
             self.registered.set()
+            if self.on_registered is not None:
+                self.on_registered()
         else:
             log.error("the kubelet refused the registration: %s",
                       " ".join(request.error.split()))
@@ -51,12 +58,15 @@ class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
 
 
 class RegistrationServer(UnixGrpcServer):
-    """Registration on `<registry dir>/<driver>-reg.sock`."""
+    """Registration on `<registry dir>/<driver>-reg.sock`; `on_registered` is called (on
+    a gRPC thread: keep it short) each time the kubelet says it took the plugin, which
+    is also how a kubelet restart shows."""
 
-    def __init__(self, registry_dir: Path, driver: str, endpoint: Path) -> None:
+    def __init__(self, registry_dir: Path, driver: str, endpoint: Path,
+                 on_registered: Callable[[], None] | None = None) -> None:
         self.servicer = _Servicer(reg.PluginInfo(
             type=PLUGIN_TYPE, name=driver, endpoint=str(endpoint),
-            supported_versions=list(SUPPORTED_VERSIONS)))
+            supported_versions=list(SUPPORTED_VERSIONS)), on_registered)
         super().__init__(registry_dir / f"{driver}-reg.sock",
                          lambda server: reg_grpc.add_RegistrationServicer_to_server(
                              self.servicer, server), workers=2, name="dra-reg")

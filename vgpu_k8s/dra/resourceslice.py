@@ -29,6 +29,7 @@ __all__ = [
     "MEMORY",
     "MEMORY_STEP",
     "device_name",
+    "dropped_sharing_fields",
     "gpu_index",
     "published_gpus",
     "resource_slice",
@@ -118,3 +119,22 @@ def resource_slice(node: str, gpus: Sequence[Gpu], generation: int) -> dict[str,
             "devices": [_device(g) for g in published_gpus(gpus)],
         },
     }
+
+
+def dropped_sharing_fields(sent: Sequence[Any], stored: Sequence[Any]) -> list[str]:
+    """The sharing fields the API server did not keep: `allowMultipleAllocations` and the
+    capacities' `requestPolicy` of the devices sent, looked for in the devices it stored.
+    A server without the DRAConsumableCapacity feature gate drops both without an error
+    (its ResourceSlice strategy clears them on create, and on update unless the old slice
+    had them), so only reading back what was stored tells."""
+    kept = {d.get("name"): d for d in stored if isinstance(d, dict)}
+    missing: list[str] = []
+    for d in sent:
+        got = kept.get(d["name"]) or {}
+        if d.get("allowMultipleAllocations") and not got.get("allowMultipleAllocations"):
+            missing.append("allowMultipleAllocations")
+        for key, capacity in (d.get("capacity") or {}).items():
+            if "requestPolicy" in capacity and \
+                    "requestPolicy" not in ((got.get("capacity") or {}).get(key) or {}):
+                missing.append("requestPolicy")
+    return sorted(set(missing))
