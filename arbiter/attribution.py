@@ -31,12 +31,12 @@ descendants (the whole host would be the slice's).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from arbiter import cgroupfiles
 from arbiter.identity import Cgroups
 from arbiter.model import OwnerKind, Slice, User
 from arbiter.proc import pid_namespace_inode, pids_by_namespace, proc_start_time, process_tree
@@ -183,8 +183,13 @@ class SlicePids:
             return set()
         out: set[int] = set()
         for seen, (here, dirs, _) in enumerate(os.walk(top), 1):
-            with contextlib.suppress(OSError, ValueError):
-                out |= {int(x) for x in (Path(here) / "cgroup.procs").read_text().split()}
+            try:
+                out |= {int(x) for x in cgroupfiles.read(Path(here) / "cgroup.procs").split()}
+            except BlockingIOError:  # its tenant leased it: /proc says the same, unleased
+                out = cgroupfiles.pids_in(cgroup, self._proc)
+                break
+            except (OSError, ValueError):
+                pass
             if seen >= _WALK_MAX:
                 del dirs[:]
         # A cgroup that holds vgpud holds more than the container (identity never

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from arbiter import cgroupfiles
+
 __all__ = ["DutyCycle", "Freezer", "cgroup_of", "find_root"]
 
 #: Length of one freeze/thaw cycle. Short enough that a throttled tenant stalls
@@ -25,6 +27,9 @@ __all__ = ["DutyCycle", "Freezer", "cgroup_of", "find_root"]
 #: enough that a wake-up's jitter (~1 ms) and the kernel's freeze walk are small
 #: beside it.
 PERIOD_S = 0.1
+#: Rounds of SIGKILL to a cgroup's processes when its cgroup.kill is leased (a process
+#: forked between one look at /proc and the signals is found by the next).
+_KILL_ROUNDS = 3
 
 
 def find_root(base: Path = Path("/sys/fs/cgroup")) -> Path | None:
@@ -70,13 +75,18 @@ class Freezer:
             return None
         out: set[int] = set()
         for d, _, _ in os.walk(top):
-            with contextlib.suppress(OSError):
-                out |= {int(x) for x in (Path(d) / "cgroup.procs").read_text().split()}
+            try:
+                out |= {int(x) for x in cgroupfiles.read(Path(d) / "cgroup.procs").split()}
+            except BlockingIOError:  # its tenant leased it (cgroupfiles): /proc, unleased
+                return cgroupfiles.pids_in(f":{cgroup}")
+            except (OSError, ValueError):
+                pass
         return out
 
     def set_frozen(self, cgroup: str, frozen: bool) -> None:
-        """Freeze or thaw the cgroup (OSError when it is gone or not writable)."""
-        (self.path(cgroup) / "cgroup.freeze").write_text("1" if frozen else "0")
+        """Freeze or thaw the cgroup (OSError when it is gone or not writable, or
+        BlockingIOError when its tenant leased the file: never waited on)."""
+        cgroupfiles.write(self.path(cgroup) / "cgroup.freeze", "1" if frozen else "0")
 
     def kill(self, cgroup: str, kill: Callable[[int, int], None] = os.kill) -> None:
         """SIGKILL every process of the cgroup and below it, forks in flight included.
@@ -86,8 +96,15 @@ class Freezer:
         cgroup is gone or not writable."""
         top = self.path(cgroup)
         if (top / "cgroup.kill").is_file():
-            (top / "cgroup.kill").write_text("1")
-            return
+            try:
+                cgroupfiles.write(top / "cgroup.kill", "1")
+                return
+            except BlockingIOError:  # leased by its tenant: each process found in /proc
+                for _ in range(_KILL_ROUNDS):  # (again: forks in flight)
+                    for pid in cgroupfiles.pids_in(f":{cgroup}"):
+                        with contextlib.suppress(OSError):
+                            kill(pid, signal.SIGKILL)
+                return
         self.set_frozen(cgroup, True)
         try:
             for pid in self.members(cgroup) or ():
@@ -99,8 +116,8 @@ class Freezer:
     def frozen(self, cgroup: str) -> bool:
         """Whether the kernel reports the cgroup frozen (cgroup.events "frozen 1")."""
         try:
-            events = (self.path(cgroup) / "cgroup.events").read_text()
-        except OSError:
+            events = cgroupfiles.read(self.path(cgroup) / "cgroup.events")
+        except OSError:  # a lease too: frozen or not, vgpud does not wait to know
             return False
         return "frozen 1" in events.splitlines()
 
@@ -115,6 +132,8 @@ class DutyCycle:
         self.run_fraction = run_fraction
         self.period_s = period_s
         self._stop = threading.Event()
+        #: Set when a file lease on cgroup.freeze stopped the cycle (never waited on).
+        self.leased = False
         self._thread = threading.Thread(target=self._loop, name=f"vgpud-throttle{cgroup}",
                                          daemon=True)
 
@@ -132,6 +151,10 @@ class DutyCycle:
                 if self.run_fraction < 1.0:
                     self.freezer.set_frozen(self.cgroup, True)
                     self._stop.wait(self.period_s - run)
+        except BlockingIOError:
+            # Its tenant leased cgroup.freeze (arbiter.cgroupfiles): the throttle cannot
+            # hold; the guard sees `leased` at its next window and acts otherwise.
+            self.leased = True
         except OSError:  # the cgroup is gone: nothing left to hold
             pass
         finally:

@@ -437,8 +437,12 @@ class Guardian:
             if t.slice_id not in slices:
                 self._lift(cg, "slice released")
                 continue
-            if not self.freezer.members(cg):
+            members = self.freezer.members(cg)
+            if not members:
                 self._lift(cg, "processes gone")
+                continue
+            if t.cycle.leased:
+                self._kill_leased(cg, t, members)
                 continue
             if t.memory:
                 if (t.slice_id, t.gpu) in self._mem_seen:
@@ -458,6 +462,15 @@ class Guardian:
                 self._lift(cg, "under its share")
             else:
                 t.cycle.run_fraction = run
+
+    def _kill_leased(self, cgroup: str, t: _Throttle, members: set[int]) -> None:
+        """A tenant that leases its cgroup.freeze to escape its throttle loses the
+        cgroup's processes instead (every one of them is the slice's: _refusal)."""
+        reason = "its tenant leased cgroup.freeze; the throttle cannot hold"
+        self._lift(cgroup, reason)
+        killed = self._sigkill(sorted(members))
+        self.arbiter.emit("guard.kill", slice=t.slice_id, gpu=t.gpu, pids=killed,
+                          reason=reason, resource="memory" if t.memory else "compute")
 
     def _lift(self, cgroup: str, reason: str) -> None:
         t = self._throttles.pop(cgroup, None)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from arbiter import cgroupfiles
 from arbiter.model import OwnerKind, Slice, User
 from arbiter.proc import pid_alive, proc_start_time
 
@@ -161,15 +162,19 @@ class Cgroups:
         if d is None:
             return False
         try:
-            for line in (d / "cgroup.events").read_text().splitlines():
+            for line in cgroupfiles.read(d / "cgroup.events").splitlines():
                 if line.startswith("populated "):
                     return line.split()[1] == "1"
+        except BlockingIOError:  # its tenant leased it (cgroupfiles): /proc, unleased
+            return bool(cgroupfiles.pids_in(cgroup, self._proc))
         except OSError:
             pass  # v1 has no cgroup.events: look at the processes
         for seen, (here, dirs, _) in enumerate(os.walk(d), 1):
             try:
-                if (Path(here) / "cgroup.procs").read_text().strip():
+                if cgroupfiles.read(Path(here) / "cgroup.procs").strip():
                     return True
+            except BlockingIOError:
+                return bool(cgroupfiles.pids_in(cgroup, self._proc))
             except OSError:
                 pass
             if seen >= _WALK_MAX:

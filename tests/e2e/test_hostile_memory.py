@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from support.hostile import Host
@@ -125,3 +126,50 @@ def test_a_respawning_bypass_gets_its_container_frozen(host):
         assert host.vgpud.events("guard.over_memory")[-1]["slice"] == ev["slice"]
     finally:
         p.kill()
+
+
+LEASER = TEST_BIN / "leaser"
+#: The tenant leases its own cgroup's files before it starts the loop: the engine mounts its
+#: cgroup into it (a cgroup namespace: its /sys/fs/cgroup), and its root owns them as host
+#: root does. On a host with hybrid cgroups (v1 controllers, v2 at /sys/fs/cgroup/unified,
+#: where vgpud finds the container) the test mounts the v2 hierarchy read-only instead.
+LEASED_LOOP = (
+    "cg=$(grep '^0::' /proc/self/cgroup | cut -d: -f3); "
+    "if [ -e /sys/fs/cgroup/cgroup.procs ]; then d=/sys/fs/cgroup; "
+    "else d=/sys/fs/cgroup/unified$cg; fi; "
+    # (not cgroup.kill: it is write-only, 0200, so no open of it is allowed to take a lease on)
+    "leaser 300 /sim/cgroup-leases.json $d/cgroup.procs $d/cgroup.events $d/cgroup.freeze "
+    "2> /sim/leaser.err & sleep 1; " + LOOP)
+UNIFIED = Path("/sys/fs/cgroup/unified")
+
+
+@pytest.mark.parametrize("host", [{"memory_escalate_after": 3, "memory_escalate_window_s": 60,
+                                   "memory_escalate_action": "kill"}], indirect=True)
+def test_leases_on_its_cgroup_files_neither_stall_the_guard_nor_hide_the_bypass(host):
+    """Issue 22, item 2, for the cgroup files: the guard reads the container's cgroup.procs
+    to find its processes and writes cgroup.kill to stop it. A blocking open of a leased
+    file waited 45 s (lease-break-time) for each, longer than the whole bound here; now
+    every open is O_NONBLOCK and a leased file's processes come from /proc."""
+    require(LEASER.exists(), "make builds build/tests/leaser")
+    t0 = time.monotonic()
+    hybrid = (UNIFIED / "cgroup.procs").exists()
+    p, _ = host.start(LEASED_LOOP, {"vgpu.io/memory": "256Mi"}, extra_bin=(LOAD, LEASER),
+                      cgroupns=not hybrid, mounts=[{"destination": str(UNIFIED), "type": "bind",
+                                              "source": str(UNIFIED),
+                                              "options": ["rbind", "ro"]}] if hybrid else [])
+    leases = host.sim / "cgroup-leases.json"
+    host.vgpud.wait_for(lambda: leases.exists() and sum(
+        f["lease"] != "none" for f in json.loads(leases.read_text())["files"]) >= 2,
+        timeout=20, what="leases on the container's cgroup files")
+    try:
+        p.communicate(timeout=BOUND_S + 10)
+    except Exception:
+        p.kill()
+        out, _ = p.communicate()
+        raise AssertionError(f"the container outlived {BOUND_S + 10} s: {starts(out)} starts, "
+                             f"{json.loads(leases.read_text())}") from None
+    assert time.monotonic() - t0 <= BOUND_S
+    (ev,) = host.vgpud.events("guard.escalate")
+    assert ev["action"] == "kill" and ev["findings"] == 3, ev
+    host.vgpud.wait_for(lambda: host.slices() == [], timeout=10, what="the slice released")
+    assert gpu_used(host) == 0

@@ -48,16 +48,18 @@ class Host:
         return gpu
 
     def start(self, script: str, annotations: dict[str, str],
-              extra_bin: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+              extra_bin: Path | tuple[Path, ...] | None = None, cgroupns: bool = False,
+              mounts: list[dict[str, object]] | None = None,
+              ) -> tuple[subprocess.Popen[str], str]:
         self.n += 1
         cid = f"vgpu-hostile-{os.getpid()}-{self.n}"
         bundle = make_bundle(
             self.tmp / cid, args=["/bin/sh", "-c", script], annotations=annotations,
             env=["SIMGPU_STATE=/sim/simgpu.state"],
             mounts=[{"destination": "/sim", "type": "bind", "source": str(self.sim),
-                     "options": ["rbind", "rw"]}])
-        if extra_bin is not None:
-            shutil.copy2(extra_bin, bundle / "rootfs/usr/bin" / extra_bin.name)
+                     "options": ["rbind", "rw"]}, *(mounts or [])], cgroupns=cgroupns)
+        for program in (extra_bin,) if isinstance(extra_bin, Path) else extra_bin or ():
+            shutil.copy2(program, bundle / "rootfs/usr/bin" / program.name)
         cmd = [str(RUNTIME), "--root", str(self.vgpud.runc), "run", "--bundle", str(bundle), cid]
         return subprocess.Popen(cmd, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True), cid

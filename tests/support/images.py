@@ -219,11 +219,13 @@ def make_bundle(bundle: Path, *, args: list[str], env: list[str] | None = None,
                 annotations: dict[str, str] | None = None,
                 hooks: dict[str, list[dict[str, object]]] | None = None,
                 mounts: list[dict[str, object]] | None = None,
-                rootfs: Path | None = None) -> Path:
+                rootfs: Path | None = None, cgroupns: bool = False) -> Path:
     """Make a runc bundle at `bundle` (rootfs: a fresh build_rootfs copy unless given).
 
     The spec is `runc spec`'s default (no terminal, not read-only) with the given process
-    args, env (added after PATH), annotations, hooks and extra mounts. Returns `bundle`.
+    args, env (added after PATH), annotations, hooks and extra mounts; with cgroupns, a
+    cgroup namespace of its own, as Docker, containerd's CRI and Podman give a container on
+    cgroup v2 (its /sys/fs/cgroup is then its own cgroup). Returns `bundle`.
     """
     bundle.mkdir(parents=True, exist_ok=True)
     if rootfs is None:
@@ -239,5 +241,7 @@ def make_bundle(bundle: Path, *, args: list[str], env: list[str] | None = None,
     if hooks:
         spec["hooks"] = hooks
     spec["mounts"] += mounts or []
+    if cgroupns:
+        spec["linux"]["namespaces"].append({"type": "cgroup"})
     (bundle / "config.json").write_text(json.dumps(spec, indent=1))
     return bundle
