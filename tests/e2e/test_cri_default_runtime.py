@@ -55,7 +55,10 @@ def node(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cri-default")
     (tmp / "vgpud").mkdir()
     sim, vgpud = simgpu_vgpud(tmp / "vgpud", {
-        "reconcile": {"runtime_state_roots": ["/run/containerd/runc/k8s.io"]}})
+        "reconcile": {"runtime_state_roots": ["/run/containerd/runc/k8s.io"]},
+        # The pods here ask through their own annotations (no device plugin): a pod
+        # author's memory key counts only in a namespace the config lists (oci_hook.trust).
+        "requests": {"trusted_sources": {"pod_annotations": {"default": ["memory"]}}}})
     env = engine_env(vgpu_bin_dir(tmp / "bin"))
     point_at(env, vgpud)
     (tmp / "containerd").mkdir()
