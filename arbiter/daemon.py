@@ -546,6 +546,8 @@ class Daemon:
                 self.guard.stop()
             if self.broker_watch is not None:
                 self.broker_watch.stop()
+            if self.arbiter is not None and not self.arbiter.slices():
+                self.arbiter.regions.unshare()  # no slice left: no mount of vgpud's either
             if self.broker is not None:
                 # Served slices keep their broker through a restart; a failed start
                 # leaves nothing it started behind (an adopted broker served before it).

@@ -59,6 +59,9 @@ __all__ = ["REGION_FILE_MODE", "USAGE_FILE_MODE", "ReconcileReport", "Regions"]
 
 log = logging.getLogger(__name__)
 
+#: In run_dir, while run_dir is a bind mount of itself that a vgpud made (Regions._share).
+_BOUND_MARK = ".bound-by-vgpud"
+
 #: Limits: readable by a container's processes (any uid), written by vgpud alone.
 REGION_FILE_MODE = 0o644
 #: Usage: container processes run as any uid and account there; host users other
@@ -141,11 +144,26 @@ class Regions:
         if not self.bounded:
             return
         try:
-            share(self.run_dir)
+            if share(self.run_dir):
+                # Said in the directory itself: a later vgpud undoes it too (unshare).
+                (self.run_dir / _BOUND_MARK).touch()
         except OSError as e:
             if e.errno not in (errno.EPERM, errno.EACCES):
                 raise RegionError(self.run_dir, "share mounts below", e.strerror or str(e)) from e
             self._unbounded(self.run_dir, e)
+
+    def unshare(self) -> None:
+        """Undo the bind mount a vgpud made of run_dir (_share), at a stop with no slice
+        left, so that nothing of vgpud stays mounted (a run dir a test or the demo makes in
+        a temporary directory can then be removed). With slices left it stays: their
+        containers' files are below it. A mount someone else made there (a DaemonSet's
+        hostPath volume) is not vgpud's to undo: only one _BOUND_MARK says vgpud made."""
+        mark = self.run_dir / _BOUND_MARK
+        if not mark.exists():
+            return
+        with contextlib.suppress(OSError):
+            mark.unlink()
+            detach(self.run_dir)
 
     def _ensure_root(self) -> None:
         """<run_dir>/slices deleted while vgpud runs: made again, and said so."""

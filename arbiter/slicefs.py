@@ -69,17 +69,19 @@ def mount_slice_fs(path: Path, size: int, files: int, mode: int) -> None:
            f"size={size},nr_inodes={files + 1},mode={mode:o}")
 
 
-def share(path: Path) -> None:
+def share(path: Path) -> bool:
     """Give the directory path shared propagation (bound onto itself first when it is not
-    a mount point: then mounts below it propagate to the copies runtimes make of it)."""
+    a mount point: then mounts below it propagate to the copies runtimes make of it).
+    True when it made that bind mount (detach(path) undoes it)."""
     try:
         _mount("none", path, None, _MS_SHARED, None)
-        return
+        return False
     except OSError as e:
         if e.errno != errno.EINVAL:  # EINVAL: not a mount point
             raise
     _mount(str(path), path, None, _MS_BIND, None)
     _mount("none", path, None, _MS_SHARED, None)
+    return True
 
 
 def bind_file(source: Path, target: Path) -> None:

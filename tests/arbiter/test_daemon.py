@@ -645,3 +645,28 @@ def test_gpu_seconds_of_a_slice_measured_by_libvgpu(vgpud, simgpu_env):
     [line] = [x for x in scrape(vgpud).splitlines() if x.startswith(prefix)]
     # At least the kernels' own time; a loaded machine may stretch the hold, not shrink it.
     assert 0.29 <= float(line.removeprefix(prefix)) < 30
+
+
+def _mount_point(path: Path) -> bool:
+    """Whether something is mounted at path (a bind of a directory onto itself too, which
+    os.path.ismount cannot tell: same device, same inode)."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return str(path) in points
+
+
+def test_a_vgpud_that_stops_with_no_slice_leaves_no_mount_behind(daemons):
+    """vgpud binds run_dir onto itself (shared propagation, arbiter.slicefs.share) where it
+    can mount: at a stop with no slice left it undoes that, so the directory can go (the
+    demo's temporary run dir could not be removed: EBUSY). With a slice left it stays: the
+    slice's containers have their files below it."""
+    if os.geteuid() != 0:
+        pytest.skip("vgpud mounts only as root")
+    v = daemons().start()
+    assert _mount_point(v.run_dir)
+    s = alloc(v, "c1", 64 << 20).slice
+    v.stop()
+    assert _mount_point(v.run_dir)  # a slice is left: kept
+    v.start()
+    v.stub.Release(pb.ReleaseRequest(id=s.id), timeout=10)
+    v.stop()
+    assert not _mount_point(v.run_dir)
