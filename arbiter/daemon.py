@@ -611,6 +611,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _say(line: str) -> None:
+    """One line to stderr in one write: the broker vgpud started shares the stream, and
+    print()'s separate newline let its lines land inside ours."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None,
          attachments: Sequence[AttachmentFactory] = ()) -> int:
     """Run vgpud (the domain alone; vgpud.main adds the container lifecycle socket)."""
@@ -621,11 +628,10 @@ def main(argv: list[str] | None = None,
         # First, whatever else fails: the variables must not reach vgpud's children.
         listeners = activation.from_environ()
     except VgpuError as e:
-        print(f"vgpud: {e}", file=sys.stderr)
+        _say(f"vgpud: {e}")
         return 1
     if args.wait_lock < 0:
-        print(f"vgpud: --wait-lock: {args.wait_lock:g} is not a number of seconds >= 0",
-              file=sys.stderr)
+        _say(f"vgpud: --wait-lock: {args.wait_lock:g} is not a number of seconds >= 0")
         return 2
     path = config_path(args.config)
     overrides: dict[str, object] = {"socket": args.socket, "state_dir": args.state_dir,
@@ -636,7 +642,7 @@ def main(argv: list[str] | None = None,
     try:
         config = load_config(path, overrides, accepted=accepted)
     except ConfigError as e:
-        print(f"vgpud: {e}", file=sys.stderr)
+        _say(f"vgpud: {e}")
         return 2
     # Whatever umask vgpud inherits, nothing it makes is writable by other users
     # (files whose mode matters get it explicitly as well).
@@ -649,7 +655,7 @@ def main(argv: list[str] | None = None,
     except Exception as e:
         # One line, whatever failed; the traceback only at debug level.
         log.debug("start failed", exc_info=True)
-        print(f"vgpud: {_start_failure(e)}", file=sys.stderr)
+        _say(f"vgpud: {_start_failure(e)}")
         try:
             daemon.close()  # no socket left behind
         except Exception:
