@@ -4,12 +4,17 @@
 The kubelet removes (device plugins) or rescans (plugin registry) these files when it
 restarts, and a previous plugin may have left one behind: start() replaces a stale file,
 serving() says whether the file at the path is still the one this server made, and
-stop() removes it only then (never a file another process made since).
+stop() removes it only then (never a file another process made since). taken() tells a
+socket another live server made at the path (a newer plugin beside this one during a
+DaemonSet surge update) from one that is gone or dead (the kubelet removed it, or its
+server exited), so a plugin can stand aside rather than take the path back.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import socket as _socket
+import stat
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
@@ -50,6 +55,23 @@ class UnixGrpcServer:
             return self._server is not None and os.stat(self.socket).st_ino == self._inode
         except FileNotFoundError:
             return False
+
+    def taken(self, timeout_s: float = 0.5) -> bool:
+        """Whether another server answers on the path: a socket that is not ours and that
+        accepts a connection (a stale file or a dead server's refuses one)."""
+        try:
+            st = os.stat(self.socket)
+        except FileNotFoundError:
+            return False
+        if st.st_ino == self._inode or not stat.S_ISSOCK(st.st_mode):
+            return False
+        with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as probe:
+            probe.settimeout(timeout_s)
+            try:
+                probe.connect(str(self.socket))
+            except OSError:
+                return False
+        return True
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Finish the calls in flight (up to grace_s), stop, remove our socket file."""

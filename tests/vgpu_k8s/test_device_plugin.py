@@ -236,3 +236,44 @@ def test_waits_for_the_kubelet_and_for_vgpud_before_registering(tmp_path: Path):
         assert n.plugin.proc is not None and n.plugin.proc.poll() is None
     finally:
         n.close()
+
+
+def test_a_surge_update_hands_the_sockets_to_the_newer_plugin_without_a_fight(node: Node,
+                                                                              tmp_path: Path):
+    """Two plugins on one kubelet dir (a DaemonSet's maxSurge update): the newer takes the
+    sockets and registers once; the older stands aside while the newer answers (it does not
+    take the paths back, so there is no re-registration loop) and keeps running; when the
+    newer goes away first, the older serves and registers again."""
+    import os
+    import time
+    registered(node)
+    sockets = [node.kubelet.dir / "vgpu-memory.sock", node.kubelet.dir / "vgpu-compute.sock"]
+    older = node.plugin
+    newer = DevicePlugin(node.kubelet.dir, node.vgpud.socket, tmp_path / "newer.log",
+                         "--vgpud-grace", "1")
+    newer.start()
+    try:
+        mem, _ = registered(node, count=2)
+        inodes = [os.stat(s).st_ino for s in sockets]
+        time.sleep(3)   # 15 of the older plugin's ticks
+        assert [r.resource_name for r in node.kubelet.registrations].count(MEMORY) == 2, \
+            older.log() + newer.log()
+        assert [os.stat(s).st_ino for s in sockets] == inodes
+        assert older.proc is not None and older.proc.poll() is None
+        assert "standing aside while it answers" in older.log()
+        # The kubelet's connection is the newer one's, and it answers.
+        reply = mem.allocate(node.ids(MEMORY, 0)[:2])
+        assert reply.container_responses[0].annotations[MEMORY] == "512Mi"
+        assert not mem.stream_ended
+        # The newer goes (a rollback, or it failed): the older takes over again.
+        assert newer.stop(signal.SIGTERM) == 0, newer.log()
+        mem, _ = registered(node, count=3)
+        assert all(s.exists() for s in sockets)
+        assert "serving and registering again" in older.log()
+        assert mem.allocate(node.ids(MEMORY, 1)[:1]).container_responses[0].annotations[
+            MEMORY] == "256Mi"
+    finally:
+        newer.close()
+    # The older one's own stop leaves no file behind it.
+    assert older.stop(signal.SIGTERM) == 0
+    assert not any(s.exists() for s in sockets)

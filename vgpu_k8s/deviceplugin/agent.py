@@ -1,6 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """The plugin's life: wait for vgpud, serve both resources, register, keep the lists current,
-serve and register again after a kubelet restart, and stop cleanly."""
+serve and register again after a kubelet restart, and stop cleanly.
+
+A DaemonSet surge update runs two plugins on one node for a while, on the same kubelet dir.
+The hand-over: the newer one takes the socket paths when it starts (it replaces the files
+and registers; the kubelet then dials it and drops the older one's stream). The older one
+sees its paths held by a server that answers, stands aside (it does not take them back,
+which would make the two fight over the paths and re-register without end), and keeps
+running until its pod is stopped. Should the newer one go away first (its files removed,
+or left by a dead process), the older one serves and registers again.
+"""
 from __future__ import annotations
 
 import logging
@@ -52,6 +61,7 @@ class Agent:
         self._last_error = ("", False)
         self._registered_inode = 0     # the kubelet socket we registered with; 0: none
         self._retry_at = 0.0
+        self._aside = False            # a newer plugin serves our paths
 
     # -- vgpud ----------------------------------------------------------------
 
@@ -84,6 +94,20 @@ class Agent:
         """Serve and register again when the kubelet restarted or our sockets went away."""
         kubelet_inode = kubelet.inode(self.settings.kubelet_dir / kubelet.KUBELET_SOCKET)
         lost = [s for s in self.servers.values() if not s.serving()]
+        taken = [s for s in lost if s.taken()]
+        if taken:
+            if not self._aside:
+                log.info("another plugin serves %s (a newer pod during an update): standing "
+                         "aside while it answers", ", ".join(str(s.socket) for s in taken))
+                self._aside = True
+                self._registered_inode = 0
+            return
+        if self._aside:
+            log.info("%s no longer answered by another plugin: serving and registering again",
+                     self.settings.kubelet_dir)
+            self._aside = False
+            self._retry_at = 0.0
+            lost = list(self.servers.values())
         if self._registered_inode and (kubelet_inode != self._registered_inode or lost):
             log.info("kubelet restarted (or removed our sockets): serving and registering again")
             self._registered_inode = 0
