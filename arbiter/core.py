@@ -245,7 +245,7 @@ class Arbiter:
             with self._lock:
                 self._users[s.id] = tuple(u for u in self._users.get(s.id, ()) if u != user)
             raise
-        self.emit("user.add", slice=s.id, owner=s.owner, pid=user.pid, cgroup=user.cgroup,
+        self.emit("user.add", of=s, slice=s.id, owner=s.owner, pid=user.pid, cgroup=user.cgroup,
                   bundle=user.bundle)
         return s
 
@@ -540,7 +540,7 @@ class Arbiter:
     def _held(self, verb: str, s: Slice, who: Holder) -> HeldError:
         if s.owner_kind == OwnerKind.CLAIM:
             e = HeldError(verb, s, "a DRA claim holds it (no container does)")
-            self.emit(f"{verb}.refused", slice=s.id, owner=s.owner, pid=who.pid,
+            self.emit(f"{verb}.refused", of=s, slice=s.id, owner=s.owner, pid=who.pid,
                       bundle=who.bundle)
             return e
         if s.owner_pid:
@@ -551,7 +551,7 @@ class Arbiter:
             holder += f", bundle {s.owner_bundle}"
         e = HeldError(verb, s, f"{holder}) holds it; a second container with the same id "
                                "cannot share its slice")
-        self.emit(f"{verb}.refused", slice=s.id, owner=s.owner, holder_pid=s.owner_pid,
+        self.emit(f"{verb}.refused", of=s, slice=s.id, owner=s.owner, holder_pid=s.owner_pid,
                    holder_bundle=s.owner_bundle, pid=who.pid, bundle=who.bundle)
         return e
 
@@ -574,7 +574,7 @@ class Arbiter:
                 if self._slices.get(old.id) is bound:
                     self._slices[old.id] = old
             raise
-        self.emit("attach", slice=bound.id, owner=bound.owner, pid=bound.owner_pid,
+        self.emit("attach", of=bound, slice=bound.id, owner=bound.owner, pid=bound.owner_pid,
                    cgroup=bound.owner_cgroup, bundle=bound.owner_bundle)
         return bound
 
@@ -641,7 +641,7 @@ class Arbiter:
         for s in evicted:
             pids = self._kill_slice(s)
             self._forget(s)
-            self.emit("evict", slice=s.id, owner=s.owner, by=new.id, by_owner=new.owner,
+            self.emit("evict", of=s, slice=s.id, owner=s.owner, by=new.id, by_owner=new.owner,
                        killed=sorted(pids))
             if self.metrics is not None:
                 self.metrics.eviction()
@@ -652,7 +652,7 @@ class Arbiter:
         return Allocation(new, existing=False, evicted=evicted_ids)
 
     def _emit_allocate(self, new: Slice, evicted: tuple[str, ...]) -> None:
-        self.emit("allocate", slice=new.id, owner=new.owner, owner_kind=new.owner_kind,
+        self.emit("allocate", of=new, slice=new.id, owner=new.owner, owner_kind=new.owner_kind,
                    owner_pid=new.owner_pid, priority=new.priority.name.lower(),
                    policy=new.policy.name.lower(),
                    grants=[{"gpu": g.gpu_index, "memory": g.memory, "compute": g.compute}
@@ -676,13 +676,13 @@ class Arbiter:
             if who is not None:
                 why = self._kept_from(s, who)
                 if why:
-                    self.emit("release.refused", slice=s.id, owner=s.owner, pid=pid,
+                    self.emit("release.refused", of=s, slice=s.id, owner=s.owner, pid=pid,
                                bundle=bundle, reason=why)
                     raise HeldError("release", s, why)
             pending = self.store.delete_async(s.id)
             self._forget(s)
         self._await_durable(s, pending, undo=self._undo_release)
-        self.emit(event, slice=s.id, owner=s.owner, reason=reason)
+        self.emit(event, of=s, slice=s.id, owner=s.owner, reason=reason)
         if self.metrics is not None:
             self.metrics.release(reason)
         return s
@@ -711,7 +711,7 @@ class Arbiter:
             new = dataclasses.replace(s, grants=tuple(grants))
             self._slices[s.id] = new
             self.regions.update(new)
-            self.emit("update", slice=s.id, owner=s.owner, memory=grants[0].memory,
+            self.emit("update", of=s, slice=s.id, owner=s.owner, memory=grants[0].memory,
                        compute=grants[0].compute)
             return new
 
@@ -776,7 +776,11 @@ class Arbiter:
             if sid not in self._slices:
                 return sid
 
-    def emit(self, kind: str, **fields: Any) -> None:
+    def emit(self, kind: str, *, of: Slice | None = None, **fields: Any) -> None:
+        """Record an event; `of`, the slice it is about, adds the Kubernetes workload that
+        slice serves (namespace, pod, container) where it has one."""
+        if of is not None:
+            fields.update((k, v) for k, v in of.workload().items() if v)
         try:
             self.events.emit(kind, **fields)
         except Exception as e:  # an event log that cannot be written must not stop the arbiter

@@ -213,13 +213,13 @@ class Guardian:
             return Findings(found, mem_found)
 
     def _act(self, s: Slice, f: guard.Finding, pids: set[int]) -> None:
-        self.arbiter.emit("guard.over_share", slice=s.id, owner=s.owner, gpu=f.gpu,
+        self.arbiter.emit("guard.over_share", of=s, slice=s.id, owner=s.owner, gpu=f.gpu,
                           used=f.used, allowed=f.allowed, pids=list(f.pids), action=self.action)
         if self.metrics is not None and hasattr(self.metrics, "guard_finding"):
             self.metrics.guard_finding(self.action)
         if self.action == "kill":
             killed = self._sigkill(f.pids)
-            self.arbiter.emit("guard.kill", slice=s.id, owner=s.owner, gpu=f.gpu, pids=killed,
+            self.arbiter.emit("guard.kill", of=s, slice=s.id, owner=s.owner, gpu=f.gpu, pids=killed,
                               resource="compute")
         elif self.action == "throttle":
             self._hold(s, f.gpu, f.pids, pids, allowed=f.allowed,
@@ -268,7 +268,7 @@ class Guardian:
         first = key not in self._mem_flagged
         if first:
             self._mem_flagged.add(key)
-            self.arbiter.emit("guard.over_memory", slice=s.id, owner=s.owner, gpu=f.gpu,
+            self.arbiter.emit("guard.over_memory", of=s, slice=s.id, owner=s.owner, gpu=f.gpu,
                               used=f.used, limit=f.limit, allowed=f.allowed, pids=list(f.pids),
                               action=action)
             if self.metrics is not None and hasattr(self.metrics, "guard_finding"):
@@ -282,7 +282,7 @@ class Guardian:
             todo = [p for p in f.victims if p not in done]
             done.update(todo)
             if todo:
-                self.arbiter.emit("guard.kill", slice=s.id, owner=s.owner, gpu=f.gpu,
+                self.arbiter.emit("guard.kill", of=s, slice=s.id, owner=s.owner, gpu=f.gpu,
                                   pids=self._sigkill(todo), resource="memory")
             return first or bool(todo)
         if action == "throttle":
@@ -327,7 +327,7 @@ class Guardian:
               "a bypass that comes back"
         if action != self.memory_escalate_action:
             why += "; no cgroup of its own to freeze"
-        self.arbiter.emit("guard.escalate", slice=s.id, owner=s.owner, gpu=f.gpu,
+        self.arbiter.emit("guard.escalate", of=s, slice=s.id, owner=s.owner, gpu=f.gpu,
                           action=action, reason=why, findings=n,
                           window_s=self.memory_escalate_window_s, used=f.used, limit=f.limit,
                           cgroups=frozen, pids=sorted(set(killed)))
@@ -397,7 +397,7 @@ class Guardian:
             why = self._refusal(cg, pids)
             if why:
                 if say_refusal:
-                    self.arbiter.emit("guard.throttle_refused", slice=s.id, owner=s.owner,
+                    self.arbiter.emit("guard.throttle_refused", of=s, slice=s.id, owner=s.owner,
                                       gpu=gpu, cgroup=cg, reason=why,
                                       resource="memory" if memory else "compute")
                 continue
@@ -407,7 +407,7 @@ class Guardian:
                                             memory=memory)
             self._write_ledger()
             cycle.start()
-            self.arbiter.emit("guard.throttle", slice=s.id, owner=s.owner, gpu=gpu,
+            self.arbiter.emit("guard.throttle", of=s, slice=s.id, owner=s.owner, gpu=gpu,
                               cgroup=cg, run_fraction=round(run, 3), allowed=allowed,
                               resource="memory" if memory else "compute")
 

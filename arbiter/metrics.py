@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from arbiter.model import Gpu, Policy, Priority, Slice
+from arbiter.model import WORKLOAD_LABELS, Gpu, Policy, Priority, Slice
 
 __all__ = ["Metrics", "Snapshot", "parse_address"]
 
@@ -42,7 +42,10 @@ SNAPSHOT_REUSE_S = 1.0
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 _GPU_LABELS = ("gpu", "uuid")
-_SLICE_LABELS = ("gpu", "uuid", "slice", "owner")
+#: A slice's own labels, then the Kubernetes workload it serves ("" outside Kubernetes):
+#: dashboards and alerts name the pod, not a container id.
+_WORKLOAD = tuple(name for name, _ in WORKLOAD_LABELS)
+_SLICE_LABELS = ("gpu", "uuid", "slice", "owner", *_WORKLOAD)
 
 
 @dataclass(frozen=True)
@@ -155,21 +158,23 @@ def _families(snap: Snapshot) -> Iterator[Metric]:
     g_broker = _gauge("vgpu_gpu_broker_serving",
                       "1 while a token broker serves the GPU (its heartbeat is fresh), 0 when "
                       "none does: throttled slices there cannot launch work.", _GPU_LABELS)
-    s_info = InfoMetricFamily("vgpu_slice", "A slice's owner, priority and policy.",
-                              labels=["slice", "owner", "priority", "policy"])
+    s_info = InfoMetricFamily("vgpu_slice", "A slice's owner, priority, policy and the "
+                              "Kubernetes namespace, pod and container it serves.",
+                              labels=["slice", "owner", "priority", "policy", *_WORKLOAD])
 
     allocated: dict[int, int] = {}
     compute: dict[int, int] = {}
     count: dict[int, int] = {}
     for sl in snap.slices:
         # Priority()/Policy() also take the plain ints a store may hand back.
+        workload = list(sl.workload().values())
         s_info.add_metric([sl.id, sl.owner, Priority(sl.priority).name.lower(),
-                           Policy(sl.policy).name.lower()], {})
+                           Policy(sl.policy).name.lower(), *workload], {})
         used = snap.slice_used.get(sl.id, [])
         cused = snap.slice_compute_used.get(sl.id, [])
         gpu_ns = snap.slice_gpu_ns.get(sl.id, [])
         for ordinal, grant in enumerate(sl.grants):
-            labels = [str(grant.gpu_index), grant.gpu_uuid, sl.id, sl.owner]
+            labels = [str(grant.gpu_index), grant.gpu_uuid, sl.id, sl.owner, *workload]
             s_limit.add_metric(labels, grant.memory)
             s_share.add_metric(labels, grant.compute)
             if ordinal < len(used):

@@ -12,8 +12,14 @@ from dataclasses import dataclass, field
 
 from arbiter.region import Policy, Priority
 
-__all__ = ["Gpu", "Grant", "OwnerKind", "Policy", "Priority", "Request", "Slice", "User",
-           "VGpuAsk"]
+__all__ = ["WORKLOAD_LABELS", "Gpu", "Grant", "OwnerKind", "Policy", "Priority", "Request",
+           "Slice", "User", "VGpuAsk"]
+
+#: Slice labels that name the Kubernetes workload a slice serves, as whoever asked set
+#: them (the hook from its CRI runtime's annotations, the DRA plugin from the claim), by
+#: the name metrics and events show them under. A slice outside Kubernetes has none.
+WORKLOAD_LABELS = (("namespace", "k8s.vgpu.io/namespace"), ("pod", "k8s.vgpu.io/pod"),
+                   ("container", "k8s.vgpu.io/container"))
 
 
 class OwnerKind:
@@ -108,6 +114,11 @@ class Slice:
     # The versioned install (arbiter.installs, `<version>-<hash>`) whose libvgpu.so the
     # container mapped, recorded at prestart; "" when an older vgpud made the slice.
     libvgpu_version: str = ""
+
+    def workload(self) -> dict[str, str]:
+        """The Kubernetes workload it serves (WORKLOAD_LABELS): name -> value, "" unset."""
+        have = dict(self.labels)
+        return {name: have.get(key, "") for name, key in WORKLOAD_LABELS}
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ class Reconciler:
         for f in memguard.findings(uses):
             s = by_id[f.slice_id]
             report.drift.append((s.id, f.gpu, f.used, f.limit))
-            self.arbiter.emit("reconcile.drift", slice=s.id, owner=s.owner, gpu=f.gpu,
+            self.arbiter.emit("reconcile.drift", of=s, slice=s.id, owner=s.owner, gpu=f.gpu,
                               used=f.used, limit=f.limit, pids=list(f.pids))
             if self.metrics is not None and hasattr(self.metrics, "drift"):
                 self.metrics.drift()
@@ -166,7 +166,7 @@ class Reconciler:
                     with contextlib.suppress(OSError):
                         self._kill(pid, signal.SIGKILL)
                         report.killed.append(pid)
-                self.arbiter.emit("reconcile.kill", slice=s.id, owner=s.owner,
+                self.arbiter.emit("reconcile.kill", of=s, slice=s.id, owner=s.owner,
                                   gpu=f.gpu, pids=sorted(f.victims))
 
     # -- the thread ------------------------------------------------------------

@@ -34,6 +34,7 @@ from oci_hook.request import SLICE_ANNOTATION, find_request, parse_request
 from oci_hook.slices import view_of
 from oci_hook.state import HookState, Spec, load_spec
 from oci_hook.trust import check_request
+from oci_hook.workload import workload_labels
 
 if TYPE_CHECKING:
     from arbiter.config import Config
@@ -80,7 +81,8 @@ def prestart(state: HookState, config: Config, slices: Slices, *,
                              f"{CREATE_RUNTIME} hook)")
     # A bad request fails before anything is asked; with the runtime's slice id it was
     # checked at create already (and most likely is not needed).
-    req = None if annotations.get(SLICE_ANNOTATION) else _parse(raw, state, slices)
+    req = None if annotations.get(SLICE_ANNOTATION) else _parse(raw, state, slices,
+                                                                  annotations)
     try:
         s = _slice(slices, state, raw, annotations, req)
         plan = plan_mounts(view_of(slices, s), rootfs=spec.rootfs, libvgpu=libvgpu(),
@@ -96,9 +98,11 @@ def prestart(state: HookState, config: Config, slices: Slices, *,
         raise
 
 
-def _parse(raw: dict[str, str], state: HookState, slices: Slices) -> Request:
+def _parse(raw: dict[str, str], state: HookState, slices: Slices,
+           annotations: Mapping[str, str]) -> Request:
     req = parse_request(raw, owner=state.id, owner_pid=state.pid, defaults=slices.defaults())
-    return dataclasses.replace(req, bundle=str(state.bundle))
+    return dataclasses.replace(req, bundle=str(state.bundle),
+                               labels=workload_labels(annotations))
 
 
 def _is(e: VgpuError, code: str) -> bool:
@@ -123,7 +127,7 @@ def _slice(slices: Slices, state: HookState, raw: dict[str, str],
             if not _is(e, StateError.NOT_FOUND):
                 raise SliceError("allocate a vGPU", str(e)) from e
     if req is None:
-        req = _parse(raw, state, slices)
+        req = _parse(raw, state, slices, annotations)
     try:
         return slices.allocate(req).slice
     except VgpuError as e:

@@ -34,6 +34,7 @@ from oci_hook.phases import CLAIM_KIND, release
 from oci_hook.request import SANDBOX, container_type, find_request, parse_request
 from oci_hook.slices import view_of
 from oci_hook.trust import check_request, request_keys
+from oci_hook.workload import workload_labels
 from shim.errors import AllocateError, HookProgramError
 from shim.modifiers import CdiEditsModifier, HookSettings, SliceInfo, for_slice
 from shim.spec import Spec, SpecStore
@@ -120,7 +121,8 @@ def give_vgpu(store: SpecStore, spec: Spec, container_id: str, bundle: Path, con
     request = parse_request(raw, owner=container_id, defaults=slices.defaults())
     # Who asks: the bundle tells this container from another with the same id until its
     # prestart records its init (the domain refuses an id another live container holds).
-    request = dataclasses.replace(request, bundle=str(bundle))
+    request = dataclasses.replace(request, bundle=str(bundle),
+                                  labels=workload_labels(annotations))
     try:
         granted = slices.allocate(request).slice
     except VgpuError as e:

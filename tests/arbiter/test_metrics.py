@@ -23,11 +23,20 @@ GPUS = [
 ]
 SLICES = [
     Slice(id="s1", owner="ctr-1", grants=(Grant(0, "GPU-aaaa", 512 * MI, 30),),
-          priority=Priority.HIGH, policy=Policy.BURST),
+          priority=Priority.HIGH, policy=Policy.BURST,
+          labels=(("k8s.vgpu.io/namespace", "ml"), ("k8s.vgpu.io/pod", "train-0"),
+                  ("k8s.vgpu.io/container", "trainer"), ("vgpu.io/command", "x"))),
     Slice(id="s2", owner="ctr-2", grants=(Grant(0, "GPU-aaaa", 256 * MI, 20),
                                           Grant(1, "GPU-bbbb", 256 * MI, 20)),
           priority=Priority.LOW),
 ]
+
+# A pod's slice is named by its namespace, pod and container; others carry them empty.
+POD = {"namespace": "ml", "pod": "train-0", "container": "trainer"}
+NONE = {"namespace": "", "pod": "", "container": ""}
+S1 = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s1", "owner": "ctr-1", **POD}
+S2A = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s2", "owner": "ctr-2", **NONE}
+S2B = {"gpu": "1", "uuid": "GPU-bbbb", "slice": "s2", "owner": "ctr-2", **NONE}
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -123,9 +132,7 @@ def test_snapshot_gauges(metrics: Metrics) -> None:
     assert value(s, "vgpu_gpu_slices", **g0) == 2
     assert value(s, "vgpu_gpu_slices", **g1) == 1
 
-    s1 = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s1", "owner": "ctr-1"}
-    s2a = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s2", "owner": "ctr-2"}
-    s2b = {"gpu": "1", "uuid": "GPU-bbbb", "slice": "s2", "owner": "ctr-2"}
+    s1, s2a, s2b = S1, S2A, S2B
     assert value(s, "vgpu_slice_memory_limit_bytes", **s1) == 512 * MI
     assert value(s, "vgpu_slice_memory_limit_bytes", **s2b) == 256 * MI
     assert value(s, "vgpu_slice_memory_used_bytes", **s1) == 400 * MI
@@ -135,9 +142,9 @@ def test_snapshot_gauges(metrics: Metrics) -> None:
     assert value(s, "vgpu_slice_compute_used_percent", **s1) == 25
     assert ("vgpu_slice_compute_used_percent", tuple(sorted(s2a.items()))) not in s
     assert value(s, "vgpu_slice_info", slice="s1", owner="ctr-1", priority="high",
-                 policy="burst") == 1
+                 policy="burst", **POD) == 1
     assert value(s, "vgpu_slice_info", slice="s2", owner="ctr-2", priority="low",
-                 policy="fixed") == 1
+                 policy="fixed", **NONE) == 1
 
 
 def test_gpu_seconds_and_handoffs_from_the_sched_regions(metrics: Metrics) -> None:
@@ -152,9 +159,7 @@ def test_gpu_seconds_and_handoffs_from_the_sched_regions(metrics: Metrics) -> No
     assert "# TYPE vgpu_slice_gpu_seconds_total counter" in text
     assert "# TYPE vgpu_gpu_token_handoffs_total counter" in text
     s = samples(text)
-    s1 = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s1", "owner": "ctr-1"}
-    s2a = {"gpu": "0", "uuid": "GPU-aaaa", "slice": "s2", "owner": "ctr-2"}
-    s2b = {"gpu": "1", "uuid": "GPU-bbbb", "slice": "s2", "owner": "ctr-2"}
+    s1, s2a, s2b = S1, S2A, S2B
     assert value(s, "vgpu_slice_gpu_seconds_total", **s1) == 2.5
     assert value(s, "vgpu_slice_gpu_seconds_total", **s2b) == 1e-6
     assert ("vgpu_slice_gpu_seconds_total", tuple(sorted(s2a.items()))) not in s

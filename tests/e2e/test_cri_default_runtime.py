@@ -13,11 +13,13 @@ import json
 import subprocess
 import sys
 import tomllib
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.cri import ContainerSpec, Cri, Pod, PodSpec
 from support.engines import CriContainerd, engine_env, point_at, require, vgpu_bin_dir
 from support.images import build_oci_archive, build_pause_archive
@@ -126,6 +128,30 @@ def test_a_pod_that_names_no_handler_gets_its_vgpu(node):
     finally:
         cri.remove_pod(pod)
     vgpud.wait_for(lambda: not owners(vgpud), timeout=30, what="the slice released")
+
+
+def test_the_slice_its_events_and_metrics_name_the_pod(node):
+    # containerd writes the pod's namespace, its name and the container's name on the spec;
+    # the slice keeps them, and an operator sees the pod, not a container id.
+    _, _, vgpud, _, cri = node
+    pod, cid = run_pod(node, "trainer-0", {"vgpu.io/memory": "64Mi"})
+    want = {"namespace": "default", "pod": "trainer-0", "container": "main"}
+    try:
+        (s,) = vgpud.stub.List(pb.ListRequest(), timeout=5).slices
+        assert {k.removeprefix("k8s.vgpu.io/"): v for k, v in s.labels.items()} == want
+        (event,) = [e for e in vgpud.events("allocate") if e["owner"] == cid]
+        assert {k: event.get(k) for k in want} == want
+        body = urllib.request.urlopen(
+            f"http://127.0.0.1:{vgpud.metrics_port}/metrics", timeout=10).read().decode()
+        (limit,) = [m for f in text_string_to_metric_families(body) for m in f.samples
+                    if m.name == "vgpu_slice_memory_limit_bytes"]
+        assert {k: limit.labels[k] for k in want} == want
+        assert limit.labels["owner"] == cid and limit.value == 64 * MI
+    finally:
+        cri.remove_pod(pod)
+    vgpud.wait_for(lambda: not owners(vgpud), timeout=30, what="the slice released")
+    (event,) = [e for e in vgpud.events("release") if e["owner"] == cid]
+    assert {k: event.get(k) for k in want} == want
 
 
 def test_a_pod_that_asks_for_nothing_passes_through_untouched(node):

@@ -189,6 +189,9 @@ def test_a_claim_for_2gi_and_30_percent_on_gpu_1_is_exactly_that(node: Node):
     assert [(v.gpu_uuid, v.memory_bytes, v.compute_percent) for v in s.vgpus] == [
         (node.gpus[1].uuid, 2 * GI, 30)]
     assert s.labels["dra.vgpu.io/claim"] == "default/c1"
+    # Metrics and events name the claim's namespace (no pod: a claim may serve several).
+    assert s.labels["k8s.vgpu.io/namespace"] == "default"
+    assert "k8s.vgpu.io/pod" not in s.labels
     spec = json.loads(node.spec(uid).read_text())
     assert spec["kind"] == "vgpu.io/claim"
     assert [d["name"] for d in spec["devices"]] == [uid]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiter.errors import VgpuError
+from arbiter.model import WORKLOAD_LABELS
 from oci_hook import cdi
 from vgpu_k8s.dra import checkpoint
 from vgpu_k8s.dra.apiserver import Cluster
@@ -39,6 +40,9 @@ log = logging.getLogger("vgpu-dra-plugin")
 LABEL_CLAIM = cdi.LABEL_CLAIM
 LABEL_UID = cdi.LABEL_UID
 LABEL_NODE = cdi.LABEL_NODE
+#: The claim's namespace, under the key metrics and events name a slice's namespace by (a
+#: claim may serve several pods: no pod or container label).
+LABEL_NAMESPACE = dict(WORKLOAD_LABELS)["namespace"]
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,8 @@ class Preparer:
         return Answer(entry.devices, entry.cdi_device_ids)
 
     def _labels(self, ref: ClaimRef) -> dict[str, str]:
-        return {LABEL_CLAIM: str(ref), LABEL_UID: ref.uid, LABEL_NODE: self.node}
+        return {LABEL_CLAIM: str(ref), LABEL_UID: ref.uid, LABEL_NODE: self.node,
+                LABEL_NAMESPACE: ref.namespace}
 
     def _first(self, ref: ClaimRef) -> Answer:
         claim_obj = self.cluster.get_claim(ref.namespace, ref.name)
