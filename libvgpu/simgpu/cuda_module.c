@@ -153,3 +153,21 @@ SIMGPU_API CUresult cuModuleUnload(CUmodule hmod)
     free(m);
     return CUDA_SUCCESS;
 }
+
+/* CU_MODULE_EAGER_LOADING / CU_MODULE_LAZY_LOADING (CUmoduleLoadingMode). */
+enum { SG_MODULE_EAGER_LOADING = 1, SG_MODULE_LAZY_LOADING = 2 };
+
+/* What CUDA_MODULE_LOADING asks for: EAGER, else lazy (the driver's default since
+ * CUDA 12.2). NVIDIA's CUDA runtime asks at initialisation, after cuInit, and gives
+ * up (cudaErrorNotSupported) when the driver cannot answer. */
+SIMGPU_API CUresult cuModuleGetLoadingMode(int *mode)
+{
+    CUresult rc = sg_check_init();
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!mode)
+        return CUDA_ERROR_INVALID_VALUE;
+    const char *v = getenv("CUDA_MODULE_LOADING");
+    *mode = v && strcmp(v, "EAGER") == 0 ? SG_MODULE_EAGER_LOADING : SG_MODULE_LAZY_LOADING;
+    return CUDA_SUCCESS;
+}
