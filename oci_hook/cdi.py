@@ -48,6 +48,10 @@ from typing import TYPE_CHECKING, Any
 from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from oci_hook.errors import HookError
 from oci_hook.mounts import Mount, slice_env, slice_mounts
+from oci_hook.request import COMPUTE as COMPUTE_KEY
+from oci_hook.request import DEVICES as DEVICES_KEY
+from oci_hook.request import HOOK_KEYS_PHASE, hook_args
+from oci_hook.request import MEMORY as MEMORY_KEY
 from oci_hook.slices import SliceView, VGpuView
 
 if TYPE_CHECKING:
@@ -62,6 +66,7 @@ __all__ = [
     "LABEL_CLAIM",
     "LABEL_NODE",
     "LABEL_UID",
+    "REQUEST_KIND",
     "SANDBOX_NAMESPACE",
     "SPEC_DIRS",
     "CdiError",
@@ -73,6 +78,10 @@ __all__ = [
     "edits_slice_id",
     "find_edits",
     "remove_spec",
+    "request_device",
+    "request_device_id",
+    "request_spec",
+    "spec_bytes",
     "spec_path",
     "stat_device",
     "view_of_message",
@@ -81,6 +90,9 @@ __all__ = [
 
 #: The CDI kind (vendor/class) of every claim's device.
 KIND = "vgpu.io/claim"
+#: The CDI kind of the device plugin's devices, each one a piece of a container's request
+#: (request_spec); KIND's claims are slices that exist already.
+REQUEST_KIND = "vgpu.io/vgpu"
 #: The lowest CDI version with every field the spec uses (the module's docstring says why).
 CDI_VERSION = "0.3.0"
 #: vgpu-hook's subcommand for a claim's container: `vgpu-hook claim <slice id>`.
@@ -130,10 +142,10 @@ def device_id(name: str) -> str:
     return f"{KIND}={_check_name(name)}"
 
 
-def spec_path(cdi_dir: Path, name: str) -> Path:
-    """Where the spec of device `name` lives: `<dir>/vgpu.io-claim_<name>.json` (CDI's
-    naming guidance: `<vendor>-<class>_<unique>.json`, one device per file)."""
-    return Path(cdi_dir) / f"{KIND.replace('/', '-')}_{_check_name(name)}.json"
+def spec_path(cdi_dir: Path, name: str, kind: str = KIND) -> Path:
+    """Where the spec of device `name` of `kind` lives: `<dir>/vgpu.io-claim_<name>.json`
+    (CDI's naming guidance: `<vendor>-<class>_<unique>.json`, one device per file)."""
+    return Path(cdi_dir) / f"{kind.replace('/', '-')}_{_check_name(name)}.json"
 
 
 @dataclass(frozen=True)
@@ -207,12 +219,77 @@ def claim_spec(view: SliceView, *, name: str, libvgpu: Path, hook: Path,
             "devices": [{"name": name, "containerEdits": edits}]}
 
 
+def request_device(keys: Mapping[str, str]) -> str:
+    """The name of the device-plugin CDI device that carries request `keys` (vgpu.io/*):
+    `memory-4Gi-<gpu uuid>` for memory on a GPU, `compute-30` for a compute share. The name
+    follows from the keys alone, so a spec once written serves every later container that
+    gets the same keys, and there are at most GPUs x memory units + 99 of them."""
+    memory, devices = keys.get(MEMORY_KEY), keys.get(DEVICES_KEY)
+    if memory and devices and set(keys) == {MEMORY_KEY, DEVICES_KEY}:
+        return _check_name(f"memory-{memory}-{devices}")
+    compute = keys.get(COMPUTE_KEY)
+    if compute and set(keys) == {COMPUTE_KEY}:
+        return _check_name(f"compute-{compute}")
+    raise CdiError("name", f"the CDI device of {dict(keys)}",
+                   f"the device plugin gives {MEMORY_KEY} with {DEVICES_KEY}, or "
+                   f"{COMPUTE_KEY} alone")
+
+
+def request_spec(keys: Mapping[str, str], *, hook: Path,
+                 hook_env: Mapping[str, str] | None = None, hook_timeout: int = 30,
+                 device_nodes: Sequence[str] = (),
+                 stat_node: Callable[[str], DeviceNode | None] = stat_device
+                 ) -> dict[str, Any]:
+    """The CDI spec (kind REQUEST_KIND) with one device, request_device(keys), that hands
+    the kubelet's request `keys` (what vgpu-device-plugin's Allocate gives one container
+    for one resource) to vgpu-hook: a createRuntime hook `vgpu-hook createRuntime K=V...`
+    (oci_hook.request.hook_args; vgpud reads the keys of every such hook of the container,
+    oci_hook.request.hook_keys). No slice exists yet: the memory device's hook asks vgpud
+    for one and mounts it, as on the runtime path, and its poststop hook releases it; the
+    memory device also names its GPU (env, and `device_nodes`, those that are device
+    nodes here). The compute device's hook only carries its key."""
+    name = request_device(keys)
+    memory = MEMORY_KEY in keys
+
+    def hook_doc(phase: str) -> dict[str, Any]:
+        doc: dict[str, Any] = {"hookName": phase, "path": str(hook),
+                               "args": [hook.name, *hook_args(phase, keys)]}
+        if hook_env:
+            doc["env"] = [f"{k}={v}" for k, v in hook_env.items()]
+        if hook_timeout > 0:
+            doc["timeout"] = hook_timeout
+        return doc
+
+    edits: dict[str, Any] = {}
+    if memory:
+        gpu = keys[DEVICES_KEY]
+        edits["env"] = [f"CUDA_VISIBLE_DEVICES={gpu}", f"NVIDIA_VISIBLE_DEVICES={gpu}"]
+        nodes = [n for n in (stat_node(p) for p in dict.fromkeys(device_nodes)) if n]
+        if nodes:
+            edits["deviceNodes"] = [{"path": n.path, "type": n.type, "major": n.major,
+                                     "minor": n.minor, "permissions": "rw"} for n in nodes]
+    edits["hooks"] = [hook_doc(HOOK_KEYS_PHASE)] + ([hook_doc("poststop")] if memory else [])
+    return {"cdiVersion": CDI_VERSION, "kind": REQUEST_KIND,
+            "devices": [{"name": name, "containerEdits": edits}]}
+
+
+def request_device_id(keys: Mapping[str, str]) -> str:
+    """The fully qualified ID of request_device(keys): `vgpu.io/vgpu=<name>`."""
+    return f"{REQUEST_KIND}={request_device(keys)}"
+
+
+def spec_bytes(spec: Mapping[str, Any]) -> bytes:
+    """The bytes write_spec writes for `spec`."""
+    return (json.dumps(spec, indent=2) + "\n").encode()
+
+
 def write_spec(cdi_dir: Path, name: str, spec: Mapping[str, Any]) -> Path:
     """Write `spec` as the file of device `name` in `cdi_dir` (made if missing), atomically:
     an engine that reads the directory sees the old file or the new one, never a part
-    (a temporary file in the same directory, fsync, rename; mode 0644)."""
-    path = spec_path(cdi_dir, name)
-    data = (json.dumps(spec, indent=2) + "\n").encode()
+    (a temporary file in the same directory, fsync, rename; mode 0644). The file is named
+    by the spec's kind."""
+    path = spec_path(cdi_dir, name, str(spec.get("kind", KIND)))
+    data = spec_bytes(spec)
     tmp = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

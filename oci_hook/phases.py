@@ -53,11 +53,14 @@ CLAIM_KIND = "claim"
 
 def _request(state: HookState, spec: Spec | None,
              config: Config) -> tuple[dict[str, str] | None, dict[str, str]]:
-    """(the raw request or None, the annotations: the spec's, then the state's).
+    """(the raw request or None, the annotations: the spec's, then the state's, then the
+    keys its vgpu-hook hooks carry, which win: the device plugin's CDI devices put the
+    kubelet's keys there, where no pod can write).
 
     Env requests count by this vgpud's config alone: vgpu-runtime's decision used the same
     one, and an annotation (vgpu.io/env-requests) is something a tenant can set too."""
-    annotations = {**(spec.annotations if spec else {}), **state.annotations}
+    annotations = {**(spec.annotations if spec else {}), **state.annotations,
+                   **(spec.hook_keys if spec else {})}
     env = spec.env if spec else ()
     raw = find_request(annotations, env, allow_env=config.allow_env_requests)
     return raw, annotations

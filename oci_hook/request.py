@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from arbiter.errors import QuantityError
 from arbiter.quantity import COMPUTE_FORMS, MEMORY_FORMS, parse_compute, parse_memory
 from arbiter.shipped import shipped_file
-from oci_hook.errors import RequestError
+from oci_hook.errors import RequestError, StateError
 
 if TYPE_CHECKING:
     from arbiter.model import Policy, Priority, Request
@@ -33,12 +33,15 @@ __all__ = [
     "COUNT_MAX",
     "ENV_KEYS",
     "ENV_REQUESTS_ANNOTATION",
+    "HOOK_KEYS_PHASE",
     "INTERNAL_ANNOTATIONS",
     "REQUEST_KEYS",
     "SANDBOX",
     "SLICE_ANNOTATION",
     "container_type",
     "find_request",
+    "hook_args",
+    "hook_keys",
     "parse_request",
     "preload_schema",
     "schema_path",
@@ -75,6 +78,12 @@ CONTAINER_TYPE_KEYS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri-o.
 SANDBOX = "sandbox"
 APP_CONTAINER = "container"
 
+#: The vgpu-hook phase whose arguments may carry request keys (`vgpu-hook createRuntime
+#: vgpu.io/memory=4Gi ...`): what the device plugin's CDI devices add (oci_hook.cdi).
+HOOK_KEYS_PHASE = "createRuntime"
+_HOOK_NAME = "vgpu-hook"
+_HOOK_KEYS_MAX = 16   # far more than the request has keys: a bound on what is read
+
 #: More vGPUs than any host has GPUs; bounds the value before it reaches the proto's uint32.
 COUNT_MAX = 1024
 
@@ -88,6 +97,41 @@ _FORMS: Mapping[str, tuple[str, str]] = {
     DEVICES: ("a device list", "GPU indices or UUIDs, comma separated, e.g. 0,2"),
 }
 _SCHEMA_NAME = "request.schema.json"
+
+
+def hook_args(phase: str, keys: Mapping[str, str]) -> list[str]:
+    """vgpu-hook's argv after its name for `phase` carrying request `keys` (hook_keys
+    reads them back): `createRuntime vgpu.io/memory=4Gi vgpu.io/devices=GPU-...`."""
+    return [phase, *(f"{k}={v}" for k, v in keys.items())]
+
+
+def hook_keys(hooks: object) -> dict[str, str]:
+    """The request keys that a spec's vgpu-hook hooks carry as arguments (hook_args).
+
+    `hooks` is config.json's `hooks` object. A CDI device of the device plugin adds
+    `vgpu-hook createRuntime vgpu.io/memory=4Gi ...` (memory and the GPU) and another
+    `vgpu-hook createRuntime vgpu.io/compute=30` (compute: the kubelet allocates each
+    resource apart); their keys together are the container's request. Only the engine
+    writes hooks (from a CDI spec, hooks.d or the runtime): a pod or an image cannot, so
+    these keys are the kubelet's, as trusted as its container annotations. Hooks of
+    another program, of another phase or without `=` arguments are not read. A key named
+    twice with two values is a StateError: the request would be ambiguous."""
+    found: dict[str, str] = {}
+    entries = hooks.get(HOOK_KEYS_PHASE) if isinstance(hooks, dict) else None
+    for h in entries if isinstance(entries, list) else []:
+        args = h.get("args") if isinstance(h, dict) else None
+        if (not isinstance(args, list) or len(args) < 3 or args[1] != HOOK_KEYS_PHASE
+                or not all(isinstance(a, str) for a in args)
+                or Path(args[0]).name != _HOOK_NAME):
+            continue
+        for item in args[2:2 + _HOOK_KEYS_MAX]:
+            key, sep, value = item.partition("=")
+            if not sep or not key.startswith(ANNOTATION_PREFIX) or key in INTERNAL_ANNOTATIONS:
+                continue
+            if found.setdefault(key, value) != value:
+                raise StateError(f"the vgpu-hook {HOOK_KEYS_PHASE} hooks",
+                                 f"{key} is given twice, as {found[key]!r} and {value!r}")
+    return found
 
 
 def container_type(annotations: Mapping[str, object]) -> str | None:

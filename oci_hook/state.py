@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from oci_hook.errors import StateError
+from oci_hook.request import hook_keys
 
 __all__ = ["HookState", "Spec", "load_spec", "parse_state"]
 
@@ -31,6 +32,8 @@ class Spec:
     rootfs: Path                          # absolute: root.path, relative to the bundle
     env: tuple[str, ...] = ()             # process.env, NAME=VALUE items
     annotations: Mapping[str, str] = field(default_factory=dict)
+    #: request keys its vgpu-hook hooks carry (oci_hook.request.hook_keys): the kubelet's
+    hook_keys: Mapping[str, str] = field(default_factory=dict)
 
 
 def _strings(value: Any, what: str) -> dict[str, str]:
@@ -84,5 +87,6 @@ def load_spec(bundle: Path) -> Spec:
     if not isinstance(env, list) or not all(isinstance(e, str) for e in env):
         raise StateError(what, "process.env is not a list of strings")
     return Spec(rootfs=bundle / root_path, env=tuple(env),
-                annotations=_strings(doc.get("annotations"), what))
+                annotations=_strings(doc.get("annotations"), what),
+                hook_keys=hook_keys(doc.get("hooks")))
 

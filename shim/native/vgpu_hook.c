@@ -3,6 +3,7 @@
  *
  *     vgpu-hook prestart|createRuntime|poststop   (the OCI state on stdin)
  *     vgpu-hook claim SLICE_ID                    (the same; a CDI spec's createRuntime hook)
+ *     vgpu-hook createRuntime|poststop KEY=VALUE... (the device plugin's CDI devices)
  *
  * prestart / createRuntime: vgpud decides (the request, the slice, the mount plan);
  * this program enters the container's mount namespace and applies the plan
@@ -14,7 +15,12 @@
  * claim: the engine applied a DRA claim's CDI spec (oci_hook/cdi.py: the slice's files);
  * vgpud checks the slice is a claim's, records the container as its user and answers
  * what the spec could not do (the ld.so.preload, which depends on the image); a failure
- * is one line, with nothing left mounted and nothing released (the claim holds the slice). */
+ * is one line, with nothing left mounted and nothing released (the claim holds the slice).
+ * KEY=VALUE arguments: the request keys of a device plugin's CDI device (oci_hook/request.py
+ * hook_keys: vgpud reads them from config.json's hooks, where only the engine writes). Such
+ * a hook is the container's even when no annotation asks (containerd passes none through
+ * without a runtime handler); the one that carries no vgpu.io/memory (the compute device's)
+ * only carries its keys and exits 0, so the container is served once. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -29,8 +35,9 @@
 #include "vg_spec.h"
 
 #define CLIENT "vgpu-hook"
-#define USAGE "usage: vgpu-hook prestart|createRuntime|poststop|claim SLICE_ID  (the OCI " \
-              "state on stdin)"
+#define USAGE "usage: vgpu-hook prestart|createRuntime|poststop [vgpu.io/KEY=VALUE...] | " \
+              "claim SLICE_ID  (the OCI state on stdin)"
+#define MEMORY_ARG "vgpu.io/memory="
 #define STATE_MAX (1u << 20)
 #define RELEASE_TIMEOUT_MS 2000   /* vgpud just answered; this only bounds a hang */
 
@@ -125,13 +132,31 @@ static int usage(void)
     return 2;
 }
 
+/* Request keys as arguments (argv[2..], each vgpu.io/KEY=VALUE): -1 when one is not; else
+ * whether one of them is the memory (the hook that serves the container). */
+static int keys_serve(int argc, char **argv)
+{
+    int memory = 0;
+    for (int i = 2; i < argc; i++) {
+        if (strncmp(argv[i], "vgpu.io/", 8) != 0 || strchr(argv[i], '=') == NULL)
+            return -1;
+        memory |= strncmp(argv[i], MEMORY_ARG, strlen(MEMORY_ARG)) == 0;
+    }
+    return memory;
+}
+
 int main(int argc, char **argv)
 {
     int claim = argc == 3 && strcmp(argv[1], "claim") == 0 && argv[2][0] != '\0';
-    if (!claim && (argc != 2 || (strcmp(argv[1], "prestart") != 0 &&
-                                 strcmp(argv[1], "createRuntime") != 0 &&
-                                 strcmp(argv[1], "poststop") != 0)))
+    int keyed = !claim && argc > 2;
+    int serve = keyed ? keys_serve(argc, argv) : 0;
+    if (!claim && (argc < 2 || serve < 0 ||
+                   (strcmp(argv[1], "prestart") != 0 && strcmp(argv[1], "createRuntime") != 0 &&
+                    strcmp(argv[1], "poststop") != 0) ||
+                   (keyed && strcmp(argv[1], "prestart") == 0)))
         return usage();
+    if (keyed && !serve)
+        return 0;   /* the compute device's keys: the memory device's hook reads them */
     const char *phase = argv[1];
     size_t state_len;
     char *state = vg_read_fd(STDIN_FILENO, STATE_MAX, &state_len);
@@ -146,7 +171,7 @@ int main(int argc, char **argv)
     }
     struct vg_spec facts;
     vg_spec_scan(state, state_len, &facts);
-    if (!claim && !may_ask(&facts))
+    if (!claim && !keyed && !may_ask(&facts))
         return 0;
     struct vg_config cfg = {0};
     char sock[VG_PATH_MAX], err[VG_ERR_MAX];

@@ -29,6 +29,7 @@ import pytest
 from support.engines import require, simulated_host
 from support.fake_apiserver import FakeApiServer, result
 from support.fake_apiserver import claim as fake_claim
+from support.fake_kubelet import FakeKubelet
 from support.fake_kubelet_dra import DraKubelet
 from support.images import build_tarball
 from support.paths import LIBVGPU, NATIVE_BIN, ROOT
@@ -181,3 +182,55 @@ def test_the_dra_plugin_s_prepared_claim_under_podman(world, tmp_path):
         api.stop()
         for spec in CDI_DIR.glob(f"vgpu.io-claim_{uid or 'none'}*.json"):
             spec.unlink()
+
+
+def test_the_device_plugin_s_cdi_devices_under_podman(world, tmp_path):
+    """vgpu-device-plugin --cdi (a real process, registered with a fake kubelet): the CDI
+    devices its Allocate answers for memory and for compute, given to `podman run --device`
+    (no hooks.d, no runtime, no annotation), make one slice with that memory and that
+    compute, mounted by the memory device's vgpu-hook; its poststop releases the slice."""
+    podman, vgpud, sim = world
+    kubelet = FakeKubelet(tmp_path / "device-plugins").start()
+    env = dict(clean_env(), PYTHONPATH=str(ROOT))
+    log = tmp_path / "plugin.log"
+    with open(log, "wb") as out:
+        plugin = subprocess.Popen(
+            [sys.executable, "-m", "vgpu_k8s.deviceplugin.main", "--kubelet-dir",
+             str(kubelet.dir), "--socket", str(vgpud.socket), "--memory-unit", "64Mi",
+             "--poll-interval", "0.2", "--cdi", "--cdi-dir", str(CDI_DIR),
+             "--nvidia-cdi-dir", ""], env=env, cwd=ROOT, stdout=out, stderr=out)
+    names: list[str] = []
+    try:
+        mem = kubelet.wait_registered("vgpu.io/memory")
+        comp = kubelet.wait_registered("vgpu.io/compute")
+        FakeKubelet.wait_devices(comp, lambda d: len(d) > 0, "compute devices")
+        FakeKubelet.wait_devices(mem, lambda d: len(d) > 0, "memory devices")
+        gpu = vgpud.stub.Devices(pb.DevicesRequest(), timeout=5).devices[0]
+        ids = [i for i in mem.devices if i.startswith(gpu.uuid)][:5]
+        [m] = mem.allocate(ids).container_responses
+        [c] = comp.allocate([i for i in comp.devices][:37]).container_responses
+        devices = [d.name for d in m.cdi_devices] + [d.name for d in c.cdi_devices]
+        assert devices == [f"vgpu.io/vgpu=memory-320Mi-{gpu.uuid}", "vgpu.io/vgpu=compute-37"]
+        names = [d.partition("=")[2] for d in devices]
+        before = len(vgpud.events("allocate"))
+        p = podman("run", "--rm", "--network", "none",
+                   "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+                   *(a for d in devices for a in ("--device", d)),
+                   "-v", f"{sim}:/sim", "-e", "SIMGPU_STATE=/sim/simgpu.state",
+                   IMAGE, "/bin/sh", "-c",
+                   "cat /etc/ld.so.preload; echo $CUDA_VISIBLE_DEVICES; vgpu_probe info")
+        lines = p.stdout.splitlines()
+        assert lines[:2] == ["/usr/lib/vgpu/libvgpu.so", gpu.uuid], p.stdout
+        info = next(json.loads(x) for x in lines if x.startswith("{") and '"info"' in x)
+        assert info["total"] == 320 * MI
+        [event] = vgpud.events("allocate")[before:]
+        assert [(g["memory"], g["compute"]) for g in event["grants"]] == [(320 * MI, 37)]
+        # poststop gave it back: no container slice is left.
+        assert not [s for s in vgpud.stub.List(pb.ListRequest(), timeout=5).slices
+                    if s.owner_kind != "claim"]
+    finally:
+        plugin.terminate()
+        plugin.wait(timeout=30)
+        kubelet.stop()
+        for name in names:
+            cdi.spec_path(CDI_DIR, name, cdi.REQUEST_KIND).unlink(missing_ok=True)

@@ -19,8 +19,8 @@ import pytest
 
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.sched import slice_key_of
-from oci_hook import cdi
-from oci_hook.errors import MountError
+from oci_hook import cdi, request
+from oci_hook.errors import MountError, StateError
 from oci_hook.mounts import CONTAINER_PRELOAD, plan_mounts
 from oci_hook.slices import SliceView, VGpuView
 
@@ -66,7 +66,7 @@ def spec_of(tmp: Path, view: SliceView | None = None, **kw) -> dict:
 def check_shape(spec: dict) -> None:
     """Every object has only CDI 0.3.0's fields, with the types the spec names."""
     assert set(spec) <= FIELDS_0_3_0["spec"]
-    assert spec["cdiVersion"] == "0.3.0" and spec["kind"] == "vgpu.io/claim"
+    assert spec["cdiVersion"] == "0.3.0" and spec["kind"] in ("vgpu.io/claim", "vgpu.io/vgpu")
     assert spec["devices"], "a spec needs at least one device"
     for dev in spec["devices"]:
         assert set(dev) <= FIELDS_0_3_0["device"] and set(dev["containerEdits"]) <= \
@@ -244,3 +244,96 @@ def test_a_slice_from_grpc_builds_the_same_view(tmp_path):
         pb.VGpu(index=v.index, gpu_uuid=v.gpu_uuid, region_path=v.region_path,
                 device_nodes=list(v.device_nodes)) for v in reversed(view.vgpus)])
     assert cdi.view_of_message(msg) == view
+
+
+# -- the device plugin's request devices (vgpu-device-plugin --cdi) -----------------------
+
+MEM_KEYS = {"vgpu.io/memory": "4Gi", "vgpu.io/devices": "GPU-0"}
+
+
+def test_a_request_device_carries_its_keys_in_vgpu_hook_s_arguments(tmp_path):
+    hook = Path("/opt/vgpu/1.0/bin/vgpu-hook")
+    spec = cdi.request_spec(MEM_KEYS, hook=hook, hook_env={"VGPU_SOCKET": "/run/v.sock"},
+                            device_nodes=["/dev/null", "/dev/null", str(tmp_path)])
+    check_shape(spec)
+    assert spec["kind"] == cdi.REQUEST_KIND == "vgpu.io/vgpu"
+    [dev] = spec["devices"]
+    assert dev["name"] == "memory-4Gi-GPU-0"
+    edits = dev["containerEdits"]
+    assert edits["env"] == ["CUDA_VISIBLE_DEVICES=GPU-0", "NVIDIA_VISIBLE_DEVICES=GPU-0"]
+    assert [n["path"] for n in edits["deviceNodes"]] == ["/dev/null"]   # once; no dir
+    assert [(h["hookName"], h["args"]) for h in edits["hooks"]] == [
+        ("createRuntime", ["vgpu-hook", "createRuntime", "vgpu.io/memory=4Gi",
+                           "vgpu.io/devices=GPU-0"]),
+        ("poststop", ["vgpu-hook", "poststop", "vgpu.io/memory=4Gi", "vgpu.io/devices=GPU-0"])]
+    assert all(h["path"] == str(hook) and h["env"] == ["VGPU_SOCKET=/run/v.sock"]
+               for h in edits["hooks"])
+    # What vgpud reads back from config.json once the engine applied it.
+    assert request.hook_keys({"createRuntime": edits["hooks"]}) == MEM_KEYS
+
+
+def test_a_compute_device_only_carries_its_key():
+    spec = cdi.request_spec({"vgpu.io/compute": "30"}, hook=Path("/bin/vgpu-hook"))
+    check_shape(spec)
+    [dev] = spec["devices"]
+    assert dev["name"] == "compute-30"
+    assert dev["containerEdits"] == {"hooks": [
+        {"hookName": "createRuntime", "path": "/bin/vgpu-hook", "timeout": 30,
+         "args": ["vgpu-hook", "createRuntime", "vgpu.io/compute=30"]}]}
+    assert cdi.request_device_id({"vgpu.io/compute": "30"}) == "vgpu.io/vgpu=compute-30"
+
+
+@pytest.mark.parametrize("keys", [{}, {"vgpu.io/memory": "4Gi"},
+                                  {"vgpu.io/compute": "30", "vgpu.io/memory": "4Gi"},
+                                  {"vgpu.io/memory": "4Gi", "vgpu.io/devices": "GPU 0"}],
+                         ids=["none", "memory-without-gpu", "both", "bad-name"])
+def test_keys_the_device_plugin_never_gives_make_no_device(keys):
+    with pytest.raises(cdi.CdiError) as e:
+        cdi.request_spec(keys, hook=Path("/bin/vgpu-hook"))
+    assert str(e.value).startswith("failed to name the CDI device")
+
+
+def test_request_specs_are_written_as_their_kind_s_files(tmp_path):
+    spec = cdi.request_spec(MEM_KEYS, hook=Path("/bin/vgpu-hook"))
+    path = cdi.write_spec(tmp_path, "memory-4Gi-GPU-0", spec)
+    assert path == tmp_path / "vgpu.io-vgpu_memory-4Gi-GPU-0.json"
+    assert path.read_bytes() == cdi.spec_bytes(spec)
+
+
+HOOK = "/opt/vgpu/bin/vgpu-hook"
+HOOKS = {
+    "memory-and-compute": ({"createRuntime": [
+        {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/memory=1Gi"]},
+        {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/compute=20"]}]},
+        {"vgpu.io/memory": "1Gi", "vgpu.io/compute": "20"}),
+    "another-program": ({"createRuntime": [
+        {"path": "/bin/x", "args": ["nvidia-cdi-hook", "createRuntime", "vgpu.io/memory=1Gi"]}]},
+        {}),
+    "another-phase": ({"prestart": [
+        {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/memory=1Gi"]}]}, {}),
+    "no-keys": ({"createRuntime": [{"path": HOOK, "args": ["vgpu-hook", "createRuntime"]}]},
+                {}),
+    "internal-and-foreign-keys": ({"createRuntime": [
+        {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/slice=s1", "x=1",
+                                "vgpu.io/memory=1Gi"]}]}, {"vgpu.io/memory": "1Gi"}),
+    "the-same-twice": ({"createRuntime": [
+        {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/memory=1Gi"]},
+        {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/memory=1Gi"]}]},
+        {"vgpu.io/memory": "1Gi"}),
+    "not-hooks": ([], {}),
+    "args-not-strings": ({"createRuntime": [{"path": HOOK, "args": ["vgpu-hook", 1, 2]}]}, {}),
+}
+
+
+@pytest.mark.parametrize(("hooks", "keys"), HOOKS.values(), ids=HOOKS.keys())
+def test_hook_keys(hooks, keys):
+    assert request.hook_keys(hooks) == keys
+
+
+def test_a_key_given_twice_with_two_values_is_one_line():
+    with pytest.raises(StateError) as e:
+        request.hook_keys({"createRuntime": [
+            {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/memory=1Gi"]},
+            {"path": HOOK, "args": ["vgpu-hook", "createRuntime", "vgpu.io/memory=2Gi"]}]})
+    assert str(e.value) == ("failed to read the vgpu-hook createRuntime hooks: vgpu.io/memory "
+                            "is given twice, as '1Gi' and '2Gi'")

@@ -93,3 +93,49 @@ def test_the_env_requests_annotation_cannot_turn_env_requests_on(tmp_path, vgpud
         p = prestart(vgpud, bundle, annotations, pid)
     assert (p.returncode, p.stderr) == (0, "")
     assert vgpud.events("allocate") == []
+
+
+def keyed_hooks(hook: str, memory: str, compute: str) -> dict:
+    """config.json's hooks as an engine writes them from the device plugin's two CDI devices
+    (oci_hook.cdi.request_spec): the memory device's and the compute device's."""
+    return {"createRuntime": [
+        {"path": hook, "args": ["vgpu-hook", "createRuntime", f"vgpu.io/memory={memory}"]},
+        {"path": hook, "args": ["vgpu-hook", "createRuntime", f"vgpu.io/compute={compute}"]}]}
+
+
+def keyed_prestart(vgpud: Vgpud, bundle, annotations, pid: int) -> subprocess.CompletedProcess:
+    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "pid": pid, "bundle": str(bundle),
+                        "status": "created", "annotations": annotations})
+    env = dict(clean_env(), VGPU_CONFIG=str(vgpud.config_file), VGPU_SOCKET=str(vgpud.socket))
+    return subprocess.run([str(NATIVE_BIN / "vgpu-hook"), "createRuntime", "vgpu.io/memory=64Mi"],
+                          input=state, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_the_keys_of_the_device_plugin_s_cdi_hooks_are_the_kubelet_s(tmp_path, vgpud):
+    """No vgpu.io/* annotation reaches the spec (containerd's default handler passes none):
+    the memory and compute the hooks carry make the request, and they are trusted in a
+    namespace that trusts no pod key (a pod cannot write hooks)."""
+    annotations = {**CRI_APP, "io.kubernetes.cri.sandbox-namespace": "team-a"}
+    bundle = pod(tmp_path, {}, annotations)
+    doc = json.loads((bundle / "config.json").read_text())
+    doc["hooks"] = keyed_hooks(str(NATIVE_BIN / "vgpu-hook"), "64Mi", "30")
+    (bundle / "config.json").write_text(json.dumps(doc))
+    with init() as pid:
+        keyed_prestart(vgpud, bundle, annotations, pid)
+    [event] = vgpud.events("allocate")
+    assert [(g["memory"], g["compute"]) for g in event["grants"]] == [(64 << 20, 30)]
+
+
+def test_a_pod_s_own_key_beside_the_cdi_hooks_keys_is_still_refused(tmp_path, vgpud):
+    annotations = {**CRI_APP, "io.kubernetes.cri.sandbox-namespace": "team-a",
+                   "vgpu.io/priority": "high"}
+    bundle = pod(tmp_path, {"vgpu.io/priority": "high"}, annotations)
+    doc = json.loads((bundle / "config.json").read_text())
+    doc["hooks"] = keyed_hooks(str(NATIVE_BIN / "vgpu-hook"), "64Mi", "30")
+    (bundle / "config.json").write_text(json.dumps(doc))
+    with init() as pid:
+        p = keyed_prestart(vgpud, bundle, annotations, pid)
+    assert (p.returncode, p.stderr) == (1, (
+        "vgpu: vgpu.io/priority=high from the pod's annotations is not allowed in namespace "
+        "team-a (requests.trusted_sources.pod_annotations lists no key for it)\n"))
+    assert vgpud.events("allocate") == []

@@ -62,14 +62,43 @@ def ok(_request):
 
 
 @pytest.mark.parametrize("args", [[], ["start"], ["prestart", "x"], ["poststart"], ["claim"],
-                                  ["claim", ""], ["claim", "s1", "x"]],
+                                  ["claim", ""], ["claim", "s1", "x"],
+                                  ["createRuntime", "vgpu.io/memory=1Gi", "x=1"],
+                                  ["createRuntime", "vgpu.io/memory"],
+                                  ["prestart", "vgpu.io/memory=1Gi"]],
                          ids=["none", "unknown", "two", "poststart", "claim-no-slice",
-                              "claim-empty-slice", "claim-three"])
+                              "claim-empty-slice", "claim-three", "key-not-vgpu",
+                              "key-without-value", "keys-at-prestart"])
 def test_usage(host, args):
     p = run_program([HOOK, *args], {}, input="")
     assert p.returncode == 2
-    assert p.stderr == ("usage: vgpu-hook prestart|createRuntime|poststop|claim SLICE_ID  "
-                        "(the OCI state on stdin)\n")
+    assert p.stderr == ("usage: vgpu-hook prestart|createRuntime|poststop "
+                        "[vgpu.io/KEY=VALUE...] | claim SLICE_ID  (the OCI state on stdin)\n")
+
+
+@pytest.mark.parametrize("phase", ["createRuntime", "poststop"])
+def test_a_hook_that_carries_only_compute_exits_at_once_without_vgpud(host, phase):
+    """The device plugin's compute CDI device: its keys are read from config.json by the
+    memory device's hook; this one does nothing."""
+    with host.vgpud(ok) as vgpud:
+        p = run_program([HOOK, phase, "vgpu.io/compute=30"], host.env(), input=host.state())
+    assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+    assert vgpud.requests == []
+
+
+def test_a_hook_that_carries_memory_asks_vgpud_though_nothing_else_asks(host):
+    """containerd's default handler passes no annotation: the keys in the hook's arguments
+    are what sends the container to vgpud."""
+    state = host.state(annotations={})
+    with host.vgpud(ok) as vgpud:
+        p = run_program([HOOK, "createRuntime", "vgpu.io/memory=1Gi", "vgpu.io/devices=GPU-1"],
+                        host.env(), input=state)
+        q = run_program([HOOK, "poststop", "vgpu.io/memory=1Gi", "vgpu.io/devices=GPU-1"],
+                        host.env(), input=state)
+    assert (p.returncode, p.stderr, q.returncode, q.stderr) == (0, "", 0, "")
+    assert vgpud.requests == [[("v", "2"), ("op", "prestart"), ("phase", "createRuntime"),
+                               ("state", state)], [("v", "2"), ("op", "poststop"),
+                                                   ("state", state)]]
 
 
 @pytest.mark.parametrize("phase", ["prestart", "createRuntime", "poststop"])

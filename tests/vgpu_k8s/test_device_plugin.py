@@ -4,6 +4,7 @@ kubelet (a real gRPC Registration server on a unix socket that dials the plugin'
 and watches its device lists, as the kubelet's device manager does)."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -277,3 +278,52 @@ def test_a_surge_update_hands_the_sockets_to_the_newer_plugin_without_a_fight(no
     # The older one's own stop leaves no file behind it.
     assert older.stop(signal.SIGTERM) == 0
     assert not any(s.exists() for s in sockets)
+
+
+def test_with_cdi_allocate_answers_cdi_devices_and_writes_their_specs(tmp_path: Path):
+    """--cdi: no annotation; one vgpu.io/vgpu device per answer, its spec written once in
+    --cdi-dir; NVIDIA's device of the GPU beside it where its spec (YAML, as nvidia-ctk
+    writes it) names that GPU by UUID or index."""
+    n = Node(tmp_path)
+    cdi_dir, nvidia_dir = tmp_path / "cdi", tmp_path / "nvidia-cdi"
+    nvidia_dir.mkdir()
+    (nvidia_dir / "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n"
+        f"  - name: '0'\n    containerEdits: {{}}\n"
+        f"  - name: {n.gpus[0].uuid}\n    containerEdits: {{}}\n"
+        "  - name: all\n    containerEdits: {}\n")
+    n.plugin.command += ["--cdi", "--cdi-dir", str(cdi_dir), "--nvidia-cdi-dir", str(nvidia_dir)]
+    try:
+        n.plugin.start()
+        mem, comp = registered(n)
+        reply = mem.allocate(n.ids(MEMORY, 0)[:2], n.ids(MEMORY, 1)[:1])
+        u0, u1 = n.gpus[0].uuid, n.gpus[1].uuid
+        assert [[d.name for d in c.cdi_devices] for c in reply.container_responses] == [
+            [f"vgpu.io/vgpu=memory-512Mi-{u0}", f"nvidia.com/gpu={u0}"],
+            [f"vgpu.io/vgpu=memory-256Mi-{u1}"]]   # the toolkit's spec does not name GPU 1
+        assert all(not c.annotations for c in reply.container_responses)
+        reply = comp.allocate(n.ids(COMPUTE, 1)[:30])
+        assert [d.name for d in reply.container_responses[0].cdi_devices] == [
+            "vgpu.io/vgpu=compute-30"]
+        assert sorted(p.name for p in cdi_dir.iterdir()) == [
+            "vgpu.io-vgpu_compute-30.json", f"vgpu.io-vgpu_memory-256Mi-{u1}.json",
+            f"vgpu.io-vgpu_memory-512Mi-{u0}.json"]
+        spec = json.loads((cdi_dir / f"vgpu.io-vgpu_memory-512Mi-{u0}.json").read_text())
+        health = n.vgpud.stub.Health(pb.HealthRequest(), timeout=5)
+        [hook, _] = spec["devices"][0]["containerEdits"]["hooks"]
+        assert hook["path"] == health.paths["hook"]
+        assert hook["args"][2:] == ["vgpu.io/memory=512Mi", f"vgpu.io/devices={u0}"]
+        # The same answer again rewrites nothing.
+        before = (cdi_dir / "vgpu.io-vgpu_compute-30.json").stat().st_mtime_ns
+        comp.allocate(n.ids(COMPUTE, 0)[:30])
+        assert (cdi_dir / "vgpu.io-vgpu_compute-30.json").stat().st_mtime_ns == before
+    finally:
+        n.close()
+
+
+def test_cdi_dir_must_be_absolute(tmp_path: Path):
+    p = subprocess.run([sys.executable, "-m", "vgpu_k8s.deviceplugin.main", "--cdi",
+                        "--cdi-dir", "run/cdi"], capture_output=True, text=True, cwd=ROOT,
+                       env=dict(clean_env(), PYTHONPATH=str(ROOT)), timeout=60)
+    assert (p.returncode, p.stderr) == (
+        2, "vgpu-device-plugin: --cdi-dir=run/cdi: must be an absolute directory\n")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from vgpu_k8s.deviceplugin import kubelet
 from vgpu_k8s.deviceplugin.board import Board
+from vgpu_k8s.deviceplugin.cdi import CdiAnswer
 from vgpu_k8s.deviceplugin.gpus import Gpu, Vgpud, device_list, health_of
 from vgpu_k8s.deviceplugin.ids import COMPUTE, MEMORY
 from vgpu_k8s.deviceplugin.plugin import ENDPOINTS, Endpoint, PluginServer, Servicer
@@ -43,6 +44,8 @@ class Settings:
     vgpud_socket: str
     poll_s: float = 5.0     # how often vgpud is asked for the GPUs and their health
     grace_s: float = 30.0   # vgpud unreachable this long: every device Unhealthy
+    cdi_dir: Path | None = None   # --cdi: Allocate answers CDI devices, specs written here
+    nvidia_cdi_dirs: tuple[Path, ...] = ()  # where NVIDIA's CDI specs are looked for
 
 
 class Agent:
@@ -52,9 +55,12 @@ class Agent:
         self.settings = settings
         self.vgpud = Vgpud(settings.vgpud_socket)
         self.boards = {r: Board() for r in (MEMORY, COMPUTE)}
+        answer = None if settings.cdi_dir is None else CdiAnswer(
+            settings.cdi_dir, self.vgpud.paths, lambda: self._gpus or [],
+            settings.nvidia_cdi_dirs)
         self.servers = {
             r: PluginServer(Servicer(Endpoint(r, settings.kubelet_dir / ENDPOINTS[r]),
-                                     self.boards[r], settings.memory_unit))
+                                     self.boards[r], settings.memory_unit, answer))
             for r in (MEMORY, COMPUTE)}
         self._gpus: list[Gpu] | None = None
         self._down_since: float | None = None

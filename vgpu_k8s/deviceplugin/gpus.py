@@ -34,6 +34,7 @@ class Gpu:
     uuid: str
     memory: int          # bytes
     unhealthy: str = ""  # empty: healthy
+    device_nodes: tuple[str, ...] = ()   # host paths, as vgpud's inventory names them
 
 
 class Vgpud:
@@ -51,7 +52,17 @@ class Vgpud:
             reply = self._stub.Devices(pb.DevicesRequest(), timeout=self.timeout_s)
         except grpc.RpcError as e:
             raise VgpudUnreachableError(self.socket, e.details() or str(e.code())) from e
-        return [Gpu(d.index, d.uuid, d.memory_total_bytes, d.unhealthy) for d in reply.devices]
+        return [Gpu(d.index, d.uuid, d.memory_total_bytes, d.unhealthy, tuple(d.device_nodes))
+                for d in reply.devices]
+
+    def paths(self) -> dict[str, str]:
+        """Where vgpud keeps things (its Health answer: hook, socket, config, ...);
+        VgpudUnreachableError when it does not answer."""
+        try:
+            reply = self._stub.Health(pb.HealthRequest(), timeout=self.timeout_s)
+        except grpc.RpcError as e:
+            raise VgpudUnreachableError(self.socket, e.details() or str(e.code())) from e
+        return dict(reply.paths)
 
     def close(self) -> None:
         """Close the channel."""

@@ -12,16 +12,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
 from arbiter.errors import QuantityError
 from arbiter.quantity import parse_memory
 from vgpu_k8s.deviceplugin.agent import Agent, Settings
 from vgpu_k8s.errors import UsageError
 
-__all__ = ["DEFAULT_KUBELET_DIR", "DEFAULT_MEMORY_UNIT", "main", "parse_args"]
+__all__ = ["DEFAULT_CDI_DIR", "DEFAULT_KUBELET_DIR", "DEFAULT_MEMORY_UNIT", "main", "parse_args"]
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet/device-plugins")
 DEFAULT_MEMORY_UNIT = "256Mi"
+#: Where --cdi writes its specs: the CDI directory for generated specs (CDI's own advice).
+DEFAULT_CDI_DIR = DEFAULT_CDI_SPEC_DIRS[-1]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -40,6 +43,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vgpud-grace", type=float, default=30.0, metavar="S",
                    help="seconds vgpud may be unreachable before every device turns "
                         "Unhealthy (default 30)")
+    p.add_argument("--cdi", action="store_true",
+                   help="answer Allocate with CDI devices (containerd >= 1.7 with CDI, "
+                        "CRI-O): no runtime class; without it, annotations for the vgpu "
+                        "runtime class (containerd 1.6)")
+    p.add_argument("--cdi-dir", type=Path, default=DEFAULT_CDI_DIR,
+                   help="with --cdi: where the specs are written, a directory the engine "
+                        "reads (default %(default)s)")
+    p.add_argument("--nvidia-cdi-dir", type=Path, action="append", default=None,
+                   metavar="DIR",
+                   help="with --cdi: where NVIDIA's CDI specs (nvidia.com/gpu) are looked "
+                        "for, to add the GPU's beside vgpu's; repeatable (default: "
+                        f"{', '.join(str(d) for d in DEFAULT_CDI_SPEC_DIRS)}; none: "
+                        "--nvidia-cdi-dir '')")
     return p
 
 
@@ -56,9 +72,16 @@ def parse_args(argv: Sequence[str], env: dict[str, str]) -> Settings:
                         ("--vgpud-grace", args.vgpud_grace)):
         if not value > 0:
             raise UsageError(flag, str(value), "must be a positive number of seconds")
+    nvidia_dirs = tuple(DEFAULT_CDI_SPEC_DIRS if args.nvidia_cdi_dir is None else
+                        (d for d in args.nvidia_cdi_dir if str(d) not in ("", ".")))
+    for flag, d in [("--cdi-dir", args.cdi_dir)] + [("--nvidia-cdi-dir", d)
+                                                     for d in nvidia_dirs]:
+        if not d.is_absolute():
+            raise UsageError(flag, str(d), "must be an absolute directory")
     return Settings(kubelet_dir=args.kubelet_dir, memory_unit=unit,
                     vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
-                    poll_s=args.poll_interval, grace_s=args.vgpud_grace)
+                    poll_s=args.poll_interval, grace_s=args.vgpud_grace,
+                    cdi_dir=args.cdi_dir if args.cdi else None, nvidia_cdi_dirs=nvidia_dirs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

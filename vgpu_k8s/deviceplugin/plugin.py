@@ -9,8 +9,10 @@ from pathlib import Path
 
 import grpc
 
+from arbiter.errors import VgpuError
 from vgpu_k8s.deviceplugin.allocate import container_annotations, preferred
 from vgpu_k8s.deviceplugin.board import Board
+from vgpu_k8s.deviceplugin.cdi import CdiAnswer
 from vgpu_k8s.deviceplugin.ids import COMPUTE, MEMORY
 from vgpu_k8s.errors import AllocationError
 from vgpu_k8s.proto import deviceplugin_v1beta1_pb2 as api
@@ -46,10 +48,12 @@ class Endpoint:
 class Servicer(api_grpc.DevicePluginServicer):  # type: ignore[misc]
     """v1beta1.DevicePlugin for one resource, its devices read from a Board."""
 
-    def __init__(self, endpoint: Endpoint, board: Board, memory_unit: int) -> None:
+    def __init__(self, endpoint: Endpoint, board: Board, memory_unit: int,
+                 cdi: CdiAnswer | None = None) -> None:
         self.endpoint = endpoint
         self.board = board
         self.memory_unit = memory_unit
+        self.cdi = cdi
 
     def GetDevicePluginOptions(self, request: api.Empty,  # noqa: N802 - gRPC method name
                                context: grpc.ServicerContext) -> api.DevicePluginOptions:
@@ -80,16 +84,27 @@ class Servicer(api_grpc.DevicePluginServicer):  # type: ignore[misc]
 
     def Allocate(self, request: api.AllocateRequest,  # noqa: N802
                  context: grpc.ServicerContext) -> api.AllocateResponse:
-        """Per container: the vgpu.io/* annotations its IDs make (stateless)."""
+        """Per container: the vgpu.io/* annotations its IDs make (stateless), or with
+        --cdi the CDI devices that carry them (vgpu_k8s.deviceplugin.cdi)."""
         try:
+            keys = [container_annotations(self.endpoint.resource, list(c.devices_ids),
+                                          self.memory_unit) for c in request.container_requests]
+            if self.cdi is None:
+                return api.AllocateResponse(container_responses=[
+                    api.ContainerAllocateResponse(annotations=k) for k in keys])
+            cdi = self.cdi
             return api.AllocateResponse(container_responses=[
-                api.ContainerAllocateResponse(annotations=container_annotations(
-                    self.endpoint.resource, list(c.devices_ids), self.memory_unit))
-                for c in request.container_requests])
+                api.ContainerAllocateResponse(cdi_devices=[
+                    api.CDIDevice(name=n) for n in cdi.devices(k)]) for k in keys])
         except AllocationError as e:
             log.warning("%s", e)
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
             raise AssertionError("unreachable") from e  # context.abort raises
+        except VgpuError as e:
+            line = " ".join(f"failed to allocate {self.endpoint.resource}: {e}".split())
+            log.warning("%s", line)
+            context.abort(grpc.StatusCode.UNAVAILABLE, line)
+            raise AssertionError("unreachable") from e
 
     def PreStartContainer(self, request: api.PreStartContainerRequest,  # noqa: N802
                           context: grpc.ServicerContext) -> api.PreStartContainerResponse:
