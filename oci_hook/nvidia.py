@@ -79,11 +79,12 @@ def spec_names(dirs: Iterable[Path]) -> frozenset[str]:
 
 def cdi_devices(names: frozenset[str], gpus: Sequence[tuple[int, str]]) -> list[str]:
     """NVIDIA's CDI device IDs for `gpus` ((index, uuid) each), given the names its specs
-    have: the UUID where a spec names it (it survives a renumbering), else the index; a
+    have: the UUID where a spec names it (it survives a renumbering), else the index
+    (`nvidia-ctk cdi generate`'s default strategy; `gpu<index>` in its first releases); a
     GPU that no spec names gets none (the toolkit has not seen it)."""
     out: list[str] = []
     for index, uuid in gpus:
-        name = uuid if uuid in names else str(index) if str(index) in names else ""
+        name = next((n for n in (uuid, str(index), f"gpu{index}") if n in names), "")
         if name and f"{KIND}={name}" not in out:
             out.append(f"{KIND}={name}")
     return out

@@ -44,10 +44,11 @@ from arbiter.version import version
 from shim.containerd_cri import RUNTIME_NAME
 
 K8S = ROOT / "configs" / "kubernetes"
-#: `kubectl apply -f configs/kubernetes/` applies the top level: Kubernetes objects only;
+#: The top level is the kustomize base; `kubectl apply -k configs/kustomize/<overlay>`
+#: installs it (tests/project/test_kustomize.py renders and checks each overlay).
 #: monitoring/ holds what needs the Prometheus Operator, Prometheus or Grafana.
 MONITORING = K8S / "monitoring"
-#: `kubectl apply -f configs/kubernetes/dra/` on clusters with DRA (after the top level).
+#: The DRA driver, which configs/kustomize/dra adds to the base.
 DRA = K8S / "dra"
 #: Not applied: what a user writes for a workload.
 EXAMPLES = K8S / "examples"
@@ -66,8 +67,8 @@ CLUSTER_SCOPED = {"Namespace", "RuntimeClass", "DeviceClass", "ClusterRole",
 VERSION = version()
 #: The console scripts the pods run from /opt/vgpu/<version>/bin/.
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-#: Not Kubernetes objects: a job for prometheus.yml.
-NOT_OBJECTS = {"prometheus-scrape.yaml"}
+#: Not Kubernetes objects: a job for prometheus.yml, kustomize's lists.
+NOT_OBJECTS = {"prometheus-scrape.yaml", "kustomization.yaml"}
 
 #: The part of the Prometheus Operator's ServiceMonitor schema (monitoring.coreos.com/v1)
 #: that servicemonitor.yaml uses; unknown fields are refused like the CRD's
@@ -212,11 +213,20 @@ def test_runtimeclass_handler_is_the_one_vgpu_install_writes():
     assert rc["metadata"]["name"] == "vgpu" and rc["handler"] == RUNTIME_NAME
 
 
-def test_kubectl_apply_of_the_directory_applies_objects_only_namespace_first():
-    """`kubectl apply -f configs/kubernetes/` takes the top level's files in name order."""
-    top = sorted(p for p in K8S.iterdir() if p.is_file())
-    assert all(p.suffix == ".yaml" for p in top), [p.name for p in top]
-    kinds = [d["kind"] for p in top for d in yaml.safe_load_all(p.read_text()) if d]
+def test_the_base_lists_every_top_level_object_namespace_first():
+    """The base's kustomization.yaml (configs/kubernetes/) lists each top-level file, the
+    namespace first, and dra/ lists its own (a file left out would never be installed).
+    monitoring/'s lists what `kubectl apply -k` takes there; each file it names exists."""
+    listed = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())["resources"]
+    assert listed and all((MONITORING / name).is_file() for name in listed), listed
+    for folder in (K8S, DRA):
+        listed = yaml.safe_load((folder / "kustomization.yaml").read_text())["resources"]
+        files = sorted(p.name for p in folder.iterdir()
+                       if p.is_file() and p.suffix == ".yaml" and p.name not in NOT_OBJECTS)
+        assert sorted(listed) == files, f"{folder}/kustomization.yaml lists {listed}"
+    top = yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"]
+    kinds = [d["kind"] for name in top for d in yaml.safe_load_all((K8S / name).read_text())
+             if d]
     assert kinds[0] == "Namespace" and "ServiceMonitor" not in kinds
 
 
@@ -306,6 +316,8 @@ def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler
     assert mounted(init, ds)["/etc/containerd"] == "/etc/containerd"
     line = next(ln for ln in script.replace("\\\n", " ").splitlines()
                 if "install containerd" in ln)
+    params = {e["name"]: e["value"] for e in init["env"]}
+    line = line.replace('"$cfg"', params["VGPU_CONTAINERD_CONFIG"])
     argv = line.split(">")[0].split()
     assert argv[0] == '"$v/bin/vgpu"' and "vgpu" in SCRIPTS
     assert f"v=/opt/vgpu/{VERSION}\n" in script
@@ -317,7 +329,8 @@ def test_the_init_container_installs_a_versioned_copy_and_the_containerd_handler
     assert f"/config/config.yaml {defaults.DEFAULT_CONFIG_PATH}" in script
     # containerd is restarted only when the install changed something: the phrase the
     # script looks for is what the first `vgpu install containerd` says, not the second.
-    (changed, _) = re.findall(r'grep -q "([^"]+)" /tmp/install.out', script)
+    (changed,) = re.findall(r'grep -q "([^"]+)" /tmp/install.out', script)
+    changed = changed.replace("$VGPU_ENGINE", params["VGPU_ENGINE"])
     outs = [install_out(tmp_path, "containerd") for _ in range(2)]
     assert [p.returncode for p in outs] == [0, 0]
     assert changed in outs[0].stdout and changed not in outs[1].stdout
@@ -346,23 +359,25 @@ exit "$(cat /stub.rc)"
 STUB_NSENTER = '#!/bin/sh\necho "nsenter $*" >> /calls\n'
 
 
-def run_init(tmp_path: Path, engine: str, said: subprocess.CompletedProcess[str]
+def run_init(tmp_path: Path, engine: str, said: subprocess.CompletedProcess[str],
+             ds: dict[str, Any] | None = None, **params: str
              ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     """The init container's own command run with busybox sh in a chroot laid out like the
-    container (its mounts as directories), `vgpu` answering as `said`; (result, calls)."""
+    container (its mounts as directories), `vgpu` answering as `said`; (result, calls).
+    `ds` is the DaemonSet (default: the base's), `params` env that replaces its own."""
     if os.geteuid() != 0:
         pytest.skip("chroot needs root")
     busybox = shutil.which("busybox")
     if busybox is None:
         pytest.skip("busybox is not installed (scripts/install-deps.sh installs it)")
-    ds = find("DaemonSet", "vgpu-node")
+    ds = ds or find("DaemonSet", "vgpu-node")
     init = containers(ds)["install"]
     root = tmp_path / "root"
     for d in ["bin", "tmp", f"opt/vgpu/{VERSION}/bin", *(m["mountPath"].lstrip("/")
                                                         for m in init["volumeMounts"])]:
         (root / d).mkdir(parents=True, exist_ok=True)
     shutil.copy(busybox, root / "bin" / "busybox")
-    for applet in ["sh", "cp", "mv", "cat", "grep", "echo"]:
+    for applet in ["sh", "cp", "mv", "cat", "grep", "echo", "["]:
         (root / "bin" / applet).symlink_to("busybox")
     for path, text in [(f"opt/vgpu/{VERSION}/bin/vgpu", STUB_VGPU),
                        ("bin/nsenter", STUB_NSENTER)]:
@@ -373,7 +388,7 @@ def run_init(tmp_path: Path, engine: str, said: subprocess.CompletedProcess[str]
                        ("rc", str(said.returncode))]:
         (root / f"stub.{name}").write_text(text)
     env = {"PATH": "/bin", **{e["name"]: e["value"] for e in init.get("env", [])},
-           "VGPU_ENGINE": engine}
+           "VGPU_ENGINE": engine, **params}
     chroot = shutil.which("chroot") or "/usr/sbin/chroot"
     p = subprocess.run([chroot, str(root), *init["command"], init["args"][0]],
                        capture_output=True, text=True, env=env, timeout=60)
@@ -388,9 +403,10 @@ def test_the_init_script_restarts_the_engine_only_when_install_changed_it(tmp_pa
     init = containers(ds)["install"]
     assert {e["name"]: e["value"] for e in init["env"]}["VGPU_ENGINE"] == "containerd"
     restart = f"nsenter --target 1 --mount -- systemctl restart {engine}"
+    params = {"VGPU_RESTART": f"systemctl restart {engine}"}
     first, second = install_out(tmp_path, engine), install_out(tmp_path, engine)
     assert first.returncode == second.returncode == 0, first.stderr + second.stderr
-    p, calls = run_init(tmp_path / "first", engine, first)
+    p, calls = run_init(tmp_path / "first", engine, first, **params)
     assert p.returncode == 0, p.stderr
     assert calls[1:] == [restart] and first.stdout in p.stdout
     assert (tmp_path / "first/root/host/opt/vgpu" / VERSION).is_dir()
@@ -402,7 +418,7 @@ def test_the_init_script_restarts_the_engine_only_when_install_changed_it(tmp_pa
     host = {"crio": "/usr/share/containers/oci/hooks.d", "containerd": "/etc/containerd"}
     assert argv[1:3] == ["install", {"crio": "podman"}.get(engine, engine)]
     assert mounted(init, ds)[str(where.parent)] == host[engine]
-    p, calls = run_init(tmp_path / "second", engine, second)
+    p, calls = run_init(tmp_path / "second", engine, second, **params)
     assert p.returncode == 0, p.stderr
     assert len(calls) == 1 and calls[0].startswith("vgpu install")
 
