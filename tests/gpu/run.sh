@@ -10,7 +10,9 @@
 #   1. VGPU_MEMORY_LIMIT=LIMIT: PyTorch (or CuPy) sees total == LIMIT, is stopped
 #      at it with OutOfMemoryError, recovers after freeing, NVML agrees; the same
 #      again with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the VMM path);
-#   2. no VGPU_* variables: the library is loaded but inert, totals are physical.
+#   2. no VGPU_* variables: the library is loaded but inert, totals are physical;
+# then tests/libvgpu/test_cudart.py on this GPU: NVIDIA's CUDA runtime API (libcudart) under
+# libvgpu (cudaMemGetInfo, cudaMalloc, a cudaMallocAsync pool, a compute share).
 # Exit status: 0 when every check passed, 1 when one failed, 2 when it could not run.
 # Takes about a minute on an H200 (each run is bounded by `timeout`).
 #
@@ -72,6 +74,26 @@ run() {  # run NAME ENV... -- ARGS...
 
 run "limited: VGPU_MEMORY_LIMIT=$LIMIT" LD_PRELOAD="$LIB" VGPU_MEMORY_LIMIT="$LIMIT" -- --limit "$LIMIT"
 run "inert: no VGPU_* env" LD_PRELOAD="$LIB" -- --inert --limit "$LIMIT"
+
+# NVIDIA's CUDA runtime API under libvgpu: the suite's own tests/libvgpu/test_cudart.py,
+# on this GPU's driver (VGPU_TEST_REAL_GPU=1), with the runtime wheels' libcudart (the
+# `test` extra) or the copies in build/cudart/ (tests/gpu/README.md).
+echo
+echo "== CUDA runtime API: tests/libvgpu/test_cudart.py"
+cudart=$(ls build/cudart/libcudart.so.* 2>/dev/null | paste -sd, -)
+if ! "$PY" -c 'import pytest, grpc, yaml' 2>/dev/null; then
+    echo "SKIP: $PY lacks the test dependencies (pip install -e '.[test]')"
+else
+    env VGPU_TEST_REAL_GPU=1 VGPU_TEST_NO_BUILD=1 ${cudart:+VGPU_TEST_CUDART=$cudart} \
+        timeout 280 "$PY" -m pytest -q -rs -p no:cacheprovider tests/libvgpu/test_cudart.py
+    rc=$?
+    echo "(exit $rc)"
+    case $rc in
+        0) ;;
+        1) [ $status -gt 1 ] || status=1;;
+        *) status=2;;
+    esac
+fi
 
 echo
 case $status in
