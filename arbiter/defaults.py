@@ -31,8 +31,9 @@ SOCKET_NAME = "vgpud.sock"
 DEFAULT_SOCKET = DEFAULT_RUN_DIR / SOCKET_NAME
 #: How long the compiled programs wait for vgpud (config hook.wait_s), seconds.
 DEFAULT_WAIT_S = 10.0
-#: The OCI runtime vgpu-runtime execs (config runtime.lower).
-DEFAULT_LOWER_RUNTIME = "runc"
+#: The OCI runtime vgpu-runtime execs (config runtime.lower): `auto` is NVIDIA's
+#: nvidia-container-runtime where it is on PATH (it adds the driver), else runc.
+DEFAULT_LOWER_RUNTIME = "auto"
 #: The environment variables that name the config file and vgpud's socket.
 ENV_CONFIG = "VGPU_CONFIG"
 ENV_SOCKET = "VGPU_SOCKET"

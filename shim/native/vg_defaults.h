@@ -18,7 +18,7 @@
 /* shim.lifecycle.VERSION: the lifecycle protocol's version */
 #define VG_PROTOCOL_VERSION "2"
 /* arbiter.defaults.DEFAULT_LOWER_RUNTIME (runtime.lower) */
-#define VG_DEFAULT_LOWER "runc"
+#define VG_DEFAULT_LOWER "auto"
 /* oci_hook.request.ANNOTATION_PREFIX: annotations that may ask for a vGPU */
 #define VG_ANNOTATION_PREFIX "vgpu.io/"
 /* oci_hook.cdi.ANNOTATION_PREFIX: CDI device requests, which may name a claim's vGPU

@@ -9,6 +9,7 @@
  *    other command, never waits for vgpud.
  * 3. Exec the lower runtime with argv untouched; if that fails, give the slice back.
  * Errors: one line on stderr and in runc's --log. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,12 +23,72 @@
 #define CLIENT "vgpu-runtime"
 #define RELEASE_TIMEOUT_MS 5000   /* vgpud just answered; this only bounds a hang */
 
+/* runtime.lower `auto`: NVIDIA's runtime where the toolkit is installed (it adds the
+ * driver's libraries and the GPUs' nodes, which runc alone does not), else runc. */
+#define LOWER_AUTO "auto"
+static const char *const auto_lowers[] = {"nvidia-container-runtime", "runc", NULL};
+
+/* containerd-shim-vgpu-v2's private dirs, which hold this program as `runc`: as it says
+ * ($VGPU_SHIM_BIN), and where it is beside this program (build/bin/shim,
+ * arbiter/native/bin/shim); resolved, "" where there is none. */
+static void shim_dirs(char given[VG_PATH_MAX], char beside[VG_PATH_MAX])
+{
+    char dir[VG_PATH_MAX];
+    const char *env = getenv("VGPU_SHIM_BIN");
+    given[0] = beside[0] = '\0';
+    if (env && *env && realpath(env, given) == NULL)
+        given[0] = '\0';
+    if (vg_self_dir(dir, sizeof(dir)) == 0) {
+        char guess[VG_PATH_MAX + 16];
+        snprintf(guess, sizeof(guess), "%s/%s", dir, VG_SHIM_BIN_DIR);
+        if (realpath(guess, beside) == NULL)
+            beside[0] = '\0';
+    }
+}
+
+/* PATH without the shim's private dirs, for the lower runtime: a lower runtime that finds
+ * runc on PATH itself (nvidia-container-runtime does) must find the real one, not this
+ * program again. A failure leaves PATH as it was (the loop guard then says so). */
+static void drop_shim_dirs(void)
+{
+    char given[VG_PATH_MAX], beside[VG_PATH_MAX];
+    shim_dirs(given, beside);
+    const char *old = getenv("PATH");
+    if (old == NULL || (!given[0] && !beside[0]))
+        return;
+    char *copy = strdup(old), *out = malloc(strlen(old) + 1);
+    if (copy == NULL || out == NULL) {
+        free(copy);
+        free(out);
+        return;
+    }
+    out[0] = '\0';
+    int first = 1;
+    for (char *entry = copy, *next; entry; entry = next) {
+        next = strchr(entry, ':');
+        if (next)
+            *next++ = '\0';
+        char real[PATH_MAX];
+        if (realpath(*entry ? entry : ".", real) != NULL &&
+            ((given[0] && strcmp(real, given) == 0) || (beside[0] && strcmp(real, beside) == 0)))
+            continue;
+        if (!first)
+            strcat(out, ":");
+        strcat(out, entry);   /* as it was: an empty entry stays the cwd */
+        first = 0;
+    }
+    setenv("PATH", out, 1);
+    free(copy);
+    free(out);
+}
+
 /* The lower runtime's absolute path; -1 with `err` set. */
 static int find_lower(const struct vg_config *cfg, char *out, size_t n, char *err, size_t errsz)
 {
     char name[VG_PATH_MAX] = VG_DEFAULT_LOWER;
     if (vg_config_get(cfg, "runtime", "lower", name, sizeof(name), err, errsz) < 0)
         return -1;
+    int is_auto = strcmp(name, LOWER_AUTO) == 0;
     const char *why = NULL;
     if (strchr(name, '/')) {
         if (name[0] != '/')
@@ -39,21 +100,18 @@ static int find_lower(const struct vg_config *cfg, char *out, size_t n, char *er
         else
             vg_strlcpy(out, name, n);
     } else {
-        /* containerd-shim-vgpu-v2's private dir: as it says ($VGPU_SHIM_BIN), and
-         * where it is beside this program (build/bin/shim, arbiter/native/bin/shim). */
-        char given[VG_PATH_MAX] = "", beside[VG_PATH_MAX] = "", dir[VG_PATH_MAX];
-        const char *env = getenv("VGPU_SHIM_BIN");
-        if (env && *env && realpath(env, given) == NULL)
-            given[0] = '\0';
-        if (vg_self_dir(dir, sizeof(dir)) == 0) {
-            char guess[VG_PATH_MAX + 16];
-            snprintf(guess, sizeof(guess), "%s/%s", dir, VG_SHIM_BIN_DIR);
-            if (realpath(guess, beside) == NULL)
-                beside[0] = '\0';
-        }
+        char given[VG_PATH_MAX], beside[VG_PATH_MAX];
+        shim_dirs(given, beside);
         const char *skip[] = {given, beside, NULL};
-        if (vg_path_search(name, skip, out, n) != 0)
+        if (!is_auto && vg_path_search(name, skip, out, n) != 0)
             why = "not found on PATH (set runtime.lower in the vgpu config to its absolute path)";
+        for (int i = 0; is_auto && auto_lowers[i]; i++) {
+            if (vg_path_search(auto_lowers[i], skip, out, n) == 0)
+                break;
+            if (auto_lowers[i + 1] == NULL)
+                why = "neither nvidia-container-runtime nor runc is on PATH (set "
+                      "runtime.lower in the vgpu config to an absolute path)";
+        }
     }
     if (why == NULL)
         return 0;
@@ -143,6 +201,7 @@ int main(int argc, char **argv)
     }
     vg_config_free(&cfg);
     char why[VG_WHY_MAX];
+    drop_shim_dirs();
     vg_exec_guarded(lower, argv, why, sizeof(why));
     if (asked)
         release(sock, &inv);

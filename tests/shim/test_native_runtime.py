@@ -414,3 +414,40 @@ def test_where_it_looks_for_vgpud(host, text, env, where):
     p = host.run("create", "--bundle", host.bundle(MAY_ASK["annotation"]), "c1", env=full)
     assert p.returncode == 1
     assert f"vgpud at {where} did not answer within 0s" in p.stderr
+
+
+def test_lower_auto_takes_nvidia_s_runtime_where_the_toolkit_is_installed(host):
+    """runtime.lower auto: nvidia-container-runtime on PATH wins over runc (it puts the
+    driver into the container); without it, runc."""
+    nvidia = Recorder(host.tmp / "toolkit" / "nvidia-container-runtime")
+    host.write_config("runtime:\n  lower: auto\n")
+    p = host.run("state", "c1", env=host.env(PATH=f"{nvidia.path.parent}:{host.path}"))
+    assert (p.returncode, p.stderr) == (0, "")
+    assert nvidia.argv() == ["state", "c1"] and not host.lower.ran
+    p = host.run("state", "c2")
+    assert (p.returncode, p.stderr) == (0, "")
+    assert host.lower.argv() == ["state", "c2"]
+
+
+def test_lower_auto_with_neither_runtime_is_one_line(host):
+    host.write_config("runtime:\n  lower: auto\n")
+    p = host.run("state", "c1", env=host.env(PATH=str(host.tmp / "empty")))
+    assert (p.returncode, p.stderr) == (1, (
+        "vgpu: failed to find the lower runtime 'auto': neither nvidia-container-runtime nor "
+        "runc is on PATH (set runtime.lower in the vgpu config to an absolute path)\n"))
+
+
+def test_the_lower_runtime_runs_without_the_shim_s_private_dir_on_path(host):
+    """containerd-shim-vgpu-v2 puts a dir whose `runc` is vgpu-runtime first on PATH; a
+    lower runtime that looks runc up itself (nvidia-container-runtime does) must find the
+    real one, so the lower runtime gets PATH without that dir, the rest in order."""
+    nvidia = Recorder(host.tmp / "toolkit" / "nvidia-container-runtime", env_names=("PATH",))
+    shim_bin = host.tmp / "shim-bin"
+    shim_bin.mkdir()
+    (shim_bin / "runc").symlink_to(RUNTIME)
+    host.write_config("runtime:\n  lower: auto\n")
+    path = f"{shim_bin}:{nvidia.path.parent}:{host.path}"
+    p = host.run("state", "c1", env=host.env(PATH=path, VGPU_SHIM_BIN=str(shim_bin)))
+    assert (p.returncode, p.stderr) == (0, "")
+    assert nvidia.argv() == ["state", "c1"]
+    assert nvidia.env()["PATH"] == f"{nvidia.path.parent}:{host.path}"
