@@ -11,9 +11,17 @@ Health calls per "pair" (transport and client cost alone). The same again with 5
 slices already placed on GPU 0 (2% each: GPU 0's compute is full, so every
 placement weighs it and its 50 slices and goes elsewhere). Not a timed test:
 the figures depend on the machine; the targets are >= 500 pairs/s and
-p99 < 20 ms at 8 clients.
+p99 < 20 ms at 8 clients, and never below the previous release in the same run.
+
+By default the previous release runs beside the tree: --against REF builds that
+commit or tag in a temporary git worktree (bench/against.py: the newest v* tag
+before HEAD; while there is none, bfd1b41, main on 2026-12-02) and starts its
+own vgpud from it with the same Python; each row is measured on both, in
+alternating order, --rounds times (medians reported). --against none: the tree
+alone.
 
     python3 bench/arbiter.py [--duration 3] [--clients 1,8,64] [--dir /var/tmp]
+                             [--against REF|none] [--rounds 1]
 """
 from __future__ import annotations
 
@@ -22,6 +30,7 @@ import contextlib
 import json
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,7 +48,17 @@ from arbiter.proto import vgpu_pb2 as pb  # noqa: E402
 from arbiter.proto import vgpu_pb2_grpc  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from vgpud_proc import start_vgpud  # noqa: E402
+from against import (  # noqa: E402
+    NONE,
+    PREVIOUS_FALLBACK,
+    Tree,
+    built_tree,
+    exit_on_sigterm,
+    previous_release,
+    this_tree,
+    vgpud_proc,
+)
+from vgpud_proc import stop_vgpud  # noqa: E402
 
 MiB = 1 << 20
 TARGET_RATE = 500.0   # pairs/s at 8 clients
@@ -49,7 +68,7 @@ PRESET = 50
 
 @dataclass
 class Result:
-    """One row: a scenario at one concurrency."""
+    """One measurement: a scenario at one concurrency on one build."""
 
     scenario: str
     clients: int
@@ -57,6 +76,7 @@ class Result:
     errors: int
     seconds: float
     latencies: list[float]
+    build: str = "tree"
 
     @property
     def rate(self) -> float:
@@ -70,6 +90,31 @@ class Result:
         return 1000 * xs[min(len(xs) - 1, max(0, round(q * len(xs)) - 1))]
 
 
+@dataclass
+class Row:
+    """One table row: the rounds of a scenario at one concurrency on one build, by median."""
+
+    scenario: str
+    clients: int
+    build: str
+    rounds: list[Result]
+
+    @property
+    def pairs(self) -> int:
+        return sum(r.pairs for r in self.rounds)
+
+    @property
+    def errors(self) -> int:
+        return sum(r.errors for r in self.rounds)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(r.rate for r in self.rounds)
+
+    def pct(self, q: float) -> float:
+        return statistics.median(r.pct(q) for r in self.rounds)
+
+
 def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
     return pb.AllocateRequest(owner=owner, memory_bytes=64 * MiB, compute_percent=2, count=1,
                               owner_kind="process", owner_pid=os.getpid(),
@@ -77,7 +122,7 @@ def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
 
 
 def measure(sock: Path, scenario: str, clients: int, duration: float,
-            baseline: bool = False) -> Result:
+            baseline: bool = False, build: str = "tree") -> Result:
     """clients threads, each with its own channel, loop Allocate+Release for duration."""
     start = threading.Barrier(clients + 1)
     stop = threading.Event()
@@ -123,7 +168,7 @@ def measure(sock: Path, scenario: str, clients: int, duration: float,
         t.join()
     elapsed = time.perf_counter() - t0
     flat = [x for xs in lat for x in xs]
-    return Result(scenario, clients, len(flat), sum(errors), elapsed, flat)
+    return Result(scenario, clients, len(flat), sum(errors), elapsed, flat, build)
 
 
 def with_owner_release(stub: vgpu_pb2_grpc.ArbiterStub, owner: str) -> None:
@@ -142,8 +187,9 @@ def preset(sock: Path, n: int) -> None:
         assert len(on0) == n, f"expected {n} slices on GPU 0, found {len(on0)}"
 
 
-def table(results: list[Result]) -> str:
-    head = ("scenario", "clients", "pairs", "pairs/s", "p50 ms", "p99 ms", "errors", "target")
+def table(results: list[Row]) -> str:
+    head = ("scenario", "clients", "build", "pairs", "pairs/s", "p50 ms", "p99 ms", "errors",
+            "target")
     rows = []
     for r in results:
         target = ""
@@ -151,53 +197,121 @@ def table(results: list[Result]) -> str:
             ok = r.rate >= TARGET_RATE and r.pct(0.99) < TARGET_P99_MS
             target = (f">= {TARGET_RATE:.0f}/s, p99 < {TARGET_P99_MS:.0f} ms: "
                       f"{'met' if ok else 'MISSED'}")
-        rows.append((r.scenario, str(r.clients), str(r.pairs), f"{r.rate:.0f}",
+        rows.append((r.scenario, str(r.clients), r.build, str(r.pairs), f"{r.rate:.0f}",
                      f"{r.pct(0.50):.2f}", f"{r.pct(0.99):.2f}", str(r.errors), target))
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
-    return "\n".join("  ".join(c.rjust(w) if 0 < i < 7 else c.ljust(w)
+    return "\n".join("  ".join(c.rjust(w) if 0 < i < 8 and i != 2 else c.ljust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
                      for row in (head, *rows))
 
 
+def comparison(rows: list[Row], builds: list[str]) -> list[str]:
+    """Per Allocate+Release row, the tree against the other build: ratios and the verdict
+    (never below it: at least its pairs/s, at most its p99)."""
+    if len(builds) < 2:
+        return []
+    ref = builds[1]
+    by = {(r.scenario, r.clients, r.build): r for r in rows}
+    out = []
+    for r in rows:
+        other = by.get((r.scenario, r.clients, ref))
+        if r.build != "tree" or other is None or r.scenario == "2x Health":
+            continue
+        rate, p99 = r.rate / other.rate, r.pct(0.99) / other.pct(0.99)
+        verdict = "met" if rate >= 1.0 and p99 <= 1.0 else "MISSED"
+        out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{rate:.2f}, "
+                   f"p99 x{p99:.2f} (never below {ref}: {verdict})")
+    return out
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0],
+        epilog=f"The previous release is the newest v* tag before HEAD; with none tagged, "
+               f"{PREVIOUS_FALLBACK} (main on 2026-12-02). Now: {previous_release()}.")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per measurement")
     ap.add_argument("--clients", default="1,8,64", help="concurrency levels, comma separated")
     ap.add_argument("--dir", default="/var/tmp",
                     help="where the temporary state dir goes (a disk, not tmpfs, for fsync)")
     ap.add_argument("--run-dir-parent", default="/dev/shm",
                     help="where the run dir (region files) goes: tmpfs, as /run is in production")
+    ap.add_argument("--against", default=None, metavar="REF",
+                    help="a commit or tag to build in a temporary worktree and measure beside "
+                         "the tree (default: the previous release); 'none': the tree alone")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measurements of each row on each build, alternating (medians shown)")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = ap.parse_args()
-    levels = [int(x) for x in args.clients.split(",")]
-    with tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=args.dir) as d, \
-            tempfile.TemporaryDirectory(prefix="vgpu-bench-run-", dir=args.run_dir_parent) as r:
-        tmp = Path(d)
-        proc, sock = start_vgpud(tmp, Path(r))
-        try:
-            results = [measure(sock, "2x Health", n, args.duration, baseline=True)
-                       for n in levels]
-            results += [measure(sock, "empty", n, args.duration) for n in levels]
-            preset(sock, PRESET)
-            results += [measure(sock, f"{PRESET} on GPU 0", n, args.duration) for n in levels]
-        finally:
-            proc.terminate()
-            proc.wait(15)
-        fs = subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True,
-                            text=True).stdout.strip()
+    try:
+        levels = [int(x) for x in args.clients.split(",")]
+    except ValueError:
+        ap.error(f"--clients {args.clients!r}: not a comma-separated list of integers")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: must be at least 1")
+    ref = previous_release() if args.against is None else args.against
+    exit_on_sigterm()
+    with contextlib.ExitStack() as stack:
+        trees = [this_tree()]
+        if ref != NONE:
+            trees.append(stack.enter_context(built_tree(ref, parent=args.dir)))
+        rows, fs = run(trees, levels, args, stack)
     cmd = shlex.join([Path(sys.executable).name, "bench/arbiter.py", *sys.argv[1:]])
     print(f"vgpud Allocate+Release over a unix socket; {os.cpu_count()} CPUs; state dir on {fs};"
-          f" {args.duration:g}s per row")
-    print(table(results))
+          f" {args.duration:g}s per row, {args.rounds} round(s) per build")
+    if len(trees) > 1:
+        print(f"builds: tree = this checkout as it is; {trees[1].label} = "
+              f"{trees[1].commit[:12]}, built in a worktree; rows alternate between them")
+    print(table(rows))
+    for line in comparison(rows, [t.label for t in trees]):
+        print(line)
     print("2x Health: two round trips without arbiter work, the ceiling the transport and "
           "this Python client allow (the baseline)")
     print(f"command: {cmd}")
     if args.json:
-        print(json.dumps([{"scenario": r.scenario, "clients": r.clients, "pairs": r.pairs,
-                           "pairs_per_s": round(r.rate, 1), "p50_ms": round(r.pct(0.5), 3),
-                           "p99_ms": round(r.pct(0.99), 3), "errors": r.errors}
-                          for r in results], indent=2))
+        print(json.dumps([{"build": r.build, "scenario": r.scenario, "clients": r.clients,
+                           "pairs": r.pairs, "pairs_per_s": round(r.rate, 1),
+                           "p50_ms": round(r.pct(0.5), 3), "p99_ms": round(r.pct(0.99), 3),
+                           "errors": r.errors} for r in rows], indent=2))
     return 0
+
+
+def run(trees: list[Tree], levels: list[int], args: argparse.Namespace,
+        stack: contextlib.ExitStack) -> tuple[list[Row], str]:
+    """Start each build's vgpud, measure every row on each (alternating which goes first),
+    stop them; (the rows, the state dir's filesystem)."""
+    socks: dict[str, Path] = {}
+    fs = ""
+    for tree in trees:
+        tmp = Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=args.dir)))
+        run_dir = Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="vgpu-bench-run-", dir=args.run_dir_parent)))
+        proc, sock = vgpud_proc(tree).start_vgpud(tmp, run_dir)
+        stack.callback(stop_vgpud, proc, run_dir)  # before the directories go (LIFO)
+        socks[tree.label] = sock
+        fs = fs or subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True,
+                                  text=True).stdout.strip()
+    rows: list[Row] = []
+    turn = 0
+
+    def scenario(name: str, baseline: bool = False) -> None:
+        nonlocal turn
+        for n in levels:
+            got: dict[str, list[Result]] = {t.label: [] for t in trees}
+            for _ in range(args.rounds):
+                order = trees if turn % 2 == 0 else trees[::-1]
+                turn += 1
+                for t in order:
+                    got[t.label].append(measure(socks[t.label], name, n, args.duration,
+                                                baseline=baseline, build=t.label))
+            rows.extend(Row(name, n, t.label, got[t.label]) for t in trees)
+
+    scenario("2x Health", baseline=True)
+    scenario("empty")
+    for t in trees:
+        preset(socks[t.label], PRESET)
+    scenario(f"{PRESET} on GPU 0")
+    return rows, fs
 
 
 if __name__ == "__main__":

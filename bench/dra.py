@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 import grpc  # noqa: E402
-from vgpud_proc import pb, start_vgpud, vgpu_pb2_grpc  # noqa: E402
+from vgpud_proc import pb, start_vgpud, stop_vgpud, vgpu_pb2_grpc  # noqa: E402
 
 TARGET_P99_MS = 50.0     # issue 13
 NODE = "bench-node"
@@ -125,8 +125,7 @@ def main() -> None:
             log.close()
             kubelet.stop()
             api.stop()
-            daemon.terminate()
-            daemon.wait(timeout=30)
+            stop_vgpud(daemon, Path(r))
 
 
 if __name__ == "__main__":

@@ -60,3 +60,22 @@ def start_vgpud(tmp: Path, run_dir: Path,
         time.sleep(0.1)
     proc.kill()
     sys.exit("bench: vgpud did not start")
+
+
+def stop_vgpud(proc: subprocess.Popen[bytes], run_dir: Path) -> None:
+    """SIGTERM vgpud and wait for it, then lazily unmount what it left mounted under run_dir
+    (each slice's tmpfs and its .req bind outlive vgpud, as running containers need them;
+    a temporary run dir cannot be removed over them)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    top = str(run_dir).rstrip("/")
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        points = [line.split()[4] for line in f]
+    for point in sorted((p for p in points if p == top or p.startswith(top + "/")),
+                        key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)

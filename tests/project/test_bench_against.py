@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""bench/arbiter.py --against: another build in a git worktree, measured beside the tree.
+
+Not a timed test: it checks that both builds are built, started and measured in one run and
+that the worktree is gone afterwards (also after Ctrl-C), never what the figures are."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.paths import ROOT
+from support.process import clean_env
+
+BENCH = ROOT / "bench" / "arbiter.py"
+sys.path.insert(0, str(ROOT / "bench"))
+
+from against import PREVIOUS_FALLBACK, previous_release  # noqa: E402
+
+
+def worktrees() -> str:
+    return subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def bench(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(BENCH), "--duration", "0.3", "--clients", "1", "--dir",
+         str(tmp_path), *args], cwd=ROOT, env=clean_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+
+
+def test_against_measures_both_builds_and_removes_the_worktree(tmp_path):
+    p = bench(tmp_path, "--against", "HEAD", "--json")
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err
+    rows = json.loads(out[out.index("\n[") + 1:])
+    seen = {(r["build"], r["scenario"]) for r in rows}
+    assert seen == {(b, s) for b in ("tree", "HEAD")
+                    for s in ("2x Health", "empty", "50 on GPU 0")}
+    assert all(r["pairs"] > 0 and r["errors"] == 0 for r in rows), rows
+    assert "tree / HEAD, empty, 1 clients: pairs/s x" in out
+    assert "bench: building HEAD" in err
+    assert str(tmp_path) not in worktrees()
+    assert list(tmp_path.iterdir()) == []  # worktree, state and run dirs all gone
+
+
+def adding(tmp_path: Path) -> bool:
+    return str(tmp_path) in worktrees()
+
+
+def measuring(tmp_path: Path) -> bool:
+    return len(list(tmp_path.glob("vgpu-bench-*/vgpud.sock"))) == 2  # both vgpuds serve
+
+
+@pytest.mark.parametrize("when", [adding, measuring], ids=["adding", "measuring"])
+def test_ctrl_c_removes_the_worktree(tmp_path, when):
+    p = bench(tmp_path, "--against", "HEAD", "--duration", "5")
+    deadline = time.monotonic() + 120
+    while not when(tmp_path):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=60)
+    assert p.returncode != 0
+    assert str(tmp_path) not in worktrees()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_ref_is_one_line_naming_it(tmp_path):
+    p = bench(tmp_path, "--against", "no-such-ref-28")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0 and out == ""
+    assert err.strip().splitlines() == [
+        f"bench: --against 'no-such-ref-28': no such commit or tag in {ROOT} "
+        "(a tag, a branch, or a commit hash)"]
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                    *args], check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    git(tmp_path, "init", "-q")
+    for n in range(3):
+        (tmp_path / "f").write_text(str(n))
+        git(tmp_path, "add", "f")
+        git(tmp_path, "commit", "-q", "-m", str(n))
+    return tmp_path
+
+
+def test_previous_release_without_tags_is_the_fixed_commit(repo):
+    assert previous_release(repo) == PREVIOUS_FALLBACK
+
+
+def test_previous_release_is_the_newest_tag_before_head(repo):
+    git(repo, "tag", "v0.1.0", "HEAD~2")
+    git(repo, "tag", "v0.2.0", "HEAD~1")
+    git(repo, "tag", "other", "HEAD~1")
+    assert previous_release(repo) == "v0.2.0"
+    git(repo, "tag", "v0.10.0", "HEAD")  # HEAD is being released: the one before it
+    assert previous_release(repo) == "v0.2.0"
