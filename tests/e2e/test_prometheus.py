@@ -26,10 +26,17 @@ from support.paths import ROOT, SIMGPU_DIR
 from support.prereq import require
 from support.vgpud_harness import Vgpud, simgpu_vgpud
 
-DASHBOARD = ROOT / "configs" / "kubernetes" / "monitoring" / "grafana-dashboard.json"
+MONITORING = ROOT / "configs" / "kubernetes" / "monitoring"
+DASHBOARD = MONITORING / "grafana-dashboard.json"
+ALERTS = MONITORING / "prometheusrule.yaml"
+JOB = yaml.safe_load((MONITORING / "prometheus-scrape.yaml").read_text())[
+    "scrape_configs"][0]["job_name"]
 SCRAPE_S = 0.5
 #: The dashboard's $__rate_interval here: several scrapes, well inside the loads' run.
 RATE_WINDOW = "5s"
+#: The dashboard's query variables (besides the data source) and the node it sees here.
+VARIABLES = ("node", "namespace", "pod")
+NODE = "node-a"
 #: Points a slice's achieved share may be off its share on a shared, noisy VM.
 TOLERANCE = 8.0
 LOAD_S = 25
@@ -52,11 +59,20 @@ class Prometheus:
     def __init__(self, tmp: Path, target: str) -> None:
         self.port = free_port()
         config = tmp / "prometheus.yml"
+        # The shipped alerts, evaluated as often as the scrapes.
+        rules = tmp / "rules.yaml"
+        rules.write_text(yaml.safe_dump(
+            {"groups": yaml.safe_load(ALERTS.read_text())["spec"]["groups"]}))
         config.write_text(yaml.safe_dump({
             "global": {"scrape_interval": f"{int(SCRAPE_S * 1000)}ms",
-                       "scrape_timeout": f"{int(SCRAPE_S * 800)}ms"},
-            "scrape_configs": [{"job_name": "vgpu",
-                                "static_configs": [{"targets": [target]}]}]}))
+                       "scrape_timeout": f"{int(SCRAPE_S * 800)}ms",
+                       "evaluation_interval": f"{int(SCRAPE_S * 1000)}ms"},
+            "rule_files": [str(rules)],
+            # The node label, as the ServiceMonitor's relabeling sets it on a cluster; the
+            # job as the shipped scrape config names it (the alerts select it).
+            "scrape_configs": [{"job_name": JOB,
+                                "static_configs": [{"targets": [target],
+                                                    "labels": {"node": NODE}}]}]}))
         self.log = tmp / "prometheus.log"
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen(
@@ -103,8 +119,9 @@ def dashboard_queries() -> dict[str, str]:
     out = {}
     for panel in doc["panels"]:
         for t in panel.get("targets", []):
-            expr = (t["expr"].replace("$__rate_interval", RATE_WINDOW)
-                    .replace("$instance", ".*"))
+            expr = t["expr"].replace("$__rate_interval", RATE_WINDOW)
+            for name in VARIABLES:
+                expr = expr.replace(f"${name}", ".*")   # "All", as Grafana asks
             out[f"{panel['title']}: {t['legendFormat']}"] = expr
     return out
 
@@ -170,6 +187,21 @@ def test_the_dashboards_queries_through_a_real_prometheus(host):
         assert float(calloc["value"][1]) == 100
         (count,) = prom.query(query_named(queries, "vgpu_gpu_slices"))
         assert float(count["value"][1]) == 2
+        # The variables list the node (from the scrape's relabeling), and each GPU and slice
+        # series is on it: the dashboard is keyed by node and pod, not the pod's IP.
+        doc = json.loads(DASHBOARD.read_text())
+        variables = {v["name"]: v for v in doc["templating"]["list"] if v["type"] == "query"}
+        assert set(variables) == set(VARIABLES)
+        label_values = variables["node"]["query"]
+        metric, label = label_values.removeprefix("label_values(").rstrip(")").split(", ")
+        assert {r["metric"][label] for r in prom.query(metric)} == {NODE}
+        assert {r["metric"]["node"] for r in limits} == {NODE}
+        # The shipped alerts evaluate without error, and none fires on a healthy node.
+        groups = json.loads(prom.get("/api/v1/rules"))["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        assert rules and all(r["health"] == "ok" for r in rules), rules
+        alerts = json.loads(prom.get("/api/v1/alerts"))["data"]["alerts"]
+        assert not alerts, alerts
         # Every query Prometheus accepts, and each has series but the guard's (no finding).
         empty = [name for name, expr in queries.items() if not prom.query(expr)]
         assert all(name.startswith("Memory drift and guard findings: guard") for name in empty), \

@@ -105,10 +105,41 @@ SERVICEMONITOR: dict[str, Any] = {
                                 "targetLabel": {"type": "string"},
                                 "regex": {"type": "string"},
                                 "action": {"type": "string"}}}}}}},
+                "jobLabel": {"type": "string"},
             },
         },
     },
 }
+
+#: The part of the Prometheus Operator's PrometheusRule schema that prometheusrule.yaml
+#: uses (the rules themselves are checked by promtool: tests/project/test_alerts.py).
+PROMETHEUSRULE: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {"type": "object", "required": ["groups"], "additionalProperties": False,
+                 "properties": {"groups": {"type": "array", "minItems": 1, "items": {
+                     "type": "object", "required": ["name", "rules"],
+                     "additionalProperties": False, "properties": {
+                         "name": {"type": "string"},
+                         "rules": {"type": "array", "minItems": 1, "items": {
+                             "type": "object", "required": ["alert", "expr"],
+                             "additionalProperties": False, "properties": {
+                                 "alert": {"type": "string"},
+                                 "expr": {"type": "string"},
+                                 "for": {"type": "string", "pattern": r"^(\d+(ms|s|m|h))+$"},
+                                 "labels": {"type": "object",
+                                            "additionalProperties": {"type": "string"}},
+                                 "annotations": {"type": "object", "additionalProperties": {
+                                     "type": "string"}}}}}}}}}},
+    },
+}
+#: Prometheus Operator kinds, checked against the partial schemas above.
+OPERATOR_SCHEMAS = {"ServiceMonitor": SERVICEMONITOR, "PrometheusRule": PROMETHEUSRULE}
 
 
 def objects() -> list[tuple[str, dict[str, Any]]]:
@@ -166,8 +197,8 @@ def shipped_config(tmp_path: Path) -> Config:
 @pytest.mark.parametrize(("name", "doc"), objects(),
                          ids=[f"{n}:{d['kind']}" for n, d in objects()])
 def test_every_object_is_valid_for_kubernetes(name, doc):
-    if doc["kind"] == "ServiceMonitor":
-        jsonschema.validate(doc, SERVICEMONITOR)
+    if doc["kind"] in OPERATOR_SCHEMAS:
+        jsonschema.validate(doc, OPERATOR_SCHEMAS[doc["kind"]])
         return
     kubernetes_validate.validate(doc, target(name), strict=True)
 
@@ -186,6 +217,10 @@ def test_the_schema_checks_refuse_mistakes():
     sm["spec"]["endpoints"][0]["intervall"] = "15s"
     with pytest.raises(jsonschema.ValidationError, match="intervall"):
         jsonschema.validate(sm, SERVICEMONITOR)
+    pr = json.loads(json.dumps(find("PrometheusRule")))
+    pr["spec"]["groups"][0]["rules"][0]["experssion"] = "up == 0"
+    with pytest.raises(jsonschema.ValidationError, match="experssion"):
+        jsonschema.validate(pr, PROMETHEUSRULE)
 
 
 def test_the_scrape_job_is_valid_for_prometheus(tmp_path):
@@ -547,6 +582,11 @@ def test_the_cluster_role_grants_exactly_the_calls_the_plugin_makes():
                        r"[^\"]*\"(\w+)\"", source)
     assert calls, "no API call found in vgpu_k8s/dra/apiserver.py"
     used = {("resource.k8s.io", resource, VERBS[method]) for method, resource in calls}
+    # The core group's calls (a claim's Events).
+    used |= {("", resource, VERBS[method]) for method, resource in re.findall(
+        r"client\.CoreV1Api\(self\._client\)\.(\w+?)_namespaced_(\w+)", source)}
+    assert ("", "event", "create") in used
+    used = {(g, "events" if r == "event" else r, v) for g, r, v in used}
     role = find("ClusterRole", "vgpu-dra-plugin")
     granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"]
                for r in rule["resources"] for v in rule["verbs"]}
@@ -680,8 +720,32 @@ def exported() -> dict[str, set[str]]:
     return names
 
 
-#: Labels Prometheus adds to every scraped series.
-TARGET_LABELS = {"instance", "job"}
+def relabeled() -> set[str]:
+    """The target labels the shipped scrape configs add (the same in both: the node)."""
+    monitor = yaml.safe_load((MONITORING / "servicemonitor.yaml").read_text())
+    by_operator = {r["targetLabel"] for e in monitor["spec"]["endpoints"]
+                   for r in e.get("relabelings", []) if "targetLabel" in r}
+    plain = yaml.safe_load((MONITORING / "prometheus-scrape.yaml").read_text())
+    by_job = {r["target_label"] for job in plain["scrape_configs"]
+              for r in job.get("relabel_configs", []) if "target_label" in r}
+    assert by_operator == by_job, (by_operator, by_job)
+    return by_operator
+
+
+#: Labels Prometheus adds to every scraped series: its own, and the scrape configs'.
+TARGET_LABELS = {"instance", "job"} | relabeled()
+
+
+def test_both_scrape_configs_name_the_job_the_alerts_select():
+    """The ServiceMonitor's job is its Service's jobLabel value; the plain job's name is the
+    same: the alerts (prometheusrule.yaml) select that job."""
+    monitor = find("ServiceMonitor")
+    service = find("Service", "vgpu-metrics")
+    job = service["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    (plain,) = yaml.safe_load((MONITORING / "prometheus-scrape.yaml").read_text())[
+        "scrape_configs"]
+    assert plain["job_name"] == job
+    assert f'job="{job}"' in (MONITORING / "prometheusrule.yaml").read_text()
 
 
 def dashboard_queries() -> list[str]:

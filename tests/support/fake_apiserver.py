@@ -37,6 +37,9 @@ _PREFIX = "/apis/resource.k8s.io/v1"
 _CLAIM = re.compile(_PREFIX + r"/namespaces/([^/]+)/resourceclaims/([^/]+)")
 _SLICES = re.compile(_PREFIX + r"/resourceslices/?")
 _SLICE = re.compile(_PREFIX + r"/resourceslices/([^/]+)")
+_EVENTS = re.compile(r"/api/v1/namespaces/([^/]+)/events")
+#: What a core/v1 Event must carry to be created (the API server's validation, in part).
+_EVENT_FIELDS = ("involvedObject", "reason", "message", "type")
 
 
 def result(request: str, device: str, pool: str, *, memory: str | None = None,
@@ -85,6 +88,7 @@ class FakeApiServer:
         self._server: ThreadingHTTPServer | None = None
         self.url = ""
         self.consumable_capacity = True     # False: a server without the feature gate
+        self.events: dict[tuple[str, str], dict[str, Any]] = {}   # (namespace, name) -> Event
 
     # -- what tests use -------------------------------------------------------
 
@@ -166,6 +170,8 @@ class FakeApiServer:
                 return 404, _status(404, "NotFound",
                                     f'resourceclaims.resource.k8s.io "{m[2]}" not found')
             return 200, obj
+        if (m := _EVENTS.fullmatch(path)) and method == "POST":
+            return self._create_event(m[1], body)
         if _SLICES.fullmatch(path):
             if method == "GET":
                 return 200, self._list(query)
@@ -182,6 +188,18 @@ class FakeApiServer:
                 s = self._slices.pop(name, None)
                 return (200, s) if s else (404, self._not_found(name))
         return 404, _status(404, "NotFound", f"the server could not find {method} {path}")
+
+    def _create_event(self, namespace: str, body: Any) -> tuple[int, Any]:
+        meta = body.get("metadata") or {} if isinstance(body, dict) else {}
+        missing = [f for f in _EVENT_FIELDS if not (body or {}).get(f)]
+        if not meta.get("name") or missing or body.get("type") not in ("Normal", "Warning") \
+                or meta.get("namespace", namespace) != namespace:
+            return 422, _status(422, "Invalid", f"Event is invalid: {missing or body}")
+        key = (namespace, meta["name"])
+        if key in self.events:
+            return 409, _status(409, "AlreadyExists", f'events "{meta["name"]}" already exists')
+        self.events[key] = copy.deepcopy(body)
+        return 201, body
 
     @staticmethod
     def _not_found(name: str) -> dict[str, Any]:

@@ -263,6 +263,19 @@ def test_a_claim_that_cannot_be_prepared_gets_one_line_and_leaves_nothing(
     assert node.slice_of(uid) is None and not node.spec(uid).exists()
     assert uid not in json.loads(node.checkpoint.read_text())["claims"]
     assert f"failed to prepare claim default/bad ({uid})" in node.plugin.log()
+    # `kubectl describe` on the claim shows why: one Warning Event, posted once however
+    # often the kubelet retries.
+    assert plugin.prepare([ref])[uid].error == error
+    (event,) = [e for e in node.api.events.values()
+                if e["involvedObject"].get("uid") == uid]
+    assert event["type"] == "Warning" and event["reason"] == "VgpuPrepareFailed"
+    assert event["involvedObject"] == {"apiVersion": "resource.k8s.io/v1",
+                                       "kind": "ResourceClaim", "namespace": "default",
+                                       "name": "bad", "uid": uid}
+    assert says in event["message"] and NODE in event["message"]
+    assert event["metadata"]["namespace"] == "default"
+    assert not [e for e in node.api.events.values()
+                if e["involvedObject"].get("uid") == first[2]]
 
 
 def test_restart_keeps_a_prepared_claim_and_reconciles_with_vgpud(node: Node):

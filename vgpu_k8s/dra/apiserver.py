@@ -47,7 +47,8 @@ def _reason(e: ApiException) -> str:
 
 
 class Cluster:
-    """ResourceClaims (read) and this node's ResourceSlices (list, create, replace, delete)."""
+    """ResourceClaims (read), this node's ResourceSlices (list, create, replace, delete), and
+    Events about claims (create)."""
 
     def __init__(self, api: Any) -> None:
         self._api = client.CustomObjectsApi(api)
@@ -102,6 +103,21 @@ class Cluster:
             if e.status == 404:
                 return False
             raise
+        return True
+
+    def post_event(self, namespace: str, body: dict[str, Any]) -> bool:
+        """Create a core/v1 Event; False when one of that name exists (told already)."""
+        try:
+            client.CoreV1Api(self._client).create_namespaced_event(
+                namespace, body, _request_timeout=_TIMEOUT_S)
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            raise ApiError(f"post Event {body['metadata']['name']}", _reason(e),
+                           int(e.status or 0)) from e
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise ApiError(f"post Event {body['metadata']['name']}",
+                           f"API server {self._client.configuration.host}: {e}") from e
         return True
 
     def close(self) -> None:

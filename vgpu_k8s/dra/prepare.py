@@ -13,6 +13,8 @@ is fine (the kubelet may ask twice).
 from __future__ import annotations
 
 import contextlib
+import datetime
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -30,7 +32,8 @@ from vgpu_k8s.dra.claims import OWNER_PREFIX, AnsweredDevice, ClaimRef, plan
 from vgpu_k8s.dra.errors import VgpudError
 from vgpu_k8s.dra.vgpud import Gpu, Vgpud
 
-__all__ = ["LABEL_CLAIM", "LABEL_NODE", "LABEL_UID", "Answer", "Preparer"]
+__all__ = ["LABEL_CLAIM", "LABEL_NODE", "LABEL_UID", "PREPARE_FAILED", "Answer", "Preparer",
+           "refusal_event"]
 
 log = logging.getLogger("vgpu-dra-plugin")
 
@@ -52,6 +55,30 @@ class Answer:
     devices: tuple[AnsweredDevice, ...] = ()
     cdi_device_ids: tuple[str, ...] = ()
     error: str = ""
+
+
+#: The Event reason of a claim that cannot be prepared on this node.
+PREPARE_FAILED = "VgpuPrepareFailed"
+#: Who posts it (the Event's source and reporting component).
+COMPONENT = "vgpu-dra-plugin"
+
+
+def refusal_event(ref: ClaimRef, why: str, node: str) -> dict[str, Any]:
+    """A core/v1 Warning Event on the claim: the one line why it cannot be prepared."""
+    digest = hashlib.sha256(f"{ref.uid}\0{why}".encode()).hexdigest()[:16]
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        # A name is at most 253 characters: the claim's, cut to leave room for the hash.
+        "metadata": {"name": f"{ref.name[:236]}.{digest}", "namespace": ref.namespace},
+        "involvedObject": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                           "namespace": ref.namespace, "name": ref.name, "uid": ref.uid},
+        "type": "Warning", "reason": PREPARE_FAILED,
+        "message": f"cannot prepare on node {node}: {why}"[:1024],
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": COMPONENT, "reportingInstance": node,
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
 
 
 def _spec_name(uid: str) -> str:
@@ -107,7 +134,18 @@ class Preparer:
             except (VgpuError, OSError) as e:
                 line = " ".join(f"failed to prepare claim {ref} ({ref.uid}): {e}".split())
                 log.warning("%s", line)
+                self._tell(ref, str(e))
                 return Answer(error=line)
+
+    def _tell(self, ref: ClaimRef, why: str) -> None:
+        """A Warning Event on the claim, so `kubectl describe` shows why (best effort: the
+        kubelet gets the line either way). Named by the claim and the reason, so the
+        kubelet's retries of one failure post it once."""
+        why = " ".join(why.split())
+        try:
+            self.cluster.post_event(ref.namespace, refusal_event(ref, why, self.node))
+        except (VgpuError, OSError) as e:
+            log.warning("claim %s: could not post its Event: %s", ref, e)
 
     def _again(self, entry: Entry) -> Answer:
         """A prepared claim: the same answer; its slice and spec made again if they went."""
