@@ -71,6 +71,7 @@ enum sg_kind {
 #define SG_KIND_DEVICE (SG_KIND_MEM | SG_KIND_PITCH | SG_KIND_MANAGED | SG_KIND_ASYNC)
 
 struct sg_ctx;
+struct sg_pool;
 struct sg_range {
     uintptr_t base;
     size_t size;   /* what the caller asked for (and was charged) */
@@ -78,6 +79,7 @@ struct sg_range {
     int dev;
     int kind;
     struct sg_ctx *ctx; /* owning context (freed with it), NULL for none */
+    struct sg_pool *pool; /* the memory pool it came from (SG_KIND_ASYNC), else NULL */
 };
 int sg_range_add(const struct sg_range *r);
 /* Remove the range starting exactly at base whose kind is in kinds. 0 or -1. */
@@ -89,11 +91,18 @@ int sg_range_find(uintptr_t addr, size_t len, struct sg_range *out);
 
 /* ---- device memory (cuda_mem.c) ---- */
 CUresult sg_dev_alloc(int dev, size_t size, int kind, struct sg_ctx *ctx, CUdeviceptr *out);
+/* sg_dev_alloc of an allocation from pool (counted in it until released). */
+CUresult sg_dev_alloc_in(int dev, size_t size, int kind, struct sg_ctx *ctx, struct sg_pool *pool, CUdeviceptr *out);
 /* Unmap and uncharge an allocation; CUDA_ERROR_INVALID_VALUE when unknown. */
 CUresult sg_dev_free(CUdeviceptr ptr, int kinds);
 void sg_range_release(const struct sg_range *r);
 /* Memory overhead of a context (SIMGPU_CONTEXT_MEMORY, default 0). */
 uint64_t sg_context_overhead(void);
+
+/* ---- memory pools (cuda_pool.c) ---- */
+/* Count an allocation of size bytes in pool p / uncount it when released. */
+void sg_pool_charge(struct sg_pool *p, size_t size);
+void sg_pool_release(struct sg_pool *p, size_t size);
 
 /* ---- contexts and streams (cuda_ctx.c, cuda_stream.c) ---- */
 struct sg_graph;

@@ -42,6 +42,11 @@ uint64_t sg_context_overhead(void)
 
 CUresult sg_dev_alloc(int dev, size_t size, int kind, struct sg_ctx *ctx, CUdeviceptr *out)
 {
+    return sg_dev_alloc_in(dev, size, kind, ctx, NULL, out);
+}
+
+CUresult sg_dev_alloc_in(int dev, size_t size, int kind, struct sg_ctx *ctx, struct sg_pool *pool, CUdeviceptr *out)
+{
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     int charged = !(kind & (SG_KIND_HOST | SG_KIND_RESERVE));
@@ -52,8 +57,13 @@ CUresult sg_dev_alloc(int dev, size_t size, int kind, struct sg_ctx *ctx, CUdevi
                          : mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED)
         goto fail;
-    struct sg_range r = {.base = (uintptr_t)p, .size = size, .maplen = len, .dev = dev, .kind = kind, .ctx = ctx};
+    struct sg_range r = {
+        .base = (uintptr_t)p, .size = size, .maplen = len, .dev = dev, .kind = kind, .ctx = ctx, .pool = pool};
+    if (pool)
+        sg_pool_charge(pool, size); /* before the range is visible, so a racing free finds it counted */
     if (sg_range_add(&r) != 0) {
+        if (pool)
+            sg_pool_release(pool, size);
         munmap(p, len);
         goto fail;
     }
@@ -72,6 +82,8 @@ void sg_range_release(const struct sg_range *r)
     munmap((void *)r->base, r->maplen);
     if (r->kind & SG_KIND_DEVICE)
         simgpu_mem_uncharge(sg_phys(r->dev), r->size);
+    if (r->pool)
+        sg_pool_release(r->pool, r->size);
 }
 
 CUresult sg_dev_free(CUdeviceptr ptr, int kinds)
