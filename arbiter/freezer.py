@@ -20,7 +20,7 @@ from pathlib import Path
 
 from arbiter import cgroupfiles
 
-__all__ = ["DutyCycle", "Freezer", "cgroup_of", "find_root"]
+__all__ = ["DutyCycle", "Freezer", "cgroup_of", "find_root", "strangers"]
 
 #: Length of one freeze/thaw cycle. Short enough that a throttled tenant stalls
 #: at most this long at a time and NVML's window (1 s) averages ten cycles; long
@@ -30,6 +30,22 @@ PERIOD_S = 0.1
 #: Rounds of SIGKILL to a cgroup's processes when its cgroup.kill is leased (a process
 #: forked between one look at /proc and the signals is found by the next).
 _KILL_ROUNDS = 3
+
+
+def strangers(first: set[int], mine: Callable[[], set[int]],
+              again: Callable[[], set[int] | None]) -> set[int] | None:
+    """The pids in a cgroup that are not the slice's; None when the cgroup is gone.
+
+    `first` is what the cgroup held; `mine` is asked for the slice's pids after that read,
+    `again` for the cgroup's members after that. A member that exited in between (a
+    bypass the guard just killed) is gone, not a stranger; one forked in between is in
+    the slice's pids already. A stranger is in both reads and not the slice's while it
+    lived."""
+    ours = mine()
+    later = again()
+    if later is None:
+        return None
+    return (first & later) - ours
 
 
 def find_root(base: Path = Path("/sys/fs/cgroup")) -> Path | None:

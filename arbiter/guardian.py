@@ -59,6 +59,7 @@ the slice and why):
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -72,7 +73,7 @@ from typing import Any
 from arbiter import guard, memguard
 from arbiter.attribution import SlicePids
 from arbiter.core import Arbiter
-from arbiter.freezer import DutyCycle, Freezer, cgroup_of
+from arbiter.freezer import DutyCycle, Freezer, cgroup_of, strangers
 from arbiter.model import Policy, Slice
 
 __all__ = ["ComputeGuard", "Findings", "Guardian"]
@@ -355,7 +356,9 @@ class Guardian:
             self._lift(cg, "slice escalated")  # a duty cycle would thaw it
             with contextlib.suppress(OSError):
                 self.freezer.set_frozen(cg, True)
-                if self._members(cg) - self._fresh_pids(s):
+                # Frozen, nothing in it forks; a process killed before may still exit.
+                if strangers(self._members(cg), lambda: self._fresh_pids(s),
+                             functools.partial(self._members, cg)):
                     self.freezer.set_frozen(cg, False)
                     continue
                 out.append(cg)
@@ -419,14 +422,18 @@ class Guardian:
             return "no cgroup v2 freezer on this host"
         if not self.freezer.can_freeze(cgroup):
             return "the cgroup cannot be frozen (the root, or no cgroup.freeze)"
-        members = self.freezer.members(cgroup)
+        freezer = self.freezer
+        members = freezer.members(cgroup)
         if members is None:
             return "the cgroup is gone"
         if os.getpid() in members:
             return "vgpud runs in that cgroup"
-        strangers = members - (pids() if callable(pids) else pids)
-        if strangers:
-            return f"{len(strangers)} process(es) in the cgroup are not the slice's"
+        others = strangers(members, pids if callable(pids) else lambda: pids,
+                           lambda: freezer.members(cgroup))
+        if others is None:
+            return "the cgroup is gone"
+        if others:
+            return f"{len(others)} process(es) in the cgroup are not the slice's"
         return ""
 
     def _steer(self, slices: Mapping[str, Slice], used: Mapping[tuple[str, int], int]) -> None:

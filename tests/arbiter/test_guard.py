@@ -8,7 +8,7 @@ import pytest
 
 from arbiter import guard
 from arbiter.attribution import SlicePids, descendants
-from arbiter.freezer import Freezer, cgroup_of, find_root
+from arbiter.freezer import Freezer, cgroup_of, find_root, strangers
 from arbiter.guard import Finding, SliceUse
 from arbiter.model import Grant, OwnerKind, Slice
 
@@ -120,6 +120,36 @@ def test_freezer_members_and_paths(tmp_path: Path) -> None:
     assert f.can_freeze("/a") and not f.can_freeze("/") and not f.can_freeze("/a/b")
     f.set_frozen("/a", True)
     assert (tmp_path / "a" / "cgroup.freeze").read_text() == "1"
+
+
+def test_a_member_that_exits_between_the_reads_is_no_stranger(tmp_path: Path) -> None:
+    """Escalation freezes a slice's cgroup only when every member is the slice's. A bypass
+    the guard killed a moment ago leaves the cgroup while the slice's pids are read: it
+    was the slice's and is gone, not a stranger (the flake of
+    test_a_respawning_bypass_gets_its_container_frozen: a kill instead of the freeze)."""
+    procs = tmp_path / "c" / "cgroup.procs"
+    procs.parent.mkdir()
+    procs.write_text("10\n11\n")
+    f = Freezer(tmp_path)
+
+    def slice_pids_as_11_exits() -> set[int]:
+        procs.write_text("10\n")            # 11 exits before /proc is walked
+        return {10}
+    assert strangers(f.members("/c") or set(), slice_pids_as_11_exits,
+                     lambda: f.members("/c")) == set()
+    # A process forked while the pids are read is the slice's already.
+    procs.write_text("10\n")
+
+    def slice_pids_with_a_fork() -> set[int]:
+        procs.write_text("10\n12\n")
+        return {10, 12}
+    assert strangers(f.members("/c") or set(), slice_pids_with_a_fork,
+                     lambda: f.members("/c")) == set()
+    # One that was there before and after and is not the slice's is a stranger.
+    procs.write_text("10\n99\n")
+    assert strangers(f.members("/c") or set(), lambda: {10}, lambda: f.members("/c")) == {99}
+    # The cgroup removed meanwhile: nothing to freeze.
+    assert strangers({10}, lambda: {10}, lambda: f.members("/gone")) is None
 
 
 def _proc(tmp: Path, pid: int, ppid: int, comm: str = "sh") -> None:
