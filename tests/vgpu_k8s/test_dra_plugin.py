@@ -469,3 +469,23 @@ def test_bad_flags_are_one_line(tmp_path: Path, args, line):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [line]
     assert not any(tmp_path.iterdir())
+
+
+def test_a_claim_s_answer_names_nvidia_s_cdi_device_of_its_gpu(bare_node: Node):
+    """Where NVIDIA's toolkit wrote a CDI spec (--nvidia-cdi-dir), a claim's answer names
+    the device of each of its GPUs beside vgpu's, so the engine adds the driver too."""
+    node = bare_node
+    nvidia_dir = node.tmp / "nvidia-cdi"
+    nvidia_dir.mkdir()
+    (nvidia_dir / "nvidia.yaml").write_text(
+        "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n  - name: '0'\n  - name: '1'\n"
+        f"  - name: {node.gpus[1].uuid}\n  - name: all\n")
+    node.plugin.command += ["--nvidia-cdi-dir", str(nvidia_dir)]
+    node.plugin.start()
+    plugin = node.registered()
+    ref = node.claim("c1", result("gpu", "gpu-1", NODE, memory="1Gi", compute="20"))
+    uid = ref[2]
+    reply = plugin.prepare([ref])
+    ids = [f"vgpu.io/claim={uid}", f"nvidia.com/gpu={node.gpus[1].uuid}"]
+    assert devices_of(reply[uid]) == [(["gpu"], NODE, "gpu-1", ids)], node.plugin.log()
+    assert json.loads(node.checkpoint.read_text())["claims"][uid]["cdi_device_ids"] == ids

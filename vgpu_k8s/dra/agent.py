@@ -56,6 +56,7 @@ class Settings:
     kubeconfig: str | None = None
     poll_s: float = 5.0          # how often vgpud is asked for the GPUs and their health
     resync_s: float = 60.0       # how often the published slice is looked at in the API
+    nvidia_cdi_dirs: tuple[Path, ...] = ()   # NVIDIA's CDI specs, added beside a claim's
 
     @property
     def plugin_dir(self) -> Path:
@@ -88,7 +89,7 @@ class Agent:
         self._gpus: list[Gpu] | None = None
         self.preparer = Preparer(node=settings.node, vgpud=self.vgpud, cluster=cluster,
                                  cdi_dir=settings.cdi_dir, checkpoint_path=settings.checkpoint,
-                                 gpus=self.gpus)
+                                 gpus=self.gpus, nvidia_cdi_dirs=settings.nvidia_cdi_dirs)
         self.publisher = Publisher(cluster, settings.node)
         self.dra = DraServer(settings.dra_socket, self.preparer)
         self._registered = threading.Event()    # set by the kubelet's (re-)registration

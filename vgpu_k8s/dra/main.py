@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
 from vgpu_k8s.dra.agent import Agent, Settings
 from vgpu_k8s.dra.apiserver import Cluster, api_client
@@ -40,6 +41,12 @@ def _parser() -> argparse.ArgumentParser:
                         "socket and checkpoint in plugins/vgpu.io/ (default %(default)s)")
     p.add_argument("--cdi-dir", type=Path, default=DEFAULT_CDI_DIR,
                    help="where the claims' CDI specs are written (default %(default)s)")
+    p.add_argument("--nvidia-cdi-dir", type=Path, action="append", default=None,
+                   metavar="DIR",
+                   help="where NVIDIA's CDI specs (nvidia.com/gpu) are looked for, to answer "
+                        "a claim's GPUs' devices beside vgpu's; repeatable (default: "
+                        f"{', '.join(str(d) for d in DEFAULT_CDI_SPEC_DIRS)}; none: "
+                        "--nvidia-cdi-dir '')")
     p.add_argument("--socket", default=None,
                    help=f"vgpud's socket (default ${ENV_SOCKET}, else {DEFAULT_SOCKET})")
     p.add_argument("--kubeconfig", default=None,
@@ -71,10 +78,15 @@ def parse_args(argv: Sequence[str], env: dict[str, str]) -> Settings:
             raise UsageError(flag, str(value), "must be a positive number of seconds")
     if args.kubeconfig is not None and not Path(args.kubeconfig).is_file():
         raise UsageError("--kubeconfig", args.kubeconfig, "no such file")
+    nvidia_dirs = tuple(DEFAULT_CDI_SPEC_DIRS if args.nvidia_cdi_dir is None else
+                        (d for d in args.nvidia_cdi_dir if str(d) not in ("", ".")))
+    for d in nvidia_dirs:
+        if not d.is_absolute():
+            raise UsageError("--nvidia-cdi-dir", str(d), "must be an absolute directory")
     return Settings(node=node, kubelet_dir=args.kubelet_dir, cdi_dir=args.cdi_dir,
                     vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
                     kubeconfig=args.kubeconfig, poll_s=args.poll_interval,
-                    resync_s=args.resync_interval)
+                    resync_s=args.resync_interval, nvidia_cdi_dirs=nvidia_dirs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,7 +24,7 @@ from typing import Any
 
 from arbiter.errors import VgpuError
 from arbiter.model import WORKLOAD_LABELS
-from oci_hook import cdi
+from oci_hook import cdi, nvidia
 from vgpu_k8s.dra import checkpoint
 from vgpu_k8s.dra.apiserver import Cluster
 from vgpu_k8s.dra.checkpoint import Entry
@@ -90,8 +90,10 @@ class Preparer:
     """Claims in, slices and CDI specs out; one lock keeps them and the checkpoint in step."""
 
     def __init__(self, *, node: str, vgpud: Vgpud, cluster: Cluster, cdi_dir: Path,
-                 checkpoint_path: Path, gpus: Callable[[], Sequence[Gpu]]) -> None:
+                 checkpoint_path: Path, gpus: Callable[[], Sequence[Gpu]],
+                 nvidia_cdi_dirs: Sequence[Path] = ()) -> None:
         self.node = node
+        self.nvidia_cdi_dirs = tuple(nvidia_cdi_dirs)
         self.vgpud = vgpud
         self.cluster = cluster
         self.cdi_dir = cdi_dir
@@ -117,6 +119,17 @@ class Preparer:
                               libvgpu=Path(libvgpu), hook=Path(hook), hook_env=hook_env)
         cdi.write_spec(self.cdi_dir, name, spec)
         return cdi.device_id(name)
+
+    def _nvidia_ids(self, vgpus: Sequence[Any]) -> list[str]:
+        """NVIDIA's CDI devices of the claim's GPUs, where the toolkit's spec names them
+        (oci_hook.nvidia): the engine then adds the driver and those GPUs' nodes. Chosen
+        once, at the first prepare, and kept in the checkpoint with the claim's answer."""
+        if not self.nvidia_cdi_dirs:
+            return []
+        index = {g.uuid: g.index for g in self._gpus()}
+        return nvidia.cdi_devices(nvidia.spec_names(self.nvidia_cdi_dirs),
+                                  [(index[v.gpu_uuid], v.gpu_uuid) for v in vgpus
+                                   if v.gpu_uuid in index])
 
     def _save(self) -> None:
         checkpoint.save(self.checkpoint_path, self.entries)
@@ -171,8 +184,8 @@ class Preparer:
         p = plan(claim_obj, ref, self.node, self._gpus())
         slice_msg, existing = self.vgpud.allocate(p.owner, p.vgpus, self._labels(ref))
         try:
-            cdi_id = self._write_spec(ref.uid, slice_msg)
-            self.entries[ref.uid] = Entry(ref, p.owner, slice_msg.id, (cdi_id,), p.devices,
+            cdi_ids = (self._write_spec(ref.uid, slice_msg), *self._nvidia_ids(p.vgpus))
+            self.entries[ref.uid] = Entry(ref, p.owner, slice_msg.id, cdi_ids, p.devices,
                                           p.vgpus)
             self._save()
         except BaseException:
@@ -185,7 +198,7 @@ class Preparer:
             raise
         log.info("prepared claim %s (%s): slice %s, %s", ref, ref.uid, slice_msg.id,
                  ", ".join(f"{v.gpu_uuid} {v.memory} bytes {v.compute}%" for v in p.vgpus))
-        return Answer(p.devices, (cdi_id,))
+        return Answer(p.devices, cdi_ids)
 
     # -- unprepare --------------------------------------------------------------
 
