@@ -30,6 +30,26 @@ static int trace_on(void)
     return on;
 }
 
+/* SIMGPU_PROCADDR_UNEXPORTED=name[,name...], for tests: cuGetProcAddress answers these
+ * base names with an entry point no exported symbol has (as a driver may for a variant
+ * it does not export), which returns CUDA_ERROR_NOT_SUPPORTED when called. libvgpu's
+ * start-up self-check must refuse to run with limits then (docs/libvgpu.md). */
+static CUresult unexported_entry(void)
+{
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+static int unexported(const char *symbol)
+{
+    const char *v = getenv("SIMGPU_PROCADDR_UNEXPORTED");
+    size_t n = strlen(symbol);
+    for (const char *p = v; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',')) {
+        if (strncmp(p, symbol, n) == 0 && (p[n] == ',' || p[n] == '\0'))
+            return 1;
+    }
+    return 0;
+}
+
 static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
                          CUdriverProcAddressQueryResult *symbolStatus)
 {
@@ -42,6 +62,8 @@ static CUresult get_proc(const char *symbol, void **pfn, int cudaVersion, cuuint
     int st = simgpu_proc_lookup(symbol, cudaVersion, flags, pfn);
     if (st != CU_GET_PROC_ADDRESS_SUCCESS)
         *pfn = NULL;
+    else if (unexported(symbol))
+        *pfn = (void *)unexported_entry;
     if (symbolStatus)
         *symbolStatus = st;
     if (trace_on())
@@ -64,6 +86,7 @@ SIMGPU_API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
     return get_proc(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
 
+#ifndef SIMGPU_OBSERVE_EXPORT_TABLES /* tools/observe_export_tables.py brings its own */
 /* The driver's private interfaces, each named by a 16-byte UUID. NVIDIA's CUDA runtime
  * (libcudart 12.x and 13.x) needs several at initialisation, and one of them is a test
  * of the driver's authenticity whose answers the runtime checks: simgpu cannot give
@@ -81,3 +104,4 @@ SIMGPU_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *p
     }
     return CUDA_ERROR_NOT_SUPPORTED;
 }
+#endif

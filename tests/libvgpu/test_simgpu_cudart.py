@@ -14,6 +14,7 @@ import json
 import re
 import sys
 import textwrap
+import time
 
 import pytest
 from support.cudart import runtime_libs
@@ -71,6 +72,36 @@ def test_runtime_resolves_every_entry_point_then_stops_at_the_export_tables(simg
     # ... and without the export tables it does not start: cudaErrorNotSupported.
     assert tables == [(OPTIONAL_TABLE, "not supported"), (FIRST_NEEDED_TABLE, "not supported")]
     assert out["count_rc"] == 801
+
+
+# What tools/observe_export_tables.py replies (its docstring): enough for the runtime to
+# reach its driver authenticity test, table d4082055... (the 7th asked, T = 6).
+OBSERVE = ["--ret", "1:2:0", "--ret", "2:2:0", "--out", "2:2:0:1023", "--ret", "2:6:0",
+           "--out", "2:6:0:1023", "--ret", "2:5:0", "--ret", "5:3:0", "--ret", "6:1:0"]
+CALL_RE = re.compile(r"^observe: call table 6 word 1 \((\w+) (\w+) (\w+) ")
+
+
+@pytest.mark.skipif(not RUNTIMES, reason="no CUDA runtime wheel installed (the test extra)")
+def test_runtime_refuses_a_driver_that_fails_its_authenticity_test(simgpu_env, cudart):
+    """Why simgpu answers no export table (docs/simgpu.md): table d4082055..., word 1, is
+    called with (the runtime's version + 0, 1, 2; time(NULL); a 16-byte buffer), and
+    with success but bytes the runtime did not expect it ends its start with
+    cudaErrorSoftwareValidityNotEstablished (103)."""
+    tool = str(SIMGPU_DIR.parents[1] / "tools" / "observe_export_tables.py")
+    before = int(time.time())
+    p = run([sys.executable, tool, *OBSERVE, "--", sys.executable, "-c", INIT, str(cudart)],
+            env=simgpu_env, timeout=120)
+    after = int(time.time())
+    tables = [ln.split()[-1] for ln in p.stderr.splitlines() if ln.startswith("observe: table ")]
+    assert tables[6] == "d4082055bde6704b8d34ba123c66e1f2"
+    calls = [m.groups() for m in map(CALL_RE.match, p.stderr.splitlines()) if m]
+    version = int(calls[0][0], 16)
+    assert [int(c[0], 16) - version for c in calls] == [0, 1, 2]
+    assert version in (12090, 13000)  # CUDART_VERSION of the wheel
+    assert all(before <= int(c[1], 16) <= after for c in calls)
+    bufs = [int(c[2], 16) for c in calls]
+    assert [b - bufs[0] for b in bufs] == [0, 16, 32]
+    assert json.loads(p.stdout)["count_rc"] == 103
 
 
 def test_trace_is_off_by_default(simgpu_env):
