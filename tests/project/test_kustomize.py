@@ -278,3 +278,38 @@ def test_the_renderer_applies_its_patches(tmp_path):
         {"cm.yaml": CM})
     (obj,) = render(d)
     assert obj["data"] == {"a": "c", "x/y": "z"} and obj["metadata"]["labels"] == {"l": "1"}
+
+
+def test_the_runbook_s_parameter_example_renders_what_it_says(tmp_path):
+    """docs/kubernetes.md's own-overlay example, with its resource path pointed at this
+    checkout: the parameters it claims to set are set, and nothing else moved."""
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    marker = "<!-- parameters-example: tests/project/test_kustomize.py renders this overlay -->"
+    block = text.split(marker, 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    doc = yaml.safe_load(block)
+    assert doc["resources"] == ["../vgpu/configs/kustomize/containerd"]
+    mine = tmp_path / "my-overlay"
+    mine.mkdir()
+    doc["resources"] = [os.path.relpath(OVERLAYS_DIR / "containerd", mine)]
+    (mine / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    objs = rendered(mine)
+    ds = one(objs, "DaemonSet", "vgpu-node")
+    init = containers(ds)["install"]
+    env = env_of(init)
+    assert (env["VGPU_CONTAINERD_CONFIG"], env["VGPU_RESTART"]) == (
+        "/etc/containerd-custom/config.toml", "")
+    assert mounted(init, ds)["/etc/containerd-custom"] == "/etc/containerd-custom"
+    plugin = containers(ds)["device-plugin"]
+    assert mounted(plugin, ds)["/var/lib/kubelet/device-plugins"] == \
+        "/data/kubelet/device-plugins"
+    base = rendered("containerd")
+    assert {k for k in objs if objs[k] != base[k]} == {key_of(ds)}
+    for obj in objs.values():
+        kubernetes_validate.validate(obj, LATEST, strict=True)
+    # The init script with these parameters: the config it names, no restart.
+    said = install_out(tmp_path, "containerd")
+    p, calls = run_init(tmp_path / "run", "containerd", said, ds)
+    assert p.returncode == 0, p.stderr
+    argv = calls[0].split()
+    assert argv[argv.index("--config-file") + 1] == "/etc/containerd-custom/config.toml"
+    assert len(calls) == 1 and "was not restarted" in p.stdout
