@@ -22,7 +22,7 @@ TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))
 
 LIBS := $(B)/libvgpu.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
 
-.PHONY: all clean demo test bench deps lint proto proto
+.PHONY: all clean demo test bench deps lint proto proto check-glibc
 all: $(LIBS) $(B)/simgpu/libcuda.so $(B)/simgpu/libnvidia-ml.so $(TEST_BIN)
 
 $(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
@@ -146,3 +146,10 @@ $(B)/bin/vgpu-broker: $(BROKER_SRC) libvgpu/src/broker.h libvgpu/src/policy.h li
                       libvgpu/include/vgpu_timing.h Makefile
 	@mkdir -p $(@D)
 	$(CC) $(NATIVE_CFLAGS) -pthread -o $@ $(BROKER_SRC)
+
+# The oldest glibc the shipped native files run on (docs/kubernetes.md#the-image):
+# libvgpu.so is preloaded into workload images and the programs run on the node, so a
+# build that needs a newer GLIBC_x.y symbol (another compiler or base image) fails here.
+GLIBC_BASELINE := 2.34
+check-glibc: $(B)/libvgpu.so $(NATIVE_BIN)
+	python3 scripts/check-glibc.py $(GLIBC_BASELINE) $(B)/libvgpu.so $(NATIVE_BIN)
