@@ -237,8 +237,10 @@ CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n"
 
 
 @pytest.mark.parametrize(("doc", "says"), [
-    ({"resources": ["cm.yaml"], "images": [{"name": "vgpu"}]},
-     "key images is not one this renderer applies"),
+    ({"resources": ["cm.yaml"], "namePrefix": "x-"},
+     "key namePrefix is not one this renderer applies"),
+    ({"resources": ["cm.yaml"], "images": [{"name": "vgpu", "digest": "sha256:0"}]},
+     "images[0]: give name and newName or newTag"),
     ({"resources": ["cm.yaml"], "patches": [{"patch": "data: {a: c}\nkind: ConfigMap\n"
                                                       "metadata: {name: c}\n"}]},
      "no strategic merge"),
@@ -255,7 +257,7 @@ CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n"
      "op 'move' is not applied here"),
     ({"resources": ["../outside.yaml"]}, "is outside the kustomization's root"),
     ({"resources": ["cm.yaml", "cm.yaml"]}, "ConfigMap//c is added twice"),
-], ids=["unknown-key", "strategic-merge", "no-target", "failed-test", "move", "outside",
+], ids=["unknown-key", "image-digest", "strategic-merge", "no-target", "failed-test", "move", "outside",
         "twice"])
 def test_the_renderer_refuses_what_it_does_not_apply(tmp_path, doc, says):
     (tmp_path / "outside.yaml").write_text(CM)
@@ -313,3 +315,24 @@ def test_the_runbook_s_parameter_example_renders_what_it_says(tmp_path):
     argv = calls[0].split()
     assert argv[argv.index("--config-file") + 1] == "/etc/containerd-custom/config.toml"
     assert len(calls) == 1 and "was not restarted" in p.stdout
+
+
+def test_an_overlay_names_the_image_of_its_registry(tmp_path):
+    """The runbook's `images:` (the image pushed to your registry): every container of
+    both DaemonSets, the init container included, runs it."""
+    mine = tmp_path / "my-overlay"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(OVERLAYS_DIR / "dra", mine)],
+        "images": [{"name": "vgpu", "newName": "registry.example.com/gpu/vgpu",
+                    "newTag": "0.2.0-1"}]}))
+    objs = rendered(mine)
+    daemonsets = [o for (k, _, _), o in objs.items() if k == "DaemonSet"]
+    images = {c["image"] for ds in daemonsets for c in containers(ds).values()}
+    assert len(daemonsets) == 2 and images == {"registry.example.com/gpu/vgpu:0.2.0-1"}
+    if shutil.which("kubectl"):
+        p = subprocess.run(["kubectl", "kustomize", str(mine)], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert {key_of(o): o for o in yaml.safe_load_all(p.stdout) if o} == objs

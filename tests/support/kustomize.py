@@ -9,6 +9,9 @@ renderer. It applies exactly what the kustomizations there use, as kustomize doe
   kustomization.yaml, in order; a directory's objects are rendered first, then added;
 - `components` (kind Component): after the resources, each adds its resources and
   applies its patches to everything accumulated so far;
+- `images`: each `{name, newName, newTag}` (either new one may be left out) renames the
+  image `name` (with any tag) of every container and init container of a pod template or
+  a pod, after the patches;
 - `patches`: each `{path: FILE}` or `{patch: TEXT}`, with an optional
   `target: {kind, name}`; the patch is a JSON 6902 list (ops add, remove, replace, test;
   a target is required, and one that selects no object is skipped) or an object that
@@ -32,7 +35,8 @@ __all__ = ["KustomizeError", "key_of", "render"]
 
 _KINDS = {"Kustomization": "kustomize.config.k8s.io/v1beta1",
           "Component": "kustomize.config.k8s.io/v1alpha1"}
-_KEYS = {"apiVersion", "kind", "resources", "components", "patches"}
+_KEYS = {"apiVersion", "kind", "resources", "components", "patches", "images"}
+_IMAGE_KEYS = {"name", "newName", "newTag"}
 _PATCH_KEYS = {"path", "patch", "target"}
 _TARGET_KEYS = {"kind", "name"}
 
@@ -116,7 +120,28 @@ def render(path: str | Path) -> list[Obj]:
             raise KustomizeError(f"{f}: component {ref} is not a directory with a Component")
         out = _apply_component(p, out)
     _patch_all(root, doc, out)
+    _images(root, doc, out)
     return out
+
+
+def _images(root: Path, doc: Obj, out: list[Obj]) -> None:
+    f = root / "kustomization.yaml"
+    for n, entry in enumerate(doc.get("images", [])):
+        unknown = sorted(set(entry) - _IMAGE_KEYS)
+        if unknown or "name" not in entry:
+            raise KustomizeError(f"{f}: images[{n}]: give name and newName or newTag, not "
+                                 f"{sorted(entry)}")
+        for obj in out:
+            spec = obj.get("spec", {})
+            pod = spec.get("template", {}).get("spec", spec) if obj["kind"] != "Pod" else spec
+            for c in [*pod.get("initContainers", []), *pod.get("containers", [])]:
+                image = c.get("image", "")
+                name, _, tag = image.rpartition(":") if ":" in image.split("/")[-1] \
+                    else (image, "", "")
+                if name == entry["name"]:
+                    name = entry.get("newName", name)
+                    tag = str(entry.get("newTag", tag))
+                    c["image"] = f"{name}:{tag}" if tag else name
 
 
 def _apply_component(path: Path, accumulated: list[Obj]) -> list[Obj]:
