@@ -4,6 +4,7 @@
 #   make demo     install what is needed and run the demo (simgpu when there is no GPU)
 #   make test     install what is needed and run the whole test suite
 #   make bench    run the benchmarks
+#   make image    the node image vgpu:<version> (Containerfile) with podman, else docker
 
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
@@ -22,7 +23,7 @@ TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))
 
 LIBS := $(B)/libvgpu.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
 
-.PHONY: all clean demo test bench deps lint proto proto check-glibc
+.PHONY: all clean demo test bench deps lint proto proto image check-glibc
 all: $(LIBS) $(B)/simgpu/libcuda.so $(B)/simgpu/libnvidia-ml.so $(TEST_BIN)
 
 $(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
@@ -153,3 +154,14 @@ $(B)/bin/vgpu-broker: $(BROKER_SRC) libvgpu/src/broker.h libvgpu/src/policy.h li
 GLIBC_BASELINE := 2.34
 check-glibc: $(B)/libvgpu.so $(NATIVE_BIN)
 	python3 scripts/check-glibc.py $(GLIBC_BASELINE) $(B)/libvgpu.so $(NATIVE_BIN)
+
+# The node image the manifests name (configs/kubernetes/daemonset.yaml). IMAGE_ENGINE is
+# the build command (podman, else docker); IMAGE_FLAGS adds build flags, e.g.
+# --build-arg BASE=<a Debian 12 image> (docs/kubernetes.md#the-image).
+VERSION      := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE        ?= vgpu:$(VERSION)
+IMAGE_ENGINE ?= $(shell command -v podman || command -v docker)
+IMAGE_FLAGS  ?=
+image:
+	@test -n "$(IMAGE_ENGINE)" || { echo "make image: neither podman nor docker is on PATH" >&2; exit 1; }
+	$(IMAGE_ENGINE) build -f Containerfile -t $(IMAGE) $(IMAGE_FLAGS) .

@@ -6,6 +6,7 @@
 #                    busybox-static (an engine counts as present when its command
 #                    is on PATH, however it was installed: docker-ce's dockerd will do);
 #                    prometheus for tests/e2e/test_prometheus.py (a real server scraping vgpud),
+#                    debootstrap for the node image's test base (tests/e2e/test_node_image.py),
 #                    systemd for systemd-socket-activate (tests/arbiter/test_restart.py: vgpud
 #                    under systemd's own socket activation; every Debian host but a minimal
 #                    image has it)
@@ -29,10 +30,12 @@ if [[ -x .venv/bin/python ]] || externally_managed; then
 fi
 
 # command -> Debian package, for the container engines the end-to-end tests drive
-# (and the Prometheus server that scrapes vgpud in one of them).
+# (and the Prometheus server that scrapes vgpud in one of them, and debootstrap, which
+# makes the Debian 12 base of the node image in tests/e2e/test_node_image.py).
 ENGINE_PACKAGES=(runc:runc crun:crun containerd:containerd ctr:containerd
                  containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io
-                 podman:podman prometheus:prometheus systemd-socket-activate:systemd)
+                 podman:podman prometheus:prometheus systemd-socket-activate:systemd
+                 debootstrap:debootstrap)
 
 deb_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"

@@ -18,7 +18,7 @@ void vg_format_uuid(const CUuuid *u, char *out, size_t len)
 VG_EXPORT CUresult cuInit(unsigned int flags)
 {
     vg_boot();
-    if (vg_cfg.error[0])
+    if (vg_cfg.error[0] || (atomic_load(&vg_active) && vg_procaddr_check() != 0))
         return vg_fail_closed();
     CUresult r = REAL(cuInit)(flags);
     if (r != CUDA_SUCCESS || !atomic_load(&vg_active))

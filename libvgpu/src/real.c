@@ -57,6 +57,17 @@ int vg_hook_lookup(const char *name)
     return -1;
 }
 
+/* For tests/gpu/gpucheck's coverage check: the driver API names libvgpu hooks and its
+ * hooks, from hooks.def (NVML's are not reached through cuGetProcAddress). */
+VG_EXPORT int vgpu_hooked_entry_points(const char *const **names, void *const **hooks)
+{
+    if (names)
+        *names = vg_hook_name;
+    if (hooks)
+        *hooks = vg_hook;
+    return VG_nvmlInit_v2;
+}
+
 void *vg_translate(void *real_fn)
 {
     if (!real_fn || !atomic_load(&vg_active))
@@ -140,6 +151,92 @@ CUresult vg_fail_closed(void)
     if (!atomic_exchange(&printed, 1))
         fprintf(stderr, "vgpu: %s\n", vg_cfg.error);
     return vg_cfg.error_result;
+}
+
+/* ---- the start-up self-check of cuGetProcAddress ----
+ *
+ * vg_translate maps what the driver's cuGetProcAddress hands out back to our hooks by
+ * address: an answer is mapped when it is the address dlsym gives for one of the hooked
+ * names (vg_real) or one of our hooks. An answer that is neither (an entry point the
+ * driver exports under no hooked name, such as a new versioned variant) would reach the
+ * application unhooked, and its calls would bypass the limits. So, before the real
+ * cuInit of a process with limits, every hooked name's base (cuMemAlloc for
+ * cuMemAlloc_v2, cuLaunchKernel for cuLaunchKernel_ptsz) is asked for at the CUDA
+ * versions below and the driver's own, with each stream flag; a successful answer that
+ * is not mapped makes cuInit fail closed with one line naming the base, the version and
+ * the flag. An answer "not found" or "version not sufficient" hands nothing out. */
+static const int g_check_versions[] = {11030, 12000, 12080, 13000};
+static const cuuint64_t g_check_flags[] = {CU_GET_PROC_ADDRESS_DEFAULT, CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+                                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM};
+static pthread_once_t g_check_once = PTHREAD_ONCE_INIT;
+static int g_check_failed;
+
+/* name without its _ptsz/_ptds and then its _v<N> suffix, into base. */
+static void base_name(const char *name, char *base, size_t len)
+{
+    snprintf(base, len, "%s", name);
+    size_t n = strlen(base);
+    if (n > 5 && (strcmp(base + n - 5, "_ptsz") == 0 || strcmp(base + n - 5, "_ptds") == 0))
+        base[n -= 5] = '\0';
+    size_t d = n;
+    while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
+        d--;
+    if (d < n && d >= 2 && base[d - 1] == 'v' && base[d - 2] == '_')
+        base[d - 2] = '\0';
+}
+
+static int mapped(void *fn)
+{
+    for (int i = 0; i < VG_nvmlInit_v2; i++)
+        if (fn == vg_real[i] || fn == vg_hook[i])
+            return 1;
+    return 0;
+}
+
+static void check_once(void)
+{
+    CUresult (*v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) = NULL;
+    CUresult (*v1)(const char *, void **, int, cuuint64_t) = NULL;
+    if (vg_real[VG_cuGetProcAddress_v2] != (void *)missing_cuda)
+        v2 = REAL(cuGetProcAddress_v2);
+    else if (vg_real[VG_cuGetProcAddress] != (void *)missing_cuda)
+        v1 = REAL(cuGetProcAddress);
+    else
+        return; /* a driver without cuGetProcAddress hands nothing out */
+    int versions[sizeof(g_check_versions) / sizeof(g_check_versions[0]) + 1];
+    size_t nv = 0;
+    for (; nv < sizeof(g_check_versions) / sizeof(g_check_versions[0]); nv++)
+        versions[nv] = g_check_versions[nv];
+    CUresult (*get_version)(int *) = (CUresult(*)(int *))vg_driver_sym("cuDriverGetVersion");
+    int own = 0;
+    if (get_version && get_version(&own) == CUDA_SUCCESS && own > versions[nv - 1])
+        versions[nv++] = own;
+    char base[128];
+    for (int i = 0; i < VG_nvmlInit_v2; i++) {
+        base_name(vg_hook_name[i], base, sizeof(base));
+        for (size_t v = 0; v < nv; v++)
+            for (size_t f = 0; f < sizeof(g_check_flags) / sizeof(g_check_flags[0]); f++) {
+                void *fn = NULL;
+                CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+                CUresult r = v2 ? v2(base, &fn, versions[v], g_check_flags[f], &st)
+                                : v1(base, &fn, versions[v], g_check_flags[f]);
+                if (r != CUDA_SUCCESS || st != CU_GET_PROC_ADDRESS_SUCCESS || !fn || mapped(fn))
+                    continue;
+                snprintf(vg_cfg.error, sizeof(vg_cfg.error),
+                         "cuGetProcAddress(\"%s\", %d, flags %llu) answers an entry point that is not %s nor "
+                         "any other hooked name: refusing to run unenforced",
+                         base, versions[v], (unsigned long long)g_check_flags[f], vg_hook_name[i]);
+                vg_cfg.error_result = CUDA_ERROR_NOT_SUPPORTED;
+                g_check_failed = 1;
+                return;
+            }
+    }
+}
+
+int vg_procaddr_check(void)
+{
+    pthread_once(&g_check_once, check_once);
+    return g_check_failed ? -1 : 0;
 }
 
 /* ---- dlsym interposition ---- */

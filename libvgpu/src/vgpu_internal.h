@@ -92,6 +92,10 @@ extern struct vg_config vg_cfg;
 /* Non-zero when a limit applies (mode != INERT and no error). */
 extern _Atomic int vg_active;
 
+/* The start-up self-check (real.c): 0 when every answer cuGetProcAddress gives for a
+ * hooked name maps to a hook; -1, with vg_cfg.error set, when one does not. Run once. */
+int vg_procaddr_check(void);
+
 /* Print the configuration error once; returns CUresult to hand back. */
 CUresult vg_fail_closed(void);
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The glibc baseline: libvgpu.so (preloaded into workload images) and the compiled
 programs (run on the node) need no glibc symbol version newer than the Makefile's
-GLIBC_BASELINE; scripts/check-glibc.py tells."""
+GLIBC_BASELINE, which docs/kubernetes.md states; scripts/check-glibc.py tells."""
 from __future__ import annotations
 
 import re
@@ -33,6 +33,11 @@ def test_the_build_needs_no_glibc_newer_than_the_baseline() -> None:
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"(baseline {baseline()})" in p.stdout
+
+
+def test_the_docs_state_the_makefiles_baseline() -> None:
+    text = (ROOT / "docs" / "kubernetes.md").read_text()
+    assert f"glibc {baseline()}" in text
 
 
 @pytest.fixture(scope="module")
