@@ -6,6 +6,9 @@
  *   gpucheck [OUTDIR]            (tests/gpu/gpucheck.sh builds and runs it)
  *   gpucheck load ... / gpucheck shares ... / gpucheck now
  *                                (tests/gpu/gpucheck-shares.sh; see load_main, shares_main)
+ *   gpucheck coverage OUTDIR / meminfo OUTDIR / memory OUTDIR --limit-mib L ...
+ *                                (parts 3 and 4: PASS/FAIL rows; see coverage_main,
+ *                                meminfo_main, memory_main; tests/gpu/gpucheck-all.sh runs all)
  *
  * gcc alone, no CUDA toolkit: the few driver API types and entry points used are
  * declared here and taken from dlopen("libcuda.so.1"). The kernels are a PTX string at
@@ -69,7 +72,44 @@ typedef struct CUstream_st *CUstream;
 typedef struct CUevent_st *CUevent;
 typedef int CUjit_option;
 
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUarray_st *CUarray;
+typedef struct {
+    int type; /* CU_MEM_LOCATION_TYPE_DEVICE */
+    int id;
+} CUmemLocation;
+typedef struct {
+    int type;                 /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    int requestedHandleTypes; /* none */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct {
+    CUmemLocation location;
+    int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+} CUmemAccessDesc;
+typedef struct {
+    size_t Width, Height;
+    int Format; /* CU_AD_FORMAT_FLOAT */
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+
 #define CUDA_SUCCESS 0
+#define CUDA_ERROR_OUT_OF_MEMORY 2
+#define CU_MEM_ALLOCATION_TYPE_PINNED 1
+#define CU_MEM_LOCATION_TYPE_DEVICE 1
+#define CU_MEM_ACCESS_FLAGS_PROT_READWRITE 3
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+#define CU_AD_FORMAT_FLOAT 0x20
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_GET_PROC_ADDRESS_DEFAULT 0
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
 #define CUDA_ERROR_NOT_READY 600
 #define CU_CTX_SCHED_AUTO 0x00
 #define CU_CTX_SCHED_SPIN 0x01
@@ -122,7 +162,30 @@ typedef int CUjit_option;
     X(cuEventElapsedTime_v2, (float *, CUevent, CUevent))                                                             \
     X(cuMemHostAlloc, (void **, size_t, unsigned int))                                                                \
     X(cuMemHostGetDevicePointer_v2, (CUdeviceptr *, void *, unsigned int))                                            \
-    X(cuGetErrorName, (CUresult, const char **))
+    X(cuGetErrorName, (CUresult, const char **))                                                                       \
+    MEM_OPTIONAL(X)
+/* The coverage and memory checks (issue 24, parts 3 and 4). */
+#define MEM_OPTIONAL(X)                                                                                               \
+    X(cuGetProcAddress, (const char *, void **, int, unsigned long long))                                             \
+    X(cuGetProcAddress_v2, (const char *, void **, int, unsigned long long, int *))                                   \
+    X(cuMemGetInfo_v2, (size_t *, size_t *))                                                                          \
+    X(cuMemFree_v2, (CUdeviceptr))                                                                                    \
+    X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned int))                                                       \
+    X(cuMemGetAllocationGranularity, (size_t *, const CUmemAllocationProp *, int))                                    \
+    X(cuMemCreate, (unsigned long long *, size_t, const CUmemAllocationProp *, unsigned long long))                   \
+    X(cuMemRelease, (unsigned long long))                                                                             \
+    X(cuMemAddressReserve, (CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long))                          \
+    X(cuMemAddressFree, (CUdeviceptr, size_t))                                                                        \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, unsigned long long, unsigned long long))                                \
+    X(cuMemUnmap, (CUdeviceptr, size_t))                                                                              \
+    X(cuMemSetAccess, (CUdeviceptr, size_t, const CUmemAccessDesc *, size_t))                                         \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                                          \
+    X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *))                                                             \
+    X(cuMemPoolTrimTo, (CUmemoryPool, size_t))                                                                        \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                                             \
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream))                                                                        \
+    X(cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))                                                   \
+    X(cuArrayDestroy, (CUarray))
 
 #define DECLARE(name, args) static CUresult(*name) args;
 CU_REQUIRED(DECLARE)
@@ -266,6 +329,7 @@ static const char PTX[] =
 
 /* ---- state ---- */
 static const char *g_outdir = "gpucheck-out";
+static const char *g_outname = "gpucheck"; /* OUTDIR/<name>.json: gpucheck, coverage, memory, meminfo */
 static char g_libpath[PATH_MAX] = "?";
 static CUdevice g_dev;
 static int g_devidx;
@@ -399,8 +463,8 @@ static void jbool(const char *k, int v)
 static void json_flush(void)
 {
     char path[PATH_MAX], tmp[PATH_MAX];
-    snprintf(path, sizeof path, "%s/gpucheck.json", g_outdir);
-    snprintf(tmp, sizeof tmp, "%s/.gpucheck.json.tmp", g_outdir);
+    snprintf(path, sizeof path, "%s/%s.json", g_outdir, g_outname);
+    snprintf(tmp, sizeof tmp, "%s/.%s.json.tmp", g_outdir, g_outname);
     FILE *f = fopen(tmp, "w");
     if (!f)
         return;
@@ -588,9 +652,11 @@ static void note(const char *key, const char *label, const char *text)
 }
 
 /* ---- driver, contexts, kernels ---- */
+static void *g_cuda; /* the dlopen()ed libcuda.so.1 */
 static int load_driver(void)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    g_cuda = h;
     if (!h) {
         fprintf(stderr, "gpucheck: dlopen(libcuda.so.1): %s\n", dlerror());
         return -1;
@@ -2672,6 +2738,560 @@ static int shares_main(int argc, char **argv)
     return 0;
 }
 
+/* ---- checks (issue 24, parts 3 and 4): PASS/FAIL/SKIP rows ---- */
+static int g_check_fail, g_check_pass, g_check_skip;
+static int g_checks_open; /* the JSON array "checks" is open: nothing else may be written until checks_end */
+
+static void check_row(const char *name, const char *expected, const char *got, const char *result)
+{
+    out("%-52s %-28s %-36s %s\n", name, expected, got, result);
+    if (!g_checks_open) {
+        jopen("checks", '[');
+        g_checks_open = 1;
+    }
+    jopen(NULL, '{');
+    jstr("check", name);
+    jstr("expected", expected);
+    jstr("got", got);
+    jstr("result", result);
+    jclose();
+    if (strcmp(result, "FAIL") == 0)
+        g_check_fail++;
+    else if (strcmp(result, "PASS") == 0)
+        g_check_pass++;
+    else
+        g_check_skip++;
+}
+
+static void check(const char *name, int ok, const char *expected, const char *gotfmt, ...)
+{
+    char got[256];
+    va_list ap;
+    va_start(ap, gotfmt);
+    vsnprintf(got, sizeof got, gotfmt, ap);
+    va_end(ap);
+    check_row(name, expected, got, ok ? "PASS" : "FAIL");
+}
+
+static void checks_head(const char *title)
+{
+    out("\n== %s\n", title);
+    out("%-52s %-28s %-36s %s\n", "check", "expected", "got", "result");
+}
+
+static const char *errname(CUresult r)
+{
+    const char *n = NULL;
+    if (cuGetErrorName && cuGetErrorName(r, &n) == CUDA_SUCCESS && n)
+        return n;
+    return "?";
+}
+
+static int checks_begin(const char *name, const char *outdir)
+{
+    g_outname = name;
+    g_outdir = outdir;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    mkdir(g_outdir, 0755);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s-table.txt", g_outdir, name);
+    g_table = fopen(path, "w");
+    jopen(NULL, '{');
+    jint("gpucheck_version", 1);
+    if (getenv("GPUCHECK_DEVICE"))
+        g_devidx = atoi(getenv("GPUCHECK_DEVICE"));
+    const char *pre = getenv("LD_PRELOAD");
+    jstr("ld_preload", pre ? pre : "");
+    if (load_driver()) {
+        jstr("error", "libcuda.so.1 could not be loaded");
+        json_flush();
+        return -1;
+    }
+    return 0;
+}
+
+static int checks_end(void)
+{
+    if (g_checks_open)
+        jclose();
+    g_checks_open = 0;
+    jint("passed", g_check_pass);
+    jint("failed", g_check_fail);
+    jint("skipped", g_check_skip);
+    jstr("errors", g_errors);
+    jclose();
+    json_flush();
+    out("\n%s: %d passed, %d failed, %d skipped; %s/%s.json\n", g_check_fail ? "FAILED" : "done", g_check_pass,
+        g_check_fail, g_check_skip, g_outdir, g_outname);
+    return g_check_fail ? 1 : 0;
+}
+
+/* ---- coverage: is every hooked name's cuGetProcAddress answer a libvgpu hook? ----
+ *
+ *   LD_PRELOAD=libvgpu.so VGPU_MEMORY_LIMIT=... gpucheck coverage OUTDIR
+ *
+ * Needs no kernel and no context. libvgpu exports vgpu_hooked_entry_points() (its
+ * hooks.def: the driver API names and its hooks). For each hooked name: dlsym of the name
+ * in libcuda.so.1 (libvgpu interposes dlsym) must be the hook; and for the name's base
+ * (cuMemAlloc for cuMemAlloc_v2; cuLaunchKernel for cuLaunchKernel_ptsz), at each CUDA
+ * version and with the default and the per-thread default stream, cuGetProcAddress and
+ * cuGetProcAddress_v2 (as the application calls them: through libvgpu) must answer one of
+ * libvgpu's hooks, or nothing (not found / version not sufficient). Then cuInit: libvgpu's
+ * own start-up self-check refuses there, with one line, when the driver answers an entry
+ * point it cannot map. */
+static const int g_cov_versions[] = {11030, 12000, 12080, 13000};
+
+static void cov_base(const char *name, char *base, size_t len)
+{
+    snprintf(base, len, "%s", name);
+    size_t n = strlen(base);
+    if (n > 5 && (strcmp(base + n - 5, "_ptsz") == 0 || strcmp(base + n - 5, "_ptds") == 0))
+        base[n -= 5] = '\0';
+    size_t d = n;
+    while (d > 0 && base[d - 1] >= '0' && base[d - 1] <= '9')
+        d--;
+    if (d < n && d >= 2 && base[d - 1] == 'v' && base[d - 2] == '_')
+        base[d - 2] = '\0';
+}
+
+static int coverage_main(int argc, char **argv)
+{
+    if (checks_begin("coverage", argc > 2 ? argv[2] : "gpucheck-out"))
+        return 2;
+    int (*table)(const char *const **, void *const **) =
+        (int (*)(const char *const **, void *const **))dlsym(RTLD_DEFAULT, "vgpu_hooked_entry_points");
+    checks_head("coverage: cuGetProcAddress's answers for every hooked name, through libvgpu");
+    if (!table) {
+        check("libvgpu is preloaded (vgpu_hooked_entry_points)", 0, "found", "not found");
+        return checks_end();
+    }
+    const char *const *names;
+    void *const *hooks;
+    int n = table(&names, &hooks);
+    jint("hooked_names", n);
+    if (!cuGetProcAddress && !cuGetProcAddress_v2) {
+        check("the driver has cuGetProcAddress", 0, "yes", "no");
+        return checks_end();
+    }
+    int bad_dlsym = 0, bases = 0, lookups = 0, unmapped = 0, disagree = 0, wrong = 0;
+    char first_bad[256] = "";
+    jopen("answers", '{'); /* base -> {"version": [default, per-thread]} */
+    for (int i = 0; i < n; i++) {
+        void *d = dlsym(g_cuda, names[i]);
+        Dl_info di;
+        if (d && d != hooks[i]) {
+            bad_dlsym++;
+            note_error("dlsym(libcuda, %s) is not libvgpu's hook", names[i]);
+        }
+        char base[128], prev[128] = "";
+        cov_base(names[i], base, sizeof base);
+        int seen = 0;
+        for (int k = 0; k < i && !seen; k++) {
+            cov_base(names[k], prev, sizeof prev);
+            seen = strcmp(prev, base) == 0;
+        }
+        if (seen)
+            continue;
+        bases++;
+        jopen(base, '{');
+        for (size_t v = 0; v < sizeof g_cov_versions / sizeof g_cov_versions[0]; v++) {
+            char vk[16];
+            snprintf(vk, sizeof vk, "%d", g_cov_versions[v]);
+            jopen(vk, '[');
+            for (int f = 0; f < 2; f++) {
+                unsigned long long flags = f ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+                void *a1 = NULL, *a2 = NULL;
+                int st = -1;
+                CUresult r1 = cuGetProcAddress ? cuGetProcAddress(base, &a1, g_cov_versions[v], flags) : -1;
+                CUresult r2 = cuGetProcAddress_v2 ? cuGetProcAddress_v2(base, &a2, g_cov_versions[v], flags, &st) : -1;
+                lookups++;
+                if (r1 != CUDA_SUCCESS)
+                    a1 = NULL;
+                if (r2 != CUDA_SUCCESS || st != 0)
+                    a2 = NULL;
+                if (cuGetProcAddress && cuGetProcAddress_v2 && a1 != a2)
+                    disagree++;
+                void *a = a2 ? a2 : a1;
+                const char *what = "-";
+                if (a) {
+                    int h = -1;
+                    for (int k = 0; k < n && h < 0; k++)
+                        if (hooks[k] == a)
+                            h = k;
+                    if (h < 0) {
+                        unmapped++;
+                        what = dladdr(a, &di) && di.dli_sname && di.dli_saddr == a ? di.dli_sname : "(unexported)";
+                        if (!first_bad[0])
+                            snprintf(first_bad, sizeof first_bad, "%s@%d/%llu -> %s", base, g_cov_versions[v], flags,
+                                     what);
+                        note_error("cuGetProcAddress(%s, %d, %llu) -> %s: not a libvgpu hook", base,
+                                   g_cov_versions[v], flags, what);
+                    } else {
+                        what = names[h];
+                        char hb[128];
+                        cov_base(names[h], hb, sizeof hb);
+                        if (strcmp(hb, base) != 0) {
+                            wrong++;
+                            note_error("cuGetProcAddress(%s, %d, %llu) -> the hook of %s", base, g_cov_versions[v],
+                                       flags, names[h]);
+                        }
+                    }
+                }
+                jkey(NULL);
+                jstrlit(what);
+            }
+            jclose();
+        }
+        jclose();
+    }
+    jclose();
+    jint("bases", bases);
+    jint("lookups", lookups);
+    /* libvgpu's self-check runs in cuInit: refusal is one line and an error. */
+    CUresult r = cuInit(0);
+    jint("cuinit", r);
+    char exp[64], got[64];
+    snprintf(exp, sizeof exp, "%d names", n);
+    check("dlsym(libcuda.so.1, name) is libvgpu's hook", bad_dlsym == 0, exp, "%d not", bad_dlsym);
+    snprintf(exp, sizeof exp, "0 of %d lookups", lookups);
+    check("cuGetProcAddress(_v2): every answer is a hook", unmapped == 0, exp, "%d unmapped %s", unmapped, first_bad);
+    check("... the hook of the name asked for", wrong == 0, "0", "%d", wrong);
+    check("cuGetProcAddress and _v2 agree", disagree == 0, "0", "%d", disagree);
+    snprintf(got, sizeof got, "%d %s", r, errname(r));
+    check_row("cuInit under libvgpu (start-up self-check)", unmapped ? "refused (801)" : "0 CUDA_SUCCESS", got,
+              (unmapped ? r == 801 : r == CUDA_SUCCESS) ? "PASS" : "FAIL");
+    return checks_end();
+}
+
+/* ---- meminfo: what the card has and a context costs, without libvgpu ----
+ *
+ *   gpucheck meminfo OUTDIR    (CUDA_MODULE_LOADING=LAZY from the runner)
+ *
+ * NVML's used memory before a context, after it, after loading the PTX module and after
+ * its first launch (lazy loading allocates then); the card's free memory. Writes
+ * meminfo.json and meminfo.env (card_free=, context_bytes=, module_bytes=) for the
+ * memory check. */
+typedef struct {
+    unsigned long long total, free, used;
+} nvml_memory;
+typedef struct {
+    unsigned int version;
+    unsigned long long total, reserved, free, used;
+} nvml_memory_v2;
+static int (*nvmlInit_v2)(void);
+static int (*nvmlDeviceGetHandleByIndex_v2)(unsigned int, void **);
+static int (*nvmlDeviceGetMemoryInfo)(void *, nvml_memory *);
+static int (*nvmlDeviceGetMemoryInfo_v2)(void *, nvml_memory_v2 *);
+static void *g_nvml_dev;
+
+static int nvml_open(void)
+{
+    void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return -1;
+    *(void **)&nvmlInit_v2 = dlsym(h, "nvmlInit_v2");
+    *(void **)&nvmlDeviceGetHandleByIndex_v2 = dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+    *(void **)&nvmlDeviceGetMemoryInfo = dlsym(h, "nvmlDeviceGetMemoryInfo");
+    *(void **)&nvmlDeviceGetMemoryInfo_v2 = dlsym(h, "nvmlDeviceGetMemoryInfo_v2");
+    if (!nvmlInit_v2 || !nvmlDeviceGetHandleByIndex_v2 || !nvmlDeviceGetMemoryInfo || nvmlInit_v2() != 0 ||
+        nvmlDeviceGetHandleByIndex_v2((unsigned)g_devidx, &g_nvml_dev) != 0)
+        return -1;
+    return 0;
+}
+
+static long long nvml_used(void)
+{
+    nvml_memory m;
+    if (!g_nvml_dev || nvmlDeviceGetMemoryInfo(g_nvml_dev, &m) != 0)
+        return -1;
+    return (long long)m.used;
+}
+
+static int meminfo_main(int argc, char **argv)
+{
+    if (checks_begin("meminfo", argc > 2 ? argv[2] : "gpucheck-out"))
+        return 2;
+    CUresult r = cuInit(0);
+    if (r != CUDA_SUCCESS || device_info()) {
+        note_error("cuInit -> %d", r);
+        return checks_end() | 2;
+    }
+    int have_nvml = nvml_open() == 0;
+    long long u0 = nvml_used();
+    CUcontext ctx;
+    if (cuCtxCreate_v2)
+        CK(cuCtxCreate_v2(&ctx, 0, g_dev));
+    else
+        CK(cuCtxCreate_v4(&ctx, NULL, 0, g_dev));
+    long long u1 = nvml_used();
+    CUmodule mod;
+    CK(cuModuleLoadDataEx(&mod, PTX, 0, NULL, NULL));
+    long long u2 = nvml_used();
+    CUfunction f;
+    CK(cuModuleGetFunction(&f, mod, "spin"));
+    uint64_t ns = 1000, rec = 0, gap = g_gap_ns;
+    void *args[3] = {&ns, &rec, &gap};
+    CK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+    CK(cuCtxSynchronize());
+    long long u3 = nvml_used();
+    size_t fr = 0, tot = 0;
+    if (cuMemGetInfo_v2)
+        cuMemGetInfo_v2(&fr, &tot);
+    const char *lazy = getenv("CUDA_MODULE_LOADING");
+    jstr("cuda_module_loading", lazy ? lazy : "");
+    jbool("nvml", have_nvml);
+    jint("card_total", (long long)tot);
+    jint("card_free", (long long)fr);
+    jint("nvml_used_before", u0);
+    jint("context_bytes", u1 - u0);
+    jint("module_bytes", u3 - u1);
+    jint("module_load_bytes", u2 - u1);
+    out("card: %.0f MiB free of %.0f MiB; NVML used: %lld MiB before a context, +%lld MiB the context, "
+        "+%lld MiB the module (%s; +%lld MiB at its load)\n",
+        fr / 1048576.0, tot / 1048576.0, u0 >> 20, (u1 - u0) >> 20, (u3 - u1) >> 20, lazy ? lazy : "default",
+        (u2 - u1) >> 20);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/meminfo.env", g_outdir);
+    FILE *e = fopen(path, "w");
+    if (e) {
+        fprintf(e, "card_free=%zu\ncontext_bytes=%lld\nmodule_bytes=%lld\n", fr, have_nvml ? u1 - u0 : -1,
+                have_nvml ? u3 - u1 : -1);
+        fclose(e);
+    }
+    cuCtxDestroy_v2(ctx);
+    return checks_end();
+}
+
+/* ---- memory: libvgpu's limit, under LD_PRELOAD and VGPU_MEMORY_LIMIT=<MiB> ----
+ *
+ *   gpucheck memory OUTDIR --limit-mib L [--card-free B] [--context-bytes C --module-bytes M
+ *                   --context-reserve R]
+ *
+ * Totals (cuMemGetInfo, cuDeviceTotalMem, NVML v1 and v2) equal the limit; cuMemAlloc,
+ * VMM (cuMemCreate, then cuMemMap of one), cuMemAllocAsync from the default pool with its
+ * release threshold raised, 2D arrays and managed memory stop at the limit. Managed memory
+ * asks for the limit + 64 MiB only where the card has that much free (--card-free, from
+ * meminfo). The context and lazily loaded module memory meminfo measured must fit in R. */
+#define MIB (1024ull * 1024ull)
+#define MAXA 4096
+
+static void fill_row(const char *name, uint64_t limit, uint64_t got, uint64_t step, CUresult last, int n)
+{
+    char exp[64];
+    snprintf(exp, sizeof exp, "(%llu, %llu] MiB, then OOM", (unsigned long long)((limit - step) / MIB),
+             (unsigned long long)(limit / MIB));
+    check(name, got <= limit && got + step > limit && last == CUDA_ERROR_OUT_OF_MEMORY && n > 0, exp,
+          "%llu MiB in %d, then %d %s", (unsigned long long)(got / MIB), n, last, errname(last));
+}
+
+static int memory_main(int argc, char **argv)
+{
+    uint64_t limit = 0, card_free = 0, reserve = 0;
+    long long ctx_bytes = -1, mod_bytes = -1;
+    const char *outdir = "gpucheck-out";
+    for (int i = 2; i < argc; i++) {
+        if (strcmp(argv[i], "--limit-mib") == 0 && i + 1 < argc)
+            limit = strtoull(argv[++i], NULL, 10) * MIB;
+        else if (strcmp(argv[i], "--card-free") == 0 && i + 1 < argc)
+            card_free = strtoull(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--context-bytes") == 0 && i + 1 < argc)
+            ctx_bytes = strtoll(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--module-bytes") == 0 && i + 1 < argc)
+            mod_bytes = strtoll(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--context-reserve") == 0 && i + 1 < argc)
+            reserve = strtoull(argv[++i], NULL, 10);
+        else if (argv[i][0] != '-')
+            outdir = argv[i];
+    }
+    if (checks_begin("memory", outdir))
+        return 2;
+    if (!limit) {
+        fprintf(stderr, "gpucheck memory: --limit-mib is required\n");
+        return 2;
+    }
+    jint("limit", (long long)limit);
+    char exp[64], got[128];
+    CUresult r = cuInit(0);
+    int info = r == CUDA_SUCCESS ? device_info() : -1; /* before the rows: the JSON's "device" */
+    checks_head("memory: the limit under libvgpu");
+    snprintf(got, sizeof got, "%d %s", r, errname(r));
+    check_row("cuInit under libvgpu", "0 CUDA_SUCCESS", got, r == CUDA_SUCCESS ? "PASS" : "FAIL");
+    if (r != CUDA_SUCCESS || info)
+        return checks_end();
+    struct gctx g;
+    if (ctx_open(&g, CU_CTX_SCHED_AUTO)) {
+        check_row("a context and the PTX module", "made", "failed", "FAIL");
+        return checks_end();
+    }
+    snprintf(exp, sizeof exp, "%llu MiB", (unsigned long long)(limit / MIB));
+    size_t fr = 0, tot = 0, dt = 0;
+    r = cuMemGetInfo_v2 ? cuMemGetInfo_v2(&fr, &tot) : -1;
+    check("cuMemGetInfo total == limit, free <= total", r == 0 && tot == limit && fr <= tot, exp,
+          "total %.1f MiB, free %.1f MiB", tot / (double)MIB, fr / (double)MIB);
+    r = cuDeviceTotalMem_v2(&dt, g_dev);
+    check("cuDeviceTotalMem == limit", r == 0 && dt == limit, exp, "%.1f MiB", dt / (double)MIB);
+
+    static CUdeviceptr p[MAXA];
+    int n = 0;
+    uint64_t sum = 0, step = 64 * MIB;
+    CUresult last;
+    last = cuMemAlloc_v2(&p[0], limit + step);
+    if (last == CUDA_SUCCESS)
+        cuMemFree_v2(p[0]);
+    snprintf(got, sizeof got, "%d %s", last, errname(last));
+    check_row("cuMemAlloc(limit + 64 MiB)", "2 CUDA_ERROR_OUT_OF_MEMORY", got,
+              last == CUDA_ERROR_OUT_OF_MEMORY ? "PASS" : "FAIL");
+    while (n < MAXA && (last = cuMemAlloc_v2(&p[n], step)) == CUDA_SUCCESS)
+        sum += step, n++;
+    fill_row("cuMemAlloc 64 MiB at a time", limit, sum, step, last, n);
+    while (n > 0)
+        cuMemFree_v2(p[--n]);
+    last = cuMemAlloc_v2(&p[0], limit / 4 * 3);
+    check("... freed: 3/4 of the limit allocates again", last == CUDA_SUCCESS, "0 CUDA_SUCCESS", "%d %s", last,
+          errname(last));
+    if (last == CUDA_SUCCESS)
+        cuMemFree_v2(p[0]);
+
+    /* VMM: physical handles count at cuMemCreate. */
+    if (cuMemCreate && cuMemGetAllocationGranularity && cuMemMap && cuMemAddressReserve) {
+        static unsigned long long hnd[MAXA];
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = g_dev;
+        size_t gran = 0;
+        r = cuMemGetAllocationGranularity(&gran, &prop, 0);
+        uint64_t vstep = gran ? (step + gran - 1) / gran * gran : step;
+        sum = 0;
+        n = 0;
+        while (r == 0 && n < MAXA && (last = cuMemCreate(&hnd[n], vstep, &prop, 0)) == CUDA_SUCCESS)
+            sum += vstep, n++;
+        fill_row("cuMemCreate 64 MiB handles", limit, sum, vstep, r ? r : last, n);
+        if (n > 0) {
+            CUdeviceptr va = 0;
+            CUmemAccessDesc acc = {{CU_MEM_LOCATION_TYPE_DEVICE, g_dev}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+            CUresult a = cuMemAddressReserve(&va, vstep, 0, 0, 0), m = -1, s2 = -1, w = -1;
+            if (a == 0)
+                m = cuMemMap(va, vstep, 0, hnd[0], 0);
+            if (m == 0)
+                s2 = cuMemSetAccess(va, vstep, &acc, 1);
+            if (s2 == 0)
+                w = cuMemsetD8_v2(va, 0x5a, vstep);
+            check("... cuMemMap + cuMemSetAccess + memset of one", a == 0 && m == 0 && s2 == 0 && w == 0,
+                  "all 0", "reserve %d, map %d, access %d, memset %d", a, m, s2, w);
+            if (m == 0)
+                cuMemUnmap(va, vstep);
+            if (a == 0)
+                cuMemAddressFree(va, vstep);
+        }
+        while (n > 0)
+            cuMemRelease(hnd[--n]);
+    } else {
+        check_row("cuMemCreate 64 MiB handles", "", "driver lacks VMM", "SKIP");
+    }
+
+    /* A pool that keeps what is freed (release threshold raised). */
+    CUmemoryPool pool = NULL;
+    if (cuMemAllocAsync && cuDeviceGetDefaultMemPool && cuDeviceGetDefaultMemPool(&pool, g_dev) == 0) {
+        unsigned long long thr = ~0ull;
+        r = cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+        check("cuMemPoolSetAttribute(RELEASE_THRESHOLD, max)", r == 0, "0", "%d %s", r, errname(r));
+        sum = 0;
+        n = 0;
+        while (n < MAXA && (last = cuMemAllocAsync(&p[n], step, g.s)) == CUDA_SUCCESS)
+            sum += step, n++;
+        CUresult sy = cuStreamSynchronize(g.s);
+        if (last == CUDA_SUCCESS)
+            last = sy;
+        fill_row("cuMemAllocAsync 64 MiB, threshold raised", limit, sum, step, last, n);
+        while (n > 0)
+            cuMemFreeAsync(p[--n], g.s);
+        cuStreamSynchronize(g.s);
+        int m = 0;
+        while (m < MAXA && cuMemAllocAsync(&p[m], step, g.s) == CUDA_SUCCESS)
+            m++;
+        cuStreamSynchronize(g.s);
+        uint64_t again = (uint64_t)m * step;
+        snprintf(exp, sizeof exp, "(%llu, %llu] MiB", (unsigned long long)((limit - step) / MIB),
+                 (unsigned long long)(limit / MIB));
+        check("... freed into the pool, filled again", again <= limit && again + step > limit, exp, "%llu MiB",
+              (unsigned long long)(again / MIB));
+        while (m > 0)
+            cuMemFreeAsync(p[--m], g.s);
+        cuStreamSynchronize(g.s);
+        thr = 0;
+        cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &thr);
+        if (cuMemPoolTrimTo)
+            cuMemPoolTrimTo(pool, 0);
+    } else {
+        check_row("cuMemAllocAsync 64 MiB, threshold raised", "", "driver lacks memory pools", "SKIP");
+    }
+
+    /* 2D arrays: 2048 x 2048 float4 = 64 MiB each. */
+    if (cuArrayCreate_v2 && cuArrayDestroy) {
+        static CUarray arr[MAXA];
+        CUDA_ARRAY_DESCRIPTOR d = {2048, 2048, CU_AD_FORMAT_FLOAT, 4};
+        sum = 0;
+        n = 0;
+        while (n < MAXA && (last = cuArrayCreate_v2(&arr[n], &d)) == CUDA_SUCCESS)
+            sum += step, n++;
+        fill_row("cuArrayCreate 2048x2048 float4 (64 MiB)", limit, sum, step, last, n);
+        while (n > 0)
+            cuArrayDestroy(arr[--n]);
+    }
+
+    /* Managed memory: never more than the card has free. */
+    if (cuMemAllocManaged) {
+        uint64_t want = limit + step;
+        if (card_free && want + 256 * MIB > card_free) {
+            snprintf(got, sizeof got, "card has %llu MiB free", (unsigned long long)(card_free / MIB));
+            check_row("cuMemAllocManaged(limit + 64 MiB)", "OOM", got, "SKIP");
+        } else {
+            last = cuMemAllocManaged(&p[0], want, CU_MEM_ATTACH_GLOBAL);
+            if (last == CUDA_SUCCESS)
+                cuMemFree_v2(p[0]);
+            snprintf(got, sizeof got, "%d %s", last, errname(last));
+            check_row("cuMemAllocManaged(limit + 64 MiB)", "2 CUDA_ERROR_OUT_OF_MEMORY", got,
+                      last == CUDA_ERROR_OUT_OF_MEMORY ? "PASS" : "FAIL");
+        }
+        last = cuMemAllocManaged(&p[0], limit / 2, CU_MEM_ATTACH_GLOBAL);
+        if (last == CUDA_SUCCESS)
+            cuMemFree_v2(p[0]);
+        check("cuMemAllocManaged(limit / 2)", last == CUDA_SUCCESS, "0 CUDA_SUCCESS", "%d %s", last, errname(last));
+    }
+
+    /* NVML, as nvidia-smi and monitoring read it. */
+    snprintf(exp, sizeof exp, "%llu MiB", (unsigned long long)(limit / MIB));
+    if (nvml_open() == 0) {
+        nvml_memory m1;
+        int e1 = nvmlDeviceGetMemoryInfo(g_nvml_dev, &m1);
+        check("nvmlDeviceGetMemoryInfo total == limit", e1 == 0 && m1.total == limit, exp, "%d, %.1f MiB", e1,
+              e1 ? 0.0 : m1.total / (double)MIB);
+        if (nvmlDeviceGetMemoryInfo_v2) {
+            nvml_memory_v2 m2;
+            memset(&m2, 0, sizeof m2);
+            m2.version = (unsigned)(sizeof m2 | (2u << 24));
+            int e2 = nvmlDeviceGetMemoryInfo_v2(g_nvml_dev, &m2);
+            check("nvmlDeviceGetMemoryInfo_v2 total == limit", e2 == 0 && m2.total == limit, exp, "%d, %.1f MiB",
+                  e2, e2 ? 0.0 : m2.total / (double)MIB);
+        }
+    } else {
+        check_row("nvmlDeviceGetMemoryInfo total == limit", exp, "no NVML", "SKIP");
+    }
+
+    /* What a context and a lazily loaded module take (meminfo, without libvgpu). */
+    if (ctx_bytes >= 0 && mod_bytes >= 0) {
+        snprintf(exp, sizeof exp, "<= context_reserve %llu MiB", (unsigned long long)(reserve / MIB));
+        check("context + lazy module memory (NVML, no libvgpu)", (uint64_t)(ctx_bytes + mod_bytes) <= reserve, exp,
+              "%lld + %lld MiB", ctx_bytes >> 20, mod_bytes >> 20);
+    } else {
+        check_row("context + lazy module memory (NVML, no libvgpu)", "", "not measured", "SKIP");
+    }
+    cuCtxDestroy_v2(g.ctx);
+    return checks_end();
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "--worker") == 0)
@@ -2680,6 +3300,12 @@ int main(int argc, char **argv)
         return load_main(argc, argv);
     if (argc > 1 && strcmp(argv[1], "shares") == 0)
         return shares_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "coverage") == 0)
+        return coverage_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "meminfo") == 0)
+        return meminfo_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "memory") == 0)
+        return memory_main(argc, argv);
     if (argc > 1 && strcmp(argv[1], "now") == 0) { /* CLOCK_MONOTONIC ns, for load --start-at */
         printf("%" PRIu64 "\n", mono());
         return 0;
@@ -2690,8 +3316,12 @@ int main(int argc, char **argv)
                "                --seconds S [--start-at MONO_NS] --stamps FILE\n"
                "       %s shares [--warm S] [--window S] [--title T] [--timeline FILE] [--tsv FILE]\n"
                "                NAME TARGET STAMPS [NAME TARGET STAMPS ...]\n"
+               "       %s coverage OUTDIR    (under LD_PRELOAD=libvgpu.so with a limit)\n"
+               "       %s meminfo OUTDIR     (without libvgpu)\n"
+               "       %s memory OUTDIR --limit-mib L [--card-free B] [--context-bytes C --module-bytes M\n"
+               "                --context-reserve R]   (under LD_PRELOAD=libvgpu.so, VGPU_MEMORY_LIMIT=L)\n"
                "       %s now\n",
-               argv[0], argv[0], argv[0], argv[0]);
+               argv[0], argv[0], argv[0], argv[0], argv[0], argv[0], argv[0]);
         return 0;
     }
     if (argc > 1)

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The real-GPU check (tests/gpu/gpucheck-all.sh, issue 24) run on simgpu, as CI can.
+
+The same program and runner a GPU machine runs: here with 1 s share windows and three of
+the share rows, so that a first run on a GPU only measures. About 25 s on two cores.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from support.paths import LIBVGPU, ROOT, SIMGPU_DIR
+from support.process import clean_env, run
+
+RUNNER = ROOT / "tests" / "gpu" / "gpucheck-all.sh"
+
+MEMORY_CHECKS = {
+    "cuInit under libvgpu",
+    "cuMemGetInfo total == limit, free <= total",
+    "cuDeviceTotalMem == limit",
+    "cuMemAlloc(limit + 64 MiB)",
+    "cuMemAlloc 64 MiB at a time",
+    "cuMemCreate 64 MiB handles",
+    "... cuMemMap + cuMemSetAccess + memset of one",
+    "cuMemAllocAsync 64 MiB, threshold raised",
+    "... freed into the pool, filled again",
+    "cuArrayCreate 2048x2048 float4 (64 MiB)",
+    "cuMemAllocManaged(limit + 64 MiB)",
+    "nvmlDeviceGetMemoryInfo total == limit",
+    "nvmlDeviceGetMemoryInfo_v2 total == limit",
+    "context + lazy module memory (NVML, no libvgpu)",
+}
+
+
+def gpucheck_all(env: dict[str, str], out: Path, timeout: float = 240,
+                 **extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+    env = dict(env, GPUCHECK_WINDOW="1", GPUCHECK_WARM="0.3", GPUCHECK_ROWS="1 4 5",
+               GPUCHECK_LIMIT_MIB="512", LIBVGPU=str(LIBVGPU), **extra)
+    p = run([str(RUNNER), str(out)], env=env, timeout=timeout, check=False)
+    return p, json.loads((out / "gpucheck-all.json").read_text())
+
+
+def results(part: dict) -> dict[str, str]:
+    return {c["check"]: c["result"] for c in part["checks"]}
+
+
+@pytest.fixture(scope="module")
+def full_run(
+        tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], dict, Path]:
+    """One run of the whole runner for the module's tests (its own simulated GPU: the
+    runner puts SIMGPU_STATE in its output directory)."""
+    tmp = tmp_path_factory.mktemp("gpucheck")
+    env = clean_env()
+    env["LD_LIBRARY_PATH"] = str(SIMGPU_DIR)
+    p, j = gpucheck_all(env, tmp / "out")
+    return p, j, tmp / "out"
+
+
+def test_one_command_gives_every_part_in_one_json(full_run):
+    p, j, out = full_run
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+    assert j["exit"] == {"hardware": 0, "shares": 0, "coverage": 0, "meminfo": 0, "memory": 0}
+    # 1. the hardware, without libvgpu: every section, host-only on simgpu
+    hw = j["hardware"]
+    assert hw["failed_sections"] == 0 and hw["mode"] == "host-only"
+    assert set(hw) >= {"device", "a_costs", "b_wake", "c_queue", "d_events", "e1_greedy_pair",
+                       "e2_two_streams", "e3_light_beside_greedy", "e4_long_vs_short"}
+    assert hw["device"]["simgpu"] is True
+    # 2. the share rows asked for, each load with its achieved share
+    loads = {(r["row"].split(".")[0], r["load"]) for r in j["shares"]}
+    assert loads == {("1", "fixed30"), ("1", "burst70"), ("4", "step"), ("5", "step")}
+    assert all(r["achieved"] is not None for r in j["shares"])
+    # the tables beside the JSON
+    text = (out / "gpucheck-all.txt").read_text()
+    for title in ("1. the GPU without libvgpu", "2. compute shares", "3. interception coverage",
+                  "4. memory"):
+        assert title in text
+    assert j["runtime_s"] < 300
+
+
+def test_coverage_every_hooked_name_maps_at_every_version(full_run):
+    _, j, _ = full_run
+    cov = j["coverage"]
+    assert set(results(cov).values()) == {"PASS"}, cov["checks"]
+    assert cov["cuinit"] == 0
+    assert cov["bases"] >= 35 and cov["lookups"] == cov["bases"] * 4 * 2
+    # what the answers were: the hook of the versioned name the driver hands out
+    assert cov["answers"]["cuMemAlloc"]["12000"] == ["cuMemAlloc_v2", "cuMemAlloc_v2"]
+    assert cov["answers"]["cuLaunchKernel"]["12080"] == ["cuLaunchKernel", "cuLaunchKernel_ptsz"]
+    assert cov["answers"]["cuCtxCreate"]["13000"][0] == "cuCtxCreate_v4"
+    assert cov["answers"]["cuLaunchKernelEx"]["11030"] == ["-", "-"]
+
+
+def test_memory_checks_pass_under_libvgpu(full_run):
+    _, j, _ = full_run
+    mem = j["memory"]
+    res = results(mem)
+    assert set(res) >= MEMORY_CHECKS
+    assert {k: v for k, v in res.items() if v != "PASS"} == {}
+    assert mem["limit"] == 512 << 20
+    assert j["meminfo"]["card_free"] == 16 << 30
+
+
+def test_an_unmappable_answer_fails_coverage_and_libvgpu_refuses(simgpu_env, tmp_path):
+    p, j = gpucheck_all(simgpu_env, tmp_path / "out", GPUCHECK_PARTS="coverage",
+                        SIMGPU_PROCADDR_UNEXPORTED="cuMemAllocAsync")
+    assert p.returncode == 1
+    res = results(j["coverage"])
+    assert res["cuGetProcAddress(_v2): every answer is a hook"] == "FAIL"
+    assert res["cuInit under libvgpu (start-up self-check)"] == "PASS"  # refused, as it must
+    assert j["coverage"]["cuinit"] == 801
+    refusals = [line for line in p.stdout.splitlines() if line.startswith("vgpu: ")]
+    assert len(refusals) == 1 and '"cuMemAllocAsync"' in refusals[0]
+
+
+def test_memory_checks_fail_without_libvgpu(simgpu_env, tmp_path):
+    """The checks see a missing limit: without libvgpu the card's 16 GiB shows."""
+    bin_ = ROOT / "build" / "tests" / "gpucheck"
+    if not bin_.exists():
+        pytest.skip("gpucheck not built (the module's first test builds it)")
+    p = run([str(bin_), "memory", str(tmp_path), "--limit-mib", "512"], env=simgpu_env,
+            check=False, timeout=120)
+    assert p.returncode == 1
+    res = results(json.loads((tmp_path / "memory.json").read_text()))
+    assert res["cuMemGetInfo total == limit, free <= total"] == "FAIL"
+    assert res["cuMemAlloc(limit + 64 MiB)"] == "FAIL"
+    assert res["nvmlDeviceGetMemoryInfo total == limit"] == "FAIL"
