@@ -76,7 +76,15 @@ class LifecycleOps:
         store = FileSpec.of_bundle(Path(bundle))
         try:
             spec = store.load()
-        except SpecError as e:  # the lower runtime reports a broken bundle its own way
+        except SpecError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                # vgpu-runtime asks only after it read this file: a vgpud that finds none
+                # runs where the engine's bundles are not at their own path (a pod without
+                # them mounted). Passing it through would start the container unsliced.
+                return Reply.error(f"failed to give a vGPU: vgpud cannot see {store.path} "
+                                   f"({e.reason}): mount the engine's bundle directory "
+                                   "into vgpud's container at the node's own path")
+            # The lower runtime reports a broken bundle its own way.
             log.debug("lifecycle: runtime-create %s: %s (left to the lower runtime)", cid, e)
             return Reply.of("ok")
         undo = give_vgpu(store, spec, cid, Path(bundle), self.config, self.slices, self._hook(),

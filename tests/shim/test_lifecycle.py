@@ -329,6 +329,20 @@ def test_runtime_create_leaves_a_broken_bundle_to_the_lower_runtime(vgpud, tmp_p
     assert (b / "config.json").read_text() == "{not json" and slices(vgpud) == []
 
 
+def test_runtime_create_refuses_a_bundle_vgpud_cannot_see(vgpud, tmp_path):
+    """vgpu-runtime asks only after reading the bundle's config.json: a vgpud that finds
+    none (in a pod without the engine's bundle dir) must not let the container start
+    unsliced."""
+    b = tmp_path / "on-the-node-only"
+    reply = ask(vgpud, "runtime-create", bundle=str(b), id="c1")
+    assert reply["status"] == "error", reply
+    assert reply["message"] == (
+        f"vgpu: failed to give a vGPU: vgpud cannot see {b}/config.json (No such file or "
+        "directory): mount the engine's bundle directory into vgpud's container at the "
+        "node's own path"), reply
+    assert slices(vgpud) == []
+
+
 @pytest.mark.parametrize(("op", "fields", "line"), [
     pytest.param("runtime-create", {"annotations": {"vgpu.io/memory": "lots"}},
                  "vgpu: vgpu.io/memory=lots: not a memory quantity", id="create-memory-lots"),
