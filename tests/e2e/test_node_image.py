@@ -184,9 +184,8 @@ def node_config() -> str:
     return yaml.safe_dump(config)
 
 
-def wait_health(socket: Path, vgpud_log: Any, timeout: float = 60) -> Any:
-    """A client of vgpud once Health answers on `socket` (seen from the machine)."""
-    channel = grpc.insecure_channel(f"unix:{socket}")
+def wait_health(channel: grpc.Channel, vgpud_log: Any, timeout: float = 60) -> Any:
+    """A client of vgpud on `channel` once Health answers."""
     stub = vgpu_pb2_grpc.ArbiterStub(channel)
     deadline = time.monotonic() + timeout
     while True:
@@ -210,8 +209,10 @@ def test_the_image_serves_a_runc_container_from_the_daemonsets_pod(node) -> None
     n.run([*podman, "import", str(base_tarball()), BASE], timeout=300)
     build_flags = ["--build-arg", f"BASE={BASE}", "--build-arg", "WHEELS=/wheels",
                    "--volume", f"{wheelhouse()}:/wheels:ro", "--network", "none"]
-    n.run(["make", "-s", "-C", str(ROOT), "image", f"IMAGE_ENGINE={shlex.join(podman)}",
-           f"IMAGE_FLAGS={shlex.join(build_flags)}"], timeout=900)
+    built = n.run(["make", "-s", "-C", str(ROOT), "image", f"IMAGE_ENGINE={shlex.join(podman)}",
+                   f"IMAGE_FLAGS={shlex.join(build_flags)}"], timeout=900)
+    # The build checked its native files against the glibc baseline.
+    assert "check-glibc: 6 files need at most GLIBC_" in built.stdout + built.stderr
 
     # The init container: its script, env and mounts, but VGPU_RESTART empty (the
     # script's own "restart nothing"): this machine's containerd is not the node's.
@@ -242,7 +243,17 @@ def test_the_image_serves_a_runc_container_from_the_daemonsets_pod(node) -> None
         out = n.run([*podman, "logs", "vgpud"], check=False)
         return (out.stdout + out.stderr)[-6000:]
 
-    stub = wait_health(tmp / "node/run/vgpu/vgpud.sock", log)
+    # The socket seen from the machine: the node's /run/vgpu is bound from there.
+    channel = grpc.insecure_channel(f"unix:{tmp / 'node/run/vgpu/vgpud.sock'}")
+    try:
+        serves_a_container(n, podman, tmp, vgpud, wait_health(channel, log), log)
+    finally:
+        channel.close()
+
+
+def serves_a_container(n: Node, podman: list[str], tmp: Path, vgpud: dict[str, Any],
+                       stub: Any, log: Any) -> None:
+    """vgpud's readiness, then a runc container through the node's vgpu-runtime."""
     # Its readiness probe's endpoint answers in the pod's network namespace.
     probe = vgpud["readinessProbe"]["httpGet"]
     [port] = [p["containerPort"] for p in vgpud["ports"] if p["name"] == probe["port"]]
@@ -256,12 +267,12 @@ def test_the_image_serves_a_runc_container_from_the_daemonsets_pod(node) -> None
     # and /run/vgpu/vgpud.sock.
     runtime = "/var/lib/vgpu/lib/current/bin/vgpu-runtime"
     cid = "vgpu-node-e2e"
-    make_bundle(tmp / "node" / TASKS.lstrip("/") / cid, args=["/bin/sh", "-c",
-                         "md5sum /usr/lib/vgpu/libvgpu.so && vgpu_probe info"],
-                         annotations={"vgpu.io/memory": "256Mi"},
-                         env=["SIMGPU_STATE=/sim/simgpu.state"],
-                         mounts=[{"destination": "/sim", "type": "bind", "source": str(sim),
-                                  "options": ["rbind", "rw"]}])
+    make_bundle(tmp / "node" / TASKS.lstrip("/") / cid,
+                args=["/bin/sh", "-c", "md5sum /usr/lib/vgpu/libvgpu.so && vgpu_probe info"],
+                annotations={"vgpu.io/memory": "256Mi"},
+                env=["SIMGPU_STATE=/sim/simgpu.state"],
+                mounts=[{"destination": "/sim", "type": "bind", "source": str(tmp / "sim"),
+                         "options": ["rbind", "rw"]}])
     # Run where containerd keeps it (the same directory, bound there on the node).
     p = n.run([runtime, "--root", RUNC_ROOT, "run", "--bundle", f"{TASKS}/{cid}", cid],
               check=False, timeout=120)
