@@ -68,6 +68,7 @@ class Agent:
         self._registered_inode = 0     # the kubelet socket we registered with; 0: none
         self._retry_at = 0.0
         self._aside = False            # a newer plugin serves our paths
+        self._missing_seen = False     # a path of ours was missing at the last tick
 
     # -- vgpud ----------------------------------------------------------------
 
@@ -108,6 +109,14 @@ class Agent:
                 self._aside = True
                 self._registered_inode = 0
             return
+        # A newer plugin replaces a file by removing it, then binding its own: a path found
+        # missing while the kubelet is the one we registered with gets one more tick
+        # before it is taken back, so that the two do not both serve and register.
+        if (lost and self._registered_inode == kubelet_inode != 0
+                and not self._missing_seen):
+            self._missing_seen = True
+            return
+        self._missing_seen = False
         if self._aside:
             log.info("%s no longer answered by another plugin: serving and registering again",
                      self.settings.kubelet_dir)
