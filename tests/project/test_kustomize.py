@@ -257,8 +257,8 @@ CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: b}\n"
      "op 'move' is not applied here"),
     ({"resources": ["../outside.yaml"]}, "is outside the kustomization's root"),
     ({"resources": ["cm.yaml", "cm.yaml"]}, "ConfigMap//c is added twice"),
-], ids=["unknown-key", "image-digest", "strategic-merge", "no-target", "failed-test", "move", "outside",
-        "twice"])
+], ids=["unknown-key", "image-digest", "strategic-merge", "no-target", "failed-test", "move",
+        "outside", "twice"])
 def test_the_renderer_refuses_what_it_does_not_apply(tmp_path, doc, says):
     (tmp_path / "outside.yaml").write_text(CM)
     d = _kustomization(tmp_path, {"apiVersion": "kustomize.config.k8s.io/v1beta1",
