@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -212,7 +213,7 @@ def test_the_image_serves_a_runc_container_from_the_daemonsets_pod(node) -> None
     built = n.run(["make", "-s", "-C", str(ROOT), "image", f"IMAGE_ENGINE={shlex.join(podman)}",
                    f"IMAGE_FLAGS={shlex.join(build_flags)}"], timeout=900)
     # The build checked its native files against the glibc baseline.
-    assert "check-glibc: 6 files need at most GLIBC_" in built.stdout + built.stderr
+    assert re.search(r"check-glibc: \d+ files need at most GLIBC_", built.stdout + built.stderr)
 
     # The init container: its script, env and mounts, but VGPU_RESTART empty (the
     # script's own "restart nothing"): this machine's containerd is not the node's.
