@@ -75,6 +75,15 @@ $(B)/tests/gpucheck: tests/gpu/gpucheck.c
 	@mkdir -p $(@D)
 	$(CC) -O2 -g -std=gnu11 -Wall -Wextra -o $@ $< -ldl -lm
 
+# Everything tests/gpu/gpucheck-all.sh needs on a GPU machine, in the tree's layout
+# (docs/real-gpu.md): tar xzf build/vgpu-gpucheck.tar.gz && vgpu-gpucheck/tests/gpu/gpucheck-all.sh OUT
+GPUCHECK_FILES := $(B)/libvgpu.so $(B)/tests/gpucheck configs/vgpu.yaml tests/gpu/gpucheck.c \
+	tests/gpu/gpucheck.sh tests/gpu/gpucheck-bin.sh tests/gpu/gpucheck-shares.sh tests/gpu/gpucheck-all.sh
+.PHONY: gpucheck-bundle
+gpucheck-bundle: $(GPUCHECK_FILES)
+	tar -czf $(B)/vgpu-gpucheck.tar.gz --transform 's,^,vgpu-gpucheck/,' $(GPUCHECK_FILES)
+	@ls -l $(B)/vgpu-gpucheck.tar.gz
+
 clean:
 	rm -rf $(B)
 
