@@ -39,7 +39,7 @@ from arbiter.identity import Holder, Liveness
 from arbiter.model import Gpu, OwnerKind, Request, Slice, User
 from arbiter.proc import proc_start_time
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
-from arbiter.regions import Regions
+from arbiter.regions import Regions, Retired
 
 __all__ = ["Allocation", "Arbiter", "Health", "HeldError", "Settings"]
 
@@ -680,7 +680,11 @@ class Arbiter:
                                bundle=bundle, reason=why)
                     raise HeldError("release", s, why)
             pending = self.store.delete_async(s.id)
-            self._forget(s)
+            retired = self._forget(s, later=True)
+        if retired is not None:
+            # Unmounting its files waits on the kernel's mount locks and an RCU grace
+            # period: done here, outside the lock, while its delete is being committed.
+            self._finish(retired)
         self._await_durable(s, pending, undo=self._undo_release)
         self.emit(event, of=s, slice=s.id, owner=s.owner, reason=reason)
         if self.metrics is not None:
@@ -750,12 +754,23 @@ class Arbiter:
             return f"it was allocated for bundle {s.owner_bundle}, not {who.bundle}"
         return ""
 
-    def _forget(self, s: Slice) -> None:
+    def _forget(self, s: Slice, later: bool = False) -> Retired | None:
+        """Drop s and remove its files; with `later`, only retire them (Regions.retire)
+        and return what _finish removes once the lock is let go."""
         self._slices.pop(s.id, None)
         self._users.pop(s.id, None)  # the store's rows go with the slice (cascade)
         self.liveness.forget(s.id)
         try:
+            if later:
+                return self.regions.retire(s.id)
             self.regions.remove(s.id)
+        except VgpuError as e:  # the store is the truth; the next start removes it
+            log.warning("%s", e)
+        return None
+
+    def _finish(self, retired: Retired) -> None:
+        try:
+            self.regions.finish(retired)
         except VgpuError as e:  # the store is the truth; the next start removes it
             log.warning("%s", e)
 

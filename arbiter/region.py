@@ -25,7 +25,6 @@ import os
 import secrets
 import stat
 import struct
-import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,6 +32,7 @@ from arbiter.errors import RegionError
 from arbiter.leases import open_tenant_file
 from arbiter.proc import ProcessView
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
+from arbiter.tmpfile import open_beside
 
 __all__ = [
     "FLAG_ARBITER",
@@ -284,7 +284,7 @@ def _write_whole(path: Path, data: bytes, magic_offset: int, magic: int, mode: i
                  replace: bool) -> None:
     """Write data under a temporary name, magic last, then link it into place."""
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = open_beside(path)
     except OSError as e:
         raise RegionError(path, "create", e.strerror or str(e)) from e
     try:

@@ -47,6 +47,7 @@ from arbiter.sched import (
     REQ_SIZE,
     SCHED_DIR_NAME,
     prepare_sched_dir,
+    remove_files_of,
     remove_slice_files,
     req_path,
     slice_file_keys,
@@ -55,7 +56,7 @@ from arbiter.sched import (
 )
 from arbiter.slicefs import detach, mount_slice_fs, share, slice_fs_bytes
 
-__all__ = ["REGION_FILE_MODE", "USAGE_FILE_MODE", "ReconcileReport", "Regions"]
+__all__ = ["REGION_FILE_MODE", "USAGE_FILE_MODE", "ReconcileReport", "Regions", "Retired"]
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,14 @@ _ROOT_MODE = 0o711
 _DIR_MODE = 0o700
 #: The most vGPUs a slice can have (one per GPU): bounds the keys a removal looks for.
 _MAX_VGPUS = 64
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A slice Regions.retire() took out of use: what Regions.finish() still removes."""
+
+    slice_id: str
+    sched_files: tuple[tuple[str, int], ...]  # (GPU uuid, slice key) of each .req left
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,11 @@ class Regions:
         self.pins = Pins()
         #: Slices with a file not held, or a region write that waits for a lease to end.
         self._pending: set[str] = set()
+        #: Each slice's files in the scheduling directory, (GPU uuid, slice key) per vGPU, as
+        #: _write_sched made them: remove() deletes them by name, with no listing.
+        self._sched_files: dict[str, tuple[tuple[str, int], ...]] = {}
+        #: Slices retire()d whose finish() has not ended: gone for exists() and reconcile.
+        self._retiring: set[str] = set()
         #: Whether slice directories get their own tmpfs (False once a mount was refused:
         #: vgpud without CAP_SYS_ADMIN, said once).
         self.bounded = True
@@ -204,7 +218,7 @@ class Regions:
             _rmtree(final)
             raise
         try:
-            self._write_sched(s)
+            self._write_sched(s, fresh=True)
         except BaseException:
             self.remove(s.id)
             raise
@@ -277,9 +291,12 @@ class Regions:
 
     # -- scheduling files ---------------------------------------------------------
 
-    def _write_sched(self, s: Slice) -> None:
+    def _write_sched(self, s: Slice, fresh: bool = False) -> None:
         """The slice's .req/.conf on each of its GPUs, whose scheduling file must be there:
-        a container is refused rather than started on a GPU nobody schedules."""
+        a container is refused rather than started on a GPU nobody schedules. `fresh`: the
+        slice's directory was made just now (create)."""
+        self._sched_files[s.id] = tuple((g.gpu_uuid, slice_key_of(s.id, i))
+                                        for i, g in enumerate(s.grants))
         for i, g in enumerate(s.grants):
             if not (self.sched_root / g.gpu_uuid).is_file():
                 # Deleted under us (or never made): made again; kept files keep their inodes.
@@ -287,7 +304,7 @@ class Regions:
             write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
                               share=g.compute or 100, priority=int(s.priority),
                               policy=int(s.policy), floor=self.priority_floor,
-                              home=self.slice_dir(s.id))
+                              home=self.slice_dir(s.id), fresh=fresh)
 
     def _prepare_sched(self, uuids: list[str]) -> None:
         """The GPUs' scheduling files, made again where deleted (one warning event each).
@@ -381,14 +398,53 @@ class Regions:
 
     def remove(self, slice_id: str) -> bool:
         """Delete a slice's directory and scheduling files; False when there was no directory."""
+        return self.finish(self.retire(slice_id))
+
+    def retire(self, slice_id: str) -> Retired:
+        """The first half of remove, quick, for under the arbiter's lock: the slice's files
+        are let go, its .conf deleted (the broker stops serving it) and exists() is False
+        from now on. finish() does the rest (unmounts: the kernel's mount locks and an RCU
+        grace period each, which nothing else should wait behind)."""
         self.pins.drop(slice_id)
         self._pending.discard(slice_id)
-        remove_slice_files(self.sched_root, (slice_key_of(slice_id, i) for i in range(_MAX_VGPUS)))
+        known = self._sched_files.pop(slice_id, None)
+        if known is not None:
+            remove_files_of(self.sched_root, known, suffixes=("conf",))
+        else:  # made before this vgpud started and not yet rewritten: any GPU, any vGPU
+            remove_slice_files(self.sched_root,
+                               (slice_key_of(slice_id, i) for i in range(_MAX_VGPUS)))
+        self._retiring.add(slice_id)
+        return Retired(slice_id, known or ())
+
+    def finish(self, r: Retired) -> bool:
+        """The second half of remove (any thread, no lock needed: it touches only that
+        slice's paths): its .req unmounted and deleted, its directory unmounted and
+        removed; False when there was no directory."""
+        try:
+            if r.sched_files:
+                remove_files_of(self.sched_root, r.sched_files, suffixes=("req",))
+            return self._remove_dir(r.slice_id)
+        finally:
+            self._retiring.discard(r.slice_id)
+
+    def _remove_dir(self, slice_id: str) -> bool:
         final = self.slice_dir(slice_id)
+        try:
+            # Its tmpfs lives on in the containers that mount its files; what stays is the
+            # empty directory it was mounted on, removed in one step.
+            detach(final)
+            os.rmdir(final)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise RegionError(final, "remove", e.strerror or str(e)) from e
+        # Its files on run_dir's own filesystem (no tmpfs of its own): renamed away first, so
+        # that the slice is gone at once, then deleted.
         doomed = self.root / f".{slice_id}.del"
         _rmtree(doomed)
         try:
-            detach(final)  # its tmpfs lives on in the containers that mount its files
             os.rename(final, doomed)
         except FileNotFoundError:
             return False
@@ -398,8 +454,8 @@ class Regions:
         return True
 
     def exists(self, slice_id: str) -> bool:
-        """True when the slice's directory is there."""
-        return self.slice_dir(slice_id).is_dir()
+        """True when the slice's directory is there (and the slice is not being removed)."""
+        return slice_id not in self._retiring and self.slice_dir(slice_id).is_dir()
 
     # -- usage -----------------------------------------------------------------
 
@@ -481,6 +537,8 @@ class Regions:
             name = entry.name
             if name.startswith("."):
                 _rmtree(entry)
+            elif name in self._retiring:
+                continue  # being removed by its release, outside the lock
             elif name not in wanted:
                 if entry.is_dir() and not entry.is_symlink():
                     self.remove(name)

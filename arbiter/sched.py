@@ -20,13 +20,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import hashlib
 import logging
 import mmap
 import os
 import stat
 import struct
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +35,7 @@ from typing import Any
 from arbiter.errors import SchedError
 from arbiter.leases import LEASED, open_tenant_file
 from arbiter.slicefs import bind_file, detach
+from arbiter.tmpfile import open_beside
 
 __all__ = [
     "CONF_FILE_MODE",
@@ -57,6 +58,7 @@ __all__ = [
     "create_sched",
     "open_sched",
     "prepare_sched_dir",
+    "remove_files_of",
     "remove_slice_files",
     "req_path",
     "slice_file_keys",
@@ -317,7 +319,7 @@ def _write_temp(path: Path, uuid: bytes, mode: int) -> str:
     header.entry_capacity = SCHED_ENTRIES
     header.uuid = uuid
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = open_beside(path)
     except OSError as e:
         raise SchedError(path, "create", e.strerror or str(e)) from e
     try:
@@ -521,6 +523,7 @@ def open_sched(path: str | Path) -> Sched:
 # -- the files of one slice on one GPU (vgpud's side) -------------------------------
 
 
+@functools.lru_cache(maxsize=4096)  # pure; asked on every allocation, release and scrape
 def slice_key_of(slice_id: str, ordinal: int) -> int:
     """The key that names vGPU `ordinal` of slice `slice_id` in its GPU's scheduling files.
 
@@ -569,7 +572,7 @@ def _whole_req(path: Path, key: int) -> bool:
 
 def _replace(path: Path, data: bytes, mode: int) -> None:
     """Write data to path under a temporary name and rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = open_beside(path)
     try:
         try:
             os.fchmod(fd, mode)
@@ -579,13 +582,15 @@ def _replace(path: Path, data: bytes, mode: int) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    finally:
+    except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        raise
 
 
 def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, priority: int,
-                      policy: int, floor: int, home: Path | None = None) -> None:
+                      policy: int, floor: int, home: Path | None = None,
+                      fresh: bool = False) -> None:
     """Make (or keep) a slice's .req on GPU uuid and write its .conf, atomically.
 
     A whole .req of this slice is kept (same inode: a running container has it
@@ -594,6 +599,7 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
     at its name in root by a bind mount (a hard link where both are one filesystem);
     a whole .req already in root with none in home (an older vgpud's) is kept as it is.
     The .conf is rewritten: the broker sees new settings within its rescan period (20 ms).
+    `fresh` says that home was made just now, empty (a new slice): nothing in it to keep.
     """
     root = Path(root)
     if not _usable_name(uuid):
@@ -602,12 +608,12 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
     busy: SchedError | None = None
     try:
         own = home / req.name if home is not None else None
-        if own is not None and (own.exists() or not req.exists()):
+        if own is not None and (fresh or own.exists() or not req.exists()):
             req, at = own, req
         else:
             at = None
         try:
-            whole = _whole_req(req, key)
+            whole = not fresh and _whole_req(req, key)
         except SchedError as e:
             busy, whole = e, True  # leased by its container: in use, kept; said below
         if not whole:
@@ -621,7 +627,7 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
         conf = root / _slice_name(uuid, key, "conf")
         text = conf_text(share, priority, policy, floor).encode()
         try:
-            same = conf.read_bytes() == text
+            same = not fresh and conf.read_bytes() == text
         except OSError:
             same = False
         if not same:
@@ -674,16 +680,34 @@ def slice_file_keys(root: str | Path) -> set[int]:
 
 
 def remove_slice_files(root: str | Path, keys: Iterable[int]) -> None:
-    """Delete the .conf (first: the broker stops serving the slice) and .req of these keys."""
-    root = Path(root)
+    """Delete the .conf and .req of these keys on whichever GPUs they are (a listing)."""
     wanted = {f"{k:016x}" for k in keys}
     try:
-        names = sorted(os.listdir(root), key=lambda n: not n.endswith(".conf"))
+        names = os.listdir(root)
     except OSError:
         return
+    doomed = []
     for name in names:
         parts = name.rsplit(".", 2)
         if len(parts) == 3 and parts[1] in wanted and parts[2] in ("req", "conf"):
-            with contextlib.suppress(FileNotFoundError):
-                detach(root / name)  # a .req bind-mounted from its slice's tmpfs
-                os.unlink(root / name)
+            doomed.append(name)
+    _remove_names(root, doomed)
+
+
+def remove_files_of(root: str | Path, files: Iterable[tuple[str, int]],
+                    suffixes: tuple[str, ...] = ("conf", "req")) -> None:
+    """Delete the .conf and .req (or those of `suffixes`) of each (GPU uuid, slice key): the
+    names known, no listing."""
+    _remove_names(root, [_slice_name(uuid, key, suffix) for uuid, key in files
+                         if _usable_name(uuid) for suffix in suffixes])
+
+
+def _remove_names(root: str | Path, names: list[str]) -> None:
+    """Unlink these slice files of root, every .conf first (the broker stops serving the
+    slice), each .req unmounted first (bind-mounted from its slice's tmpfs)."""
+    for name in sorted(names, key=lambda n: not n.endswith(".conf")):
+        path = os.path.join(root, name)
+        with contextlib.suppress(FileNotFoundError):
+            if name.endswith(".req"):
+                detach(Path(path))
+            os.unlink(path)

@@ -137,6 +137,43 @@ def test_release_by_id_or_owner_is_idempotent(parts):
         a.release()
 
 
+class SlowFinish(Regions):
+    """Regions whose finish() (a release's unmounts) waits until the test says go."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def finish(self, r):
+        self.entered.set()
+        assert self.go.wait(30)
+        return super().finish(r)
+
+
+def test_a_release_unmounts_its_files_outside_the_lock(parts):
+    """Unmounting waits on the kernel's mount locks and an RCU grace period: an allocation
+    and a listing go on meanwhile, and the release returns once the files are gone."""
+    regions = SlowFinish(parts.tmp / "run")
+    parts.store = Store(parts.tmp / "state")
+    a = Arbiter(gpus=GPUS, store=parts.store, regions=regions, events=parts.events,
+                settings=parts.settings, metrics=parts.metrics)
+    a.start()
+    s = a.allocate(req("a")).slice
+    released: list[object] = []
+    t = threading.Thread(target=lambda: released.append(a.release(s.id)))
+    t.start()
+    assert regions.entered.wait(30)
+    got: list[object] = []
+    other = threading.Thread(target=lambda: got.append(a.allocate(req("b")).slice))
+    other.start()
+    other.join(30)
+    assert got and [x.owner for x in a.slices()] == ["b"]  # not behind the release
+    assert not regions.exists(s.id) and released == []    # gone for others already
+    regions.go.set()
+    t.join(30)
+    assert released == [s] and not regions.slice_dir(s.id).exists()
+
+
 def test_get_and_not_found(parts):
     a = parts.arbiter()
     s = a.allocate(req("a")).slice

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -250,3 +251,40 @@ def test_a_damaged_usage_file_is_reported_once_per_bad_spell(regions):
     usage.write_bytes(b"\1" * 100)
     assert regions.usage(s) == [0, 0]
     assert seen[1:] == [(s.id, 1, "bad magic 0x01010101, expected 0x53554756")]  # a new spell
+
+
+def sched_files(regions: Regions, s: Slice) -> set[str]:
+    """The names of s's .req and .conf files in the scheduling directory."""
+    keys = {f"{slice_key_of(s.id, i):016x}" for i in range(len(s.grants))}
+    return {p.name for p in regions.sched_root.iterdir()
+            if p.name.count(".") >= 2 and p.name.rsplit(".", 2)[1] in keys}
+
+
+def test_retire_lets_go_at_once_and_finish_removes_the_rest(regions):
+    """retire() (the part under the arbiter's lock) deletes the .conf and makes the slice gone
+    for exists() and reconcile; finish() (after the lock) unmounts and deletes its .req and
+    its directory; another slice's files stay."""
+    s, other = make_slice("aaaaaaaaaaaa"), make_slice("bbbbbbbbbbbb")
+    regions.create(s)
+    regions.create(other)
+    theirs = sched_files(regions, other)
+    assert {n.rsplit(".", 1)[1] for n in sched_files(regions, s)} == {"req", "conf"}
+    r = regions.retire(s.id)
+    assert {n.rsplit(".", 1)[1] for n in sched_files(regions, s)} == {"req"}
+    assert not regions.exists(s.id) and regions.slice_dir(s.id).is_dir()
+    assert regions.reconcile_dirs([other]).removed == ()  # its release is removing it
+    assert regions.finish(r)
+    assert not regions.slice_dir(s.id).exists() and sched_files(regions, s) == set()
+    assert sched_files(regions, other) == theirs and regions.exists(other.id)
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(regions.slice_dir(s.id)) not in mounts
+
+
+def test_a_slice_made_before_a_restart_is_removed_whole(regions):
+    """A vgpud started later knows no slice's files by name until it rewrites them: remove
+    finds them in the scheduling directory."""
+    s = make_slice()
+    regions.create(s)
+    again = Regions(regions.run_dir)
+    assert again.remove(s.id)
+    assert sched_files(regions, s) == set() and not regions.slice_dir(s.id).exists()

@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""arbiter.tmpfile: a new file beside its final name, never one that is there."""
+from __future__ import annotations
+
+import os
+import stat
+
+from arbiter.tmpfile import open_beside
+
+
+def test_a_new_private_file_beside_the_name(tmp_path):
+    fd, tmp = open_beside(tmp_path / "vgpu0")
+    os.close(fd)
+    name = os.path.basename(tmp)
+    assert name.startswith(f".vgpu0.{os.getpid()}-") and name.endswith(".tmp")
+    assert os.path.dirname(tmp) == str(tmp_path)
+    st = os.stat(tmp)
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 and st.st_size == 0
+
+
+def test_names_that_are_there_are_skipped_not_opened(tmp_path):
+    """A leftover of a crashed vgpud with the same pid (or a link planted there) is never
+    opened: O_EXCL refuses it and the next number is taken."""
+    fd, first = open_beside(tmp_path / "x")
+    os.close(fd)
+    n = int(first.rsplit("-", 1)[1].removesuffix(".tmp"))
+    prefix = first.rsplit("-", 1)[0]
+    (tmp_path / "target").write_text("keep")
+    for k in range(n + 1, n + 4):  # the next three names: a file, a symlink, a directory
+        path = f"{prefix}-{k}.tmp"
+        if k == n + 1:
+            open(path, "w").close()
+        elif k == n + 2:
+            os.symlink(tmp_path / "target", path)
+        else:
+            os.mkdir(path)
+    fd, tmp = open_beside(tmp_path / "x")
+    os.write(fd, b"new")
+    os.close(fd)
+    assert tmp == f"{prefix}-{n + 4}.tmp"
+    assert (tmp_path / "target").read_text() == "keep"
