@@ -11,11 +11,18 @@ Runs alternate; the median and p99 of each and the added median are reported, th
 single-start median; 20 plain runc containers at once give the same ratio for
 plain runc, for context.
 
-    python3 bench/containers.py [--runs 30] [--concurrent 20]
+By default the previous release runs beside the tree (as in bench/arbiter.py:
+--against REF builds that commit or tag in a temporary git worktree, bench/against.py;
+while no v* tag exists, bfd1b41): its own vgpud, vgpu-runtime and vgpu-hook start the
+same bundles, in the same alternation, and its rows and added time are printed beside
+the tree's. --against none: the tree alone.
+
+    python3 bench/containers.py [--runs 30] [--concurrent 20] [--against REF|none]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,12 +32,23 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
-from vgpud_proc import simgpu_env, start_vgpud  # noqa: E402
+from against import (  # noqa: E402
+    NONE,
+    PREVIOUS_FALLBACK,
+    Tree,
+    built_tree,
+    exit_on_sigterm,
+    previous_release,
+    this_tree,
+    vgpud_proc,
+)
+from vgpud_proc import stop_vgpud  # noqa: E402
 
 TARGET_ADDED_MS = 25.0   # issue 11: start overhead <= +25 ms median over plain runc
 TARGET_CONCURRENT_RATIO = 3.0
@@ -90,76 +108,134 @@ def at_once(cmds: list[list[str]], env: dict[str, str]) -> list[float]:
     return out
 
 
+@dataclass
+class Build:
+    """One build's private vgpud and the environment its vgpu-runtime runs in."""
+
+    tree: Tree
+    runtime: Path
+    env: dict[str, str]
+    state: Path  # its simgpu state's directory, bind-mounted into its containers
+    single: list[float] = field(default_factory=list)
+    together: list[float] = field(default_factory=list)
+
+
+def start_build(tree: Tree, stack: contextlib.ExitStack) -> Build:
+    """Start tree's vgpud on a private simgpu; its vgpu-runtime points at it."""
+    runtime = tree.path / "build" / "bin" / "vgpu-runtime"
+    if not runtime.exists():
+        sys.exit(f"bench: {runtime} is missing (run make)")
+    proc_mod = vgpud_proc(tree)
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vgpu-cbench-",
+                                                               dir="/var/tmp")))
+    run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vgpu-cbench-run-",
+                                                                   dir="/dev/shm")))
+    daemon, sock = proc_mod.start_vgpud(tmp, run_dir)
+    stack.callback(stop_vgpud, daemon, run_dir)
+    env = proc_mod.simgpu_env(tmp, "16Gi,16Gi,16Gi,16Gi")
+    config = tmp / "runtime.yaml"
+    config.write_text(f"paths:\n  socket: {sock}\n  run_dir: {run_dir}\n"
+                      "runtime:\n  lower: runc\n")
+    env.update(VGPU_CONFIG=str(config), VGPU_SOCKET=str(sock))
+    return Build(tree, runtime, env, tmp)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=f"The previous release is the newest v* tag before HEAD; with none tagged, "
+               f"{PREVIOUS_FALLBACK} (main on 2026-12-02). Now: {previous_release()}.")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--concurrent", type=int, default=20)
+    ap.add_argument("--against", default=None, metavar="REF",
+                    help="a commit or tag to build in a temporary worktree and measure beside "
+                         "the tree (default: the previous release); 'none': the tree alone")
     args = ap.parse_args()
     if shutil.which("runc") is None:
         sys.exit("bench: runc is not installed (apt-get install runc)")
-    native = ROOT / "build" / "bin" / "vgpu-runtime"
-    if not native.exists():
-        sys.exit("bench: build/bin/vgpu-runtime is missing (run make)")
     from support.images import build_rootfs
 
-    with tempfile.TemporaryDirectory(prefix="vgpu-cbench-", dir="/var/tmp") as d, \
-            tempfile.TemporaryDirectory(prefix="vgpu-cbench-run-", dir="/dev/shm") as r:
-        tmp = Path(d)
-        daemon, sock = start_vgpud(tmp, Path(r))
-        try:
-            rootfs = build_rootfs(tmp / "rootfs")
-            spec = base_spec(tmp)
-            env = simgpu_env(tmp, "16Gi,16Gi,16Gi,16Gi")
-            config = tmp / "runtime.yaml"
-            config.write_text(f"paths:\n  socket: {sock}\n  run_dir: {r}\n"
-                              "runtime:\n  lower: runc\n")
-            env.update(VGPU_CONFIG=str(config), VGPU_SOCKET=str(sock))
-            runtime = [str(native)]
-            n = 0
+    ref = previous_release() if args.against is None else args.against
+    exit_on_sigterm()
+    with contextlib.ExitStack() as stack:
+        trees = [this_tree()]
+        if ref != NONE:
+            trees.append(stack.enter_context(built_tree(ref)))
+        builds = [start_build(t, stack) for t in trees]
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vgpu-cbench-",
+                                                                   dir="/var/tmp")))
+        rootfs = build_rootfs(tmp / "rootfs")
+        spec = base_spec(tmp)
+        plain_env = builds[0].env
+        n = 0
 
-            def one(vgpu: bool) -> float:
-                nonlocal n
-                n += 1
-                b = make_bundle(tmp / f"b{n}", spec, rootfs, tmp, vgpu)
-                cmd = [*runtime] if vgpu else ["runc"]
-                return timed([*cmd, "run", "-b", str(b), f"bench-{n}"], env)
+        def one(b: Build | None) -> float:
+            nonlocal n
+            n += 1
+            state = b.state if b is not None else builds[0].state
+            bundle = make_bundle(tmp / f"b{n}", spec, rootfs, state, b is not None)
+            cmd = [str(b.runtime)] if b is not None else ["runc"]
+            return timed([*cmd, "run", "-b", str(bundle), f"bench-{n}"],
+                         b.env if b is not None else plain_env)
 
-            one(False), one(True)  # warm caches
-            plain, vgpu = [], []
-            for _ in range(args.runs):
-                plain.append(one(False))
-                vgpu.append(one(True))
-            bundles = [make_bundle(tmp / f"c{i}", spec, rootfs, tmp, True)
+        one(None)
+        for b in builds:
+            one(b)  # warm caches
+        plain: list[float] = []
+        for i in range(args.runs):
+            plain.append(one(None))
+            for b in builds if i % 2 == 0 else builds[::-1]:
+                b.single.append(one(b))
+        for k, b in enumerate(builds):
+            bundles = [make_bundle(tmp / f"c{k}-{i}", spec, rootfs, b.state, True)
                        for i in range(args.concurrent)]
-            plain_bundles = [make_bundle(tmp / f"p{i}", spec, rootfs, tmp, False)
-                             for i in range(args.concurrent)]
-            together = at_once([[*runtime, "run", "-b", str(b), f"conc-{i}"]
-                                for i, b in enumerate(bundles)], env)
-            plain_together = at_once([["runc", "run", "-b", str(b), f"plain-conc-{i}"]
-                                      for i, b in enumerate(plain_bundles)], env)
-        finally:
-            daemon.terminate()
-            daemon.wait(timeout=30)
-    added = statistics.median(vgpu) - statistics.median(plain)
-    ratio = pct(together, 0.99) / statistics.median(vgpu)
-    plain_ratio = pct(plain_together, 0.99) / statistics.median(plain)
+            b.together = at_once([[str(b.runtime), "run", "-b", str(x), f"conc-{k}-{i}"]
+                                  for i, x in enumerate(bundles)], b.env)
+        plain_bundles = [make_bundle(tmp / f"p{i}", spec, rootfs, builds[0].state, False)
+                         for i in range(args.concurrent)]
+        plain_together = at_once([["runc", "run", "-b", str(x), f"plain-conc-{i}"]
+                                  for i, x in enumerate(plain_bundles)], plain_env)
+    report(args, builds, plain, plain_together)
+
+
+def report(args: argparse.Namespace, builds: list[Build], plain: list[float],
+           plain_together: list[float]) -> None:
+    med = statistics.median
     print(f"container start to exit (/bin/true), {args.runs} runs each, {os.cpu_count()} CPUs")
-    print(f"{'runtime':<34} {'median ms':>10} {'p99 ms':>8}")
-    print(f"{'runc':<34} {statistics.median(plain):>10.1f} {pct(plain, 0.99):>8.1f}")
-    print(f"{'vgpu-runtime + vgpu.io/memory=64Mi':<34} {statistics.median(vgpu):>10.1f}"
-          f" {pct(vgpu, 0.99):>8.1f}")
-    print(f"{f'{args.concurrent} vGPU containers at once':<34} {statistics.median(together):>10.1f}"
-          f" {pct(together, 0.99):>8.1f}")
-    print(f"{f'{args.concurrent} runc containers at once':<34}"
-          f" {statistics.median(plain_together):>10.1f} {pct(plain_together, 0.99):>8.1f}")
-    print(f"added median: {added:.1f} ms (target <= {TARGET_ADDED_MS:.0f}: "
-          f"{'met' if added <= TARGET_ADDED_MS else 'MISSED'})")
-    print(f"p99 of {args.concurrent} at once / single median: {ratio:.2f}x "
-          f"(target <= {TARGET_CONCURRENT_RATIO:.0f}x: "
-          f"{'met' if ratio <= TARGET_CONCURRENT_RATIO else 'MISSED'}); "
-          f"plain runc: {plain_ratio:.2f}x")
-    print(f"p99 of {args.concurrent} vGPU at once / p99 of {args.concurrent} runc at once: "
-          f"{pct(together, 0.99) / pct(plain_together, 0.99):.2f}x")
+    if len(builds) > 1:
+        print(f"builds: tree = this checkout as it is; {builds[1].tree.label} = "
+              f"{builds[1].tree.commit[:12]}, built in a worktree; runs alternate")
+    print(f"{'runtime':<44} {'median ms':>10} {'p99 ms':>8}")
+    print(f"{'runc':<44} {med(plain):>10.1f} {pct(plain, 0.99):>8.1f}")
+    for b in builds:
+        name = f"vgpu-runtime ({b.tree.label}) + vgpu.io/memory=64Mi"
+        print(f"{name:<44} {med(b.single):>10.1f} {pct(b.single, 0.99):>8.1f}")
+    for b in builds:
+        name = f"{args.concurrent} vGPU containers at once ({b.tree.label})"
+        print(f"{name:<44} {med(b.together):>10.1f} {pct(b.together, 0.99):>8.1f}")
+    name = f"{args.concurrent} runc containers at once"
+    print(f"{name:<44} {med(plain_together):>10.1f} {pct(plain_together, 0.99):>8.1f}")
+    plain_ratio = pct(plain_together, 0.99) / med(plain)
+    for b in builds:
+        added = med(b.single) - med(plain)
+        ratio = pct(b.together, 0.99) / med(b.single)
+        print(f"{b.tree.label}: added median {added:.1f} ms (target <= {TARGET_ADDED_MS:.0f}: "
+              f"{'met' if added <= TARGET_ADDED_MS else 'MISSED'}); "
+              f"p99 of {args.concurrent} at once / single median {ratio:.2f}x "
+              f"(target <= {TARGET_CONCURRENT_RATIO:.0f}x: "
+              f"{'met' if ratio <= TARGET_CONCURRENT_RATIO else 'MISSED'}; plain runc "
+              f"{plain_ratio:.2f}x); p99 of {args.concurrent} vGPU / {args.concurrent} runc at "
+              f"once {pct(b.together, 0.99) / pct(plain_together, 0.99):.2f}x")
+    if len(builds) > 1:
+        tree, ref = builds[0], builds[1]
+        added_t, added_r = med(tree.single) - med(plain), med(ref.single) - med(plain)
+        ok = (added_t <= added_r and pct(tree.single, 0.99) <= pct(ref.single, 0.99)
+              and pct(tree.together, 0.99) <= pct(ref.together, 0.99))
+        print(f"tree / {ref.tree.label}: added median {added_t:.1f} / {added_r:.1f} ms, "
+              f"p99 x{pct(tree.single, 0.99) / pct(ref.single, 0.99):.2f}, "
+              f"p99 of {args.concurrent} at once "
+              f"x{pct(tree.together, 0.99) / pct(ref.together, 0.99):.2f} "
+              f"(never below {ref.tree.label}: {'met' if ok else 'MISSED'})")
     print("command: python3 bench/containers.py" + "".join(f" {a}" for a in sys.argv[1:]))
 
 

@@ -6,6 +6,8 @@ that the worktree is gone afterwards (also after Ctrl-C), never what the figures
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.paths import ROOT
+from support.prereq import require
 from support.process import clean_env
 
 BENCH = ROOT / "bench" / "arbiter.py"
@@ -106,3 +109,18 @@ def test_previous_release_is_the_newest_tag_before_head(repo):
     assert previous_release(repo) == "v0.2.0"
     git(repo, "tag", "v0.10.0", "HEAD")  # HEAD is being released: the one before it
     assert previous_release(repo) == "v0.2.0"
+
+
+def test_containers_bench_starts_both_builds_containers(tmp_path):
+    """bench/containers.py --against: the ref's own vgpu-runtime, hook and vgpud start the
+    same bundles (root and runc, as the bench needs)."""
+    require(os.geteuid() == 0 and shutil.which("runc") is not None, "needs root and runc")
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "containers.py"), "--runs", "2",
+                        "--concurrent", "2", "--against", "HEAD"], cwd=ROOT, env=clean_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    for row in ("vgpu-runtime (tree) + vgpu.io/memory=64Mi",
+                "vgpu-runtime (HEAD) + vgpu.io/memory=64Mi", "2 vGPU containers at once (HEAD)"):
+        assert row in p.stdout
+    assert "tree / HEAD: added median " in p.stdout
+    assert "/vgpu-against-" not in worktrees()
