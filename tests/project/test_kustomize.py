@@ -336,3 +336,26 @@ def test_an_overlay_names_the_image_of_its_registry(tmp_path):
                            text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         assert {key_of(o): o for o in yaml.safe_load_all(p.stdout) if o} == objs
+
+
+#: Where each engine keeps the OCI bundles whose config.json vgpud reads (containerd's CRI
+#: v2 tasks; CRI-O's default runroot, as Podman's: overlay-containers/<id>/userdata).
+BUNDLES = {"crio": "/run/containers/storage"}
+CONTAINERD_BUNDLES = "/run/containerd/io.containerd.runtime.v2.task"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_vgpud_sees_its_engine_s_bundles_at_the_node_s_path(overlay):
+    """vgpud reads a container's config.json at prestart from the bundle path the engine
+    hands the hook: without that directory in its pod, a pod that asks for a vGPU could
+    not be given one (the hook refuses it)."""
+    objs = rendered(overlay)
+    spec = one(objs, "DaemonSet", "vgpu-node")["spec"]["template"]["spec"]
+    (vgpud,) = [c for c in spec["containers"] if c["name"] == "vgpud"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounted = {m["mountPath"]: volumes[m["name"]]["hostPath"]["path"]
+               for m in vgpud["volumeMounts"] if "hostPath" in volumes[m["name"]]}
+    want = BUNDLES.get(overlay, CONTAINERD_BUNDLES)
+    assert mounted.get(want) == want, sorted(mounted)
+    (m,) = [m for m in vgpud["volumeMounts"] if m["mountPath"] == want]
+    assert m.get("mountPropagation") == "HostToContainer" and not m.get("readOnly")
