@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # tests/gpu/gpucheck-shares.sh [OUTDIR] - compute shares under libvgpu, read from the GPU's
-# own timeline (issue 24, part 2; about 70 s on an H200).
+# own timeline (issue 24, part 2; about 70 s on an H200 for rows 1-9, about 2.5 min for rows 1-19).
 #
 # Each row starts its loads together (tests/gpu/gpucheck load: spin kernels that stamp
 # %globaltimer), each under LD_PRELOAD=$LIBVGPU (default build/libvgpu.so) with its own
@@ -17,6 +17,12 @@
 #        fixed 50 alone (target min(50, U)), fixed 50 beside a greedy burst 50
 #   7-8  50 us kernels synced every 8: alone without libvgpu (U), fixed 70 alone
 #   9    greedy 2 ms kernels: fixed 30 + burst 70
+#   10-12 greedy 200 us: fixed 70 + burst 30; splits 10:90 and 20:30:50, all fixed
+#   13-14 10 us kernels polled (cuStreamQuery) every 8, 20 us of CPU: alone (U), fixed 50
+#   15   50 us kernels fixed 30 beside 5 ms kernels burst 70
+#   16-17 greedy 50 ms and 1 s kernels: fixed 30 + burst 70 (1 s: GPUCHECK_LONG_WINDOW, 10 s)
+#   18   a priority pair: high burst 50 + low burst 50, both greedy (high should get it all)
+#   19   one process on two streams (500 us kernels), fixed 40, beside a greedy burst 60
 #
 # OUTDIR (default ./gpucheck-shares-out) receives shares.txt (what was printed),
 # shares.tsv (title, load, target, achieved, idle %, overlap %, hand-overs, gap p50 us,
@@ -41,6 +47,7 @@ SRC=$ROOT/tests/gpu/gpucheck.c
 LIBVGPU=${LIBVGPU:-$ROOT/build/libvgpu.so}
 WARM=${GPUCHECK_WARM:-0.5}
 WINDOW=${GPUCHECK_WINDOW:-5}
+LONG_WINDOW=${GPUCHECK_LONG_WINDOW:-10} # the row of 1 s kernels
 ROWS=${GPUCHECK_ROWS:-}
 RUN_S=$(awk -v w="$WARM" -v d="$WINDOW" 'BEGIN { print w + d + 0.3 }')
 LEAD_NS=1500000000 # every load has made its context and loaded its kernels by then
@@ -64,9 +71,12 @@ TIMELINE=${SIMGPU_TIMELINE:-$ROOT/build/tests/simgpu_timeline}
 FAILED=0
 ROWN=0
 
-# row TITLE SPEC... ; SPEC = "NAME PCT POLICY TARGET LOAD-ARGS..." (PCT "-": no libvgpu)
+# row TITLE SPEC... ; SPEC = "NAME PCT POLICY[/PRIORITY] TARGET LOAD-ARGS..." (PCT "-": no
+# libvgpu). ROW_WINDOW=S row ... measures that row over S seconds instead of WINDOW.
 row() {
-    local title=$1
+    local title=$1 window=${ROW_WINDOW:-$WINDOW}
+    local run_s
+    run_s=$(awk -v w="$WARM" -v d="$window" 'BEGIN { print w + d + 0.3 }')
     shift
     ROWN=$((ROWN + 1))
     if [ -n "$ROWS" ] && ! [[ " $ROWS " == *" $ROWN "* ]]; then
@@ -83,10 +93,12 @@ row() {
         read -r name pct policy target rest <<<"$spec"
         local envs=()
         if [ "$pct" != "-" ]; then
-            envs=(LD_PRELOAD="$LIBVGPU" VGPU_SCHED_DIR="$dir/sched" VGPU_COMPUTE_LIMIT="$pct" VGPU_POLICY="$policy")
+            envs=(LD_PRELOAD="$LIBVGPU" VGPU_SCHED_DIR="$dir/sched" VGPU_COMPUTE_LIMIT="$pct"
+                VGPU_POLICY="${policy%%/*}")
+            [[ $policy == */* ]] && envs+=(VGPU_PRIORITY="${policy#*/}")
         fi
         # shellcheck disable=SC2086 # rest: the load's own arguments, split on purpose
-        env "${envs[@]}" timeout -k 5 $((${RUN_S%.*} + 30)) "$BIN" load $rest --seconds "$RUN_S" \
+        env "${envs[@]}" timeout -k 5 $((${run_s%.*} + 30)) "$BIN" load $rest --seconds "$run_s" \
             --start-at "$start" --stamps "$dir/$name.stamps" >"$dir/$name.out" 2>"$dir/$name.err" &
         pids+=($!)
         names+=("$name")
@@ -104,7 +116,7 @@ row() {
         "$TIMELINE" "$SIMGPU_STATE" >"$dir/timeline.txt" 2>/dev/null && targs=(--timeline "$dir/timeline.txt")
     fi
     if [ "$rc" = 0 ]; then
-        "$BIN" shares --warm "$WARM" --window "$WINDOW" --title "$ROWN. $title" --tsv "$OUT/shares.tsv" \
+        "$BIN" shares --warm "$WARM" --window "$window" --title "$ROWN. $title" --tsv "$OUT/shares.tsv" \
             "${targs[@]}" "${args[@]}" || rc=1
     fi
     # Whatever a load or libvgpu said (libvgpu speaks only when something is wrong).
@@ -156,6 +168,27 @@ target_of() {
 
     G2MS="--kernel-us 2000"
     row "greedy 2 ms: fixed 30 + burst 70" "fixed30 30 fixed 30 $G2MS" "burst70 70 burst 70 $G2MS"
+
+    row "greedy 200 us: fixed 70 + burst 30" "fixed70 70 fixed 70 $G200" "burst30 30 burst 30 $G200"
+    row "greedy 200 us: split 10:90, both fixed" "fixed10 10 fixed 10 $G200" "fixed90 90 fixed 90 $G200"
+    row "greedy 200 us: split 20:30:50, all fixed" "fixed20 20 fixed 20 $G200" "fixed30 30 fixed 30 $G200" \
+        "fixed50 50 fixed 50 $G200"
+
+    POLL="--kernel-us 10 --sync-every 8 --cpu-gap-us 20 --poll"
+    row "10 us kernels polled every 8, 20 us CPU, alone, without libvgpu: its use U" "poll - - - $POLL"
+    T=$(target_of 50 13 poll)
+    row "10 us kernels polled every 8, fixed 50 alone: target min(50, U)" "poll 50 fixed $T $POLL"
+
+    row "50 us fixed 30 + 5 ms burst 70, both greedy" "us50 30 fixed 30 --kernel-us 50" \
+        "ms5 70 burst 70 --kernel-us 5000"
+    row "greedy 50 ms: fixed 30 + burst 70" "fixed30 30 fixed 30 --kernel-us 50000" \
+        "burst70 70 burst 70 --kernel-us 50000"
+    ROW_WINDOW=$LONG_WINDOW row "greedy 1 s: fixed 30 + burst 70 (${LONG_WINDOW} s window)" \
+        "fixed30 30 fixed 30 --kernel-us 1000000" "burst70 70 burst 70 --kernel-us 1000000"
+    row "priority pair, greedy 200 us: high burst 50 + low burst 50 (floor 0)" \
+        "high 50 burst/high 100 $G200" "low 50 burst/low 0 $G200"
+    row "two streams of 500 us kernels, fixed 40 + burst 60 (200 us)" \
+        "streams2 40 fixed 40 --kernel-us 500 --streams 2" "burst60 60 burst 60 $G200"
 
     echo
     echo "$([ "$FAILED" = 0 ] && echo done || echo FAILED): $OUT/shares.tsv"

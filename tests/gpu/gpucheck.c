@@ -2224,11 +2224,13 @@ static int s_clock_end(struct gctx *g)
 
 /* ---- load mode: one process of a compute-share row (tests/gpu/gpucheck-shares.sh) ----
  *
- *   gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll]] [--queue-us Q]
- *                 --seconds S [--start-at MONO_NS] --stamps FILE
+ *   gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | --streams M]
+ *                 [--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE
  *
  * Greedy (no --sync-every): spin(N us) kernels back to back, at most about Q us (default
- * 4000) queued, waited for in batches of about 1 ms through events. A step loop: K
+ * 4000) queued, waited for in batches of about 1 ms through events; --streams M spreads
+ * them round-robin over M streams, each with that queue (a load's share then counts
+ * the union of its kernels' pieces: what ran at once counts once). A step loop: K
  * kernels, cuStreamSynchronize (--poll: cuStreamQuery until done), then U us of CPU
  * spinning. Every kernel stamps its start, its end and its holes (another context had the
  * GPU) into device memory, copied back in batches after the run, so what libvgpu adds
@@ -2295,7 +2297,7 @@ static void spin_cpu(uint64_t ns)
 
 static int load_main(int argc, char **argv)
 {
-    uint64_t kus = 0, sync_every = 0, gap_us = 0, queue_us = 4000, start_at = 0;
+    uint64_t kus = 0, sync_every = 0, gap_us = 0, queue_us = 4000, start_at = 0, nstreams = 1;
     double seconds = 0;
     int poll = 0;
     const char *stamps = NULL;
@@ -2318,6 +2320,8 @@ static int load_main(int argc, char **argv)
             gap_us = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--queue-us"))
             queue_us = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--streams"))
+            nstreams = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--seconds"))
             seconds = atof(v);
         else if (!strcmp(a, "--start-at"))
@@ -2329,9 +2333,9 @@ static int load_main(int argc, char **argv)
             return 2;
         }
     }
-    if (!kus || seconds <= 0 || !stamps) {
-        fprintf(stderr, "usage: gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll]] "
-                        "[--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE\n");
+    if (!kus || seconds <= 0 || !stamps || nstreams < 1 || nstreams > 4 || (nstreams > 1 && sync_every)) {
+        fprintf(stderr, "usage: gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | "
+                        "--streams 1-4] [--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE\n");
         return 2;
     }
     if (getenv("GPUCHECK_DEVICE"))
@@ -2346,7 +2350,7 @@ static int load_main(int argc, char **argv)
         return 2;
     }
     /* Room for every kernel the run can hold (each runs at least N us), and a queue's worth. */
-    uint64_t max = dur / ns + 4 * (queue_us * 1000 / ns + 1) + 1024;
+    uint64_t max = nstreams * (dur / ns + 4 * (queue_us * 1000 / ns + 1)) + 1024;
     CUdeviceptr d = 0;
     if (recs_alloc(&d, max))
         return 2;
@@ -2363,11 +2367,16 @@ static int load_main(int argc, char **argv)
     uint64_t nb = depth / batch; /* batches kept in flight */
     if (nb < 1)
         nb = 1;
-    CUevent ev[65];
+    CUevent ev[4][65];
     if (nb > 64)
         nb = 64;
-    for (uint64_t i = 0; i <= nb; i++)
-        CK(cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+    CUstream st[4] = {g.s};
+    for (uint64_t k = 0; k < nstreams; k++) {
+        if (k)
+            CK(cuStreamCreate(&st[k], CU_STREAM_NON_BLOCKING));
+        for (uint64_t i = 0; i <= nb; i++)
+            CK(cuEventCreate(&ev[k][i], CU_EVENT_DISABLE_TIMING));
+    }
     double late_ms = 0;
     if (start_at) {
         uint64_t now = mono();
@@ -2379,19 +2388,21 @@ static int load_main(int argc, char **argv)
     uint64_t t0 = mono(), tend = t0 + dur, n = 0, b = 0, steps = 0;
 #define LAUNCH_ONE()                                                                                                  \
     do {                                                                                                              \
-        CK(launch(&g, g.s, ns, d ? d + (CUdeviceptr)n * REC_BYTES : 0));                                              \
+        CK(launch(&g, st[n % nstreams], ns, d ? d + (CUdeviceptr)n * REC_BYTES : 0));                                 \
         if (tl)                                                                                                       \
             tl[n] = mono();                                                                                           \
         n++;                                                                                                          \
     } while (0)
     if (!sync_every) {
-        while (n + batch <= max && mono() < tend && !g_load_stop) {
-            for (uint64_t k = 0; k < batch; k++)
+        while (n + batch * nstreams <= max && mono() < tend && !g_load_stop) {
+            /* Each stream has its own ~queue_us queued: a batch per stream, its own events. */
+            for (uint64_t k = 0; k < batch * nstreams; k++)
                 LAUNCH_ONE();
-            CK(cuEventRecord(ev[b % (nb + 1)], g.s));
+            for (uint64_t k = 0; k < nstreams; k++)
+                CK(cuEventRecord(ev[k][b % (nb + 1)], st[k]));
             b++;
-            if (b > nb)
-                CK(cuEventSynchronize(ev[(b - 1 - nb) % (nb + 1)]));
+            for (uint64_t k = 0; k < nstreams && b > nb; k++)
+                CK(cuEventSynchronize(ev[k][(b - 1 - nb) % (nb + 1)]));
         }
     } else {
         while (n + sync_every <= max && mono() < tend && !g_load_stop) {
@@ -2411,7 +2422,8 @@ static int load_main(int argc, char **argv)
         }
     }
 #undef LAUNCH_ONE
-    CK(cuStreamSynchronize(g.s));
+    for (uint64_t k = 0; k < nstreams; k++)
+        CK(cuStreamSynchronize(st[k]));
     uint64_t t1 = mono();
     char cpu[1024];
     thread_cpu(cpu, sizeof cpu);
@@ -2422,9 +2434,9 @@ static int load_main(int argc, char **argv)
     }
     fprintf(f,
             "# gpucheck-load pid=%d mode=%s kernel_us=%" PRIu64 " sync_every=%" PRIu64 " cpu_gap_us=%" PRIu64
-            " poll=%d queue_us=%" PRIu64 " kernels=%" PRIu64 " steps=%" PRIu64 " late_ms=%.3f run_s=%.3f"
+            " poll=%d streams=%" PRIu64 " queue_us=%" PRIu64 " kernels=%" PRIu64 " steps=%" PRIu64 " late_ms=%.3f run_s=%.3f"
             " preload=%s cpu_s=%s\n",
-            (int)getpid(), g_stamps ? "gpu-timeline" : "host-only", kus, sync_every, gap_us, poll, queue_us, n,
+            (int)getpid(), g_stamps ? "gpu-timeline" : "host-only", kus, sync_every, gap_us, poll, nstreams, queue_us, n,
             steps, late_ms, (double)(t1 - t0) / 1e9, getenv("LD_PRELOAD") && *getenv("LD_PRELOAD") ? "yes" : "no",
             cpu);
     uint64_t chunk = 8192, missing = 0; /* 8 MiB of records at a time */
@@ -2642,11 +2654,13 @@ static int shares_main(int argc, char **argv)
     uint64_t w0 = first + (uint64_t)(warm * 1e9), w1 = w0 + (uint64_t)(window * 1e9);
     double W = (double)(w1 - w0);
     int short_run = last < w1;
-    double busy[SH_MAX] = {0}, uni = 0, sum = 0;
-    uint64_t reach = w0, nk[SH_MAX] = {0}, ncut[SH_MAX] = {0}, lastk[SH_MAX];
+    double busy[SH_MAX] = {0}, uni = 0;
+    uint64_t reach = w0, nk[SH_MAX] = {0}, ncut[SH_MAX] = {0}, lastk[SH_MAX], reach_w[SH_MAX];
     int marked[SH_MAX] = {0};
-    for (int k = 0; k < SH_MAX; k++)
+    for (int k = 0; k < SH_MAX; k++) {
         lastk[k] = UINT64_MAX;
+        reach_w[k] = w0;
+    }
     for (size_t i = 0; i < P.n; i++) {
         uint64_t a = P.v[i].a < w0 ? w0 : P.v[i].a, b = P.v[i].b > w1 ? w1 : P.v[i].b;
         if (b <= a)
@@ -2664,8 +2678,12 @@ static int shares_main(int argc, char **argv)
                 marked[w] = 1;
             }
         }
-        busy[P.v[i].who] += (double)(b - a);
-        sum += (double)(b - a);
+        /* A load's busy time is the union of its pieces: kernels of its streams that ran
+         * at once count once (one stream's pieces never overlap). */
+        if (b > reach_w[w]) {
+            busy[w] += (double)(b - (a > reach_w[w] ? a : reach_w[w]));
+            reach_w[w] = b;
+        }
         if (b > reach) {
             uni += (double)(b - (a > reach ? a : reach));
             reach = b;
@@ -2697,7 +2715,11 @@ static int shares_main(int argc, char **argv)
     size_t nruns[SH_MAX];
     size_t ng = handovers(hv, hn, w0, w1, &gaps, runs, nruns);
     struct st gs = stats(gaps, (int)ng);
-    double idle = 100 - uni / W * 100, overlap = (sum - uni) / W * 100;
+    /* Two loads at once: the loads' own busy times (each a union) beyond the GPU's. */
+    double sum_busy = 0;
+    for (int k = 0; k < nl; k++)
+        sum_busy += busy[k];
+    double idle = 100 - uni / W * 100, overlap = (sum_busy - uni) / W * 100;
     printf("\n== %s\n", title);
     printf("%-22s %7s %8s %7s %9s %9s %6s  %s\n", "load", "target", "achieved", "error", "runs p50", "kernels",
            "cut %", "CPU s by thread");
@@ -3312,8 +3334,8 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
         printf("usage: %s [OUTDIR]   (GPUCHECK_DEVICE=N picks the device; default 0)\n"
-               "       %s load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll]] [--queue-us Q]\n"
-               "                --seconds S [--start-at MONO_NS] --stamps FILE\n"
+               "       %s load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | --streams M]\n"
+               "                [--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE\n"
                "       %s shares [--warm S] [--window S] [--title T] [--timeline FILE] [--tsv FILE]\n"
                "                NAME TARGET STAMPS [NAME TARGET STAMPS ...]\n"
                "       %s coverage OUTDIR    (under LD_PRELOAD=libvgpu.so with a limit)\n"

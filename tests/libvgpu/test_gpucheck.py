@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The real-GPU check (tests/gpu/gpucheck-all.sh, issue 24) run on simgpu, as CI can.
 
-The same program and runner a GPU machine runs: here with 1 s share windows and three of
-the share rows, so that a first run on a GPU only measures. About 25 s on two cores.
+The same program and runner a GPU machine runs: here with 1 s share windows and four of
+the share rows, so that a first run on a GPU only measures. About 30 s on two cores.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ MEMORY_CHECKS = {
 
 def gpucheck_all(env: dict[str, str], out: Path, timeout: float = 240,
                  **extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    env = dict(env, GPUCHECK_WINDOW="1", GPUCHECK_WARM="0.3", GPUCHECK_ROWS="1 4 5",
+    env = dict(env, GPUCHECK_WINDOW="1", GPUCHECK_WARM="0.3", GPUCHECK_ROWS="1 4 5 18",
                GPUCHECK_LIMIT_MIB="512", LIBVGPU=str(LIBVGPU), **extra)
     p = run([str(RUNNER), str(out)], env=env, timeout=timeout, check=False)
     return p, json.loads((out / "gpucheck-all.json").read_text())
@@ -70,9 +70,12 @@ def test_one_command_gives_every_part_in_one_json(full_run):
                        "e2_two_streams", "e3_light_beside_greedy", "e4_long_vs_short"}
     assert hw["device"]["simgpu"] is True
     # 2. the share rows asked for, each load with its achieved share
-    loads = {(r["row"].split(".")[0], r["load"]) for r in j["shares"]}
-    assert loads == {("1", "fixed30"), ("1", "burst70"), ("4", "step"), ("5", "step")}
+    loads = {(r["row"].split(".")[0], r["load"]): r for r in j["shares"]}
+    assert set(loads) == {("1", "fixed30"), ("1", "burst70"), ("4", "step"), ("5", "step"),
+                          ("18", "high"), ("18", "low")}
     assert all(r["achieved"] is not None for r in j["shares"])
+    # the priority pair: the high one has the GPU, the low one waits
+    assert loads["18", "high"]["achieved"] > loads["18", "low"]["achieved"]
     # the tables beside the JSON
     text = (out / "gpucheck-all.txt").read_text()
     for title in ("1. the GPU without libvgpu", "2. compute shares", "3. interception coverage",
@@ -116,15 +119,35 @@ def test_an_unmappable_answer_fails_coverage_and_libvgpu_refuses(simgpu_env, tmp
     assert len(refusals) == 1 and '"cuMemAllocAsync"' in refusals[0]
 
 
-def test_memory_checks_fail_without_libvgpu(simgpu_env, tmp_path):
+@pytest.fixture(scope="module")
+def gpucheck_bin() -> Path:
+    subprocess.run(["make", "-s", "-C", str(ROOT), "gpucheck"], check=True)
+    return ROOT / "build" / "tests" / "gpucheck"
+
+
+def test_memory_checks_fail_without_libvgpu(simgpu_env, tmp_path, gpucheck_bin):
     """The checks see a missing limit: without libvgpu the card's 16 GiB shows."""
-    bin_ = ROOT / "build" / "tests" / "gpucheck"
-    if not bin_.exists():
-        pytest.skip("gpucheck not built (the module's first test builds it)")
-    p = run([str(bin_), "memory", str(tmp_path), "--limit-mib", "512"], env=simgpu_env,
+    p = run([str(gpucheck_bin), "memory", str(tmp_path), "--limit-mib", "512"], env=simgpu_env,
             check=False, timeout=120)
     assert p.returncode == 1
     res = results(json.loads((tmp_path / "memory.json").read_text()))
     assert res["cuMemGetInfo total == limit, free <= total"] == "FAIL"
     assert res["cuMemAlloc(limit + 64 MiB)"] == "FAIL"
     assert res["nvmlDeviceGetMemoryInfo total == limit"] == "FAIL"
+
+
+def test_a_load_on_two_streams_counts_what_ran_at_once_once(tmp_path, gpucheck_bin):
+    """`gpucheck shares` on GPU stamps: two kernels of one load that overlap (two streams)
+    are 2 s of its GPU time, not 4, and not two loads at once."""
+    t = 10**12
+    a = tmp_path / "a.stamps"
+    a.write_text(f"# gpucheck-load pid=1 mode=gpu-timeline streams=2\n"
+                 f"{t} {t + 2 * 10**9} 0\n{t} {t + 2 * 10**9} 1\n")
+    b = tmp_path / "b.stamps"
+    b.write_text(f"# gpucheck-load pid=2 mode=gpu-timeline\n{t + 2 * 10**9} {t + 4 * 10**9} 0\n")
+    tsv = tmp_path / "shares.tsv"
+    run([str(gpucheck_bin), "shares", "--warm", "0", "--window", "4", "--tsv", str(tsv),
+         "A", "50", str(a), "B", "50", str(b)], env={})
+    rows = {r[1]: r for r in (line.split("\t") for line in tsv.read_text().splitlines())}
+    assert float(rows["A"][3]) == 50 and float(rows["B"][3]) == 50
+    assert float(rows["A"][5]) == 0  # two loads at once: never
