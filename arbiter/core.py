@@ -589,14 +589,18 @@ class Arbiter:
 
     def _allocate_queued(self, req: Request, plan: placement.Placement,
                          who: Holder) -> tuple[Slice, Future[None]]:
-        """The common case (no eviction): hold the room now, commit with the next batch."""
+        """The common case (no eviction): hold the room now, commit with the next batch.
+
+        The insert is queued first, so that the writer commits it while the files are made
+        (the answer waits for both)."""
         new = self._new_slice(req, plan, who)
-        self.regions.create(new)
+        pending = self.store.commit_allocation_async(new)
         try:
-            pending = self.store.commit_allocation_async(new)
+            self.regions.create(new)
         except BaseException:
+            # Queued after the insert, so committed after it: the store never keeps it.
             with contextlib.suppress(Exception):
-                self.regions.remove(new.id)
+                self.store.delete_async(new.id)
             raise
         self._slices[new.id] = new
         self._pending[new.id] = pending

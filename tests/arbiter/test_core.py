@@ -18,6 +18,7 @@ from arbiter.errors import (
     NoCapacityError,
     NotFoundError,
     QuantityError,
+    RegionError,
     RequestError,
 )
 from arbiter.events import EventLog
@@ -172,6 +173,28 @@ def test_a_release_unmounts_its_files_outside_the_lock(parts):
     regions.go.set()
     t.join(30)
     assert released == [s] and not regions.slice_dir(s.id).exists()
+
+
+class FailingCreate(Regions):
+    """Regions whose files cannot be made (a full run dir, a refused mount)."""
+
+    def create(self, s):
+        raise RegionError(self.slice_dir(s.id), "create", "No space left on device")
+
+
+def test_slice_files_that_cannot_be_made_leave_nothing_stored(parts):
+    """The insert is queued before the files are made (the writer commits it meanwhile):
+    when they cannot be, a delete queued after it leaves the store as it was."""
+    parts.store = Store(parts.tmp / "state")
+    a = Arbiter(gpus=GPUS, store=parts.store, regions=FailingCreate(parts.tmp / "run"),
+                events=parts.events, settings=parts.settings, metrics=parts.metrics)
+    a.start()
+    with pytest.raises(RegionError, match="No space left on device"):
+        a.allocate(req("a"))
+    parts.store.flush()
+    assert a.slices() == [] and parts.store.slices() == []
+    a.regions = Regions(parts.tmp / "run")
+    assert a.allocate(req("a")).slice.owner == "a"  # the owner is free again
 
 
 def test_get_and_not_found(parts):
