@@ -4,7 +4,7 @@
 # tests/gpu/gpucheck-all.sh [OUTDIR] - the real-GPU check in one command (issue 24): the GPU
 # without libvgpu, compute shares under libvgpu, interception coverage, memory limits. About
 # 3 minutes on one GPU (hardware ~12 s and share rows 1-9 ~70 s measured on an H200; rows
-# 10-19 about 80 s more, estimated; 152 s on simgpu); no network, no Python.
+# 10-20 about 90 s more, estimated; 152 s on simgpu for rows 1-18); no network, no Python.
 #
 #   1. hardware   tests/gpu/gpucheck.sh OUTDIR/hardware           (no libvgpu)
 #   2. shares     tests/gpu/gpucheck-shares.sh OUTDIR/shares      (libvgpu, VGPU_SCHED_DIR)
@@ -117,8 +117,9 @@ shares_json() {
     awk -F'\t' 'function s(x) { gsub(/\\/, "\\\\", x); gsub(/"/, "\\\"", x); return "\"" x "\"" }
         function n(x) { return (x ~ /^-?[0-9.]+$/) ? x : "null" }
         BEGIN { printf "[" }
-        { printf "%s{\"row\":%s,\"load\":%s,\"target\":%s,\"achieved\":%s,\"idle_pct\":%s,\"overlap_pct\":%s,\"handovers\":%s,\"gap_p50_us\":%s,\"gap_p99_us\":%s,\"kernels\":%s,\"cut_pct\":%s}",
-                 (NR > 1 ? "," : ""), s($1), s($2), n($3), n($4), n($5), n($6), n($7), n($8), n($9), n($10), n($11) }
+        { printf "%s{\"row\":%s,\"load\":%s,\"target\":%s,\"achieved\":%s,\"idle_pct\":%s,\"overlap_pct\":%s,\"handovers\":%s,\"gap_p50_us\":%s,\"gap_p99_us\":%s,\"kernels\":%s,\"cut_pct\":%s,\"others_ran_on_ms\":%s,\"share_after_arrival\":%s}",
+                 (NR > 1 ? "," : ""), s($1), s($2), n($3), n($4), n($5), n($6), n($7), n($8), n($9), n($10), n($11),
+                 n($12), n($13) }
         END { printf "]" }' "$OUT/shares/shares.tsv"
 }
 FAILED=0

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # tests/gpu/gpucheck-shares.sh [OUTDIR] - compute shares under libvgpu, read from the GPU's
-# own timeline (issue 24, part 2; about 70 s on an H200 for rows 1-9, about 2.5 min for rows 1-19).
+# own timeline (issue 24, part 2; about 70 s on an H200 for rows 1-9, about 2.5 min for rows 1-20).
 #
 # Each row starts its loads together (tests/gpu/gpucheck load: spin kernels that stamp
 # %globaltimer), each under LD_PRELOAD=$LIBVGPU (default build/libvgpu.so) with its own
@@ -23,10 +23,13 @@
 #   16-17 greedy 50 ms and 1 s kernels: fixed 30 + burst 70 (1 s: GPUCHECK_LONG_WINDOW, 10 s)
 #   18   a priority pair: high burst 50 + low burst 50, both greedy (high should get it all)
 #   19   one process on two streams (500 us kernels), fixed 40, beside a greedy burst 60
+#   20   priority hand-over: high arrives 1.5 s into low's run; how long low's work ran on
+#        after high's first kernel began, and high's share from then
 #
 # OUTDIR (default ./gpucheck-shares-out) receives shares.txt (what was printed),
 # shares.tsv (title, load, target, achieved, idle %, overlap %, hand-overs, gap p50 us,
-# gap p99 us, kernels, % of them cut by a switch; one line per load) and rowN/ (each
+# gap p99 us, kernels, % of them cut by a switch, for a load that arrived late the ms the
+# others ran on after it and its share from then; one line per load) and rowN/ (each
 # load's stamps, stdout and stderr, the scheduling dir).
 #
 # On simgpu (LD_LIBRARY_PATH=build/simgpu; SIMGPU_STATE defaults to a file in OUTDIR)
@@ -71,8 +74,9 @@ TIMELINE=${SIMGPU_TIMELINE:-$ROOT/build/tests/simgpu_timeline}
 FAILED=0
 ROWN=0
 
-# row TITLE SPEC... ; SPEC = "NAME PCT POLICY[/PRIORITY] TARGET LOAD-ARGS..." (PCT "-": no
-# libvgpu). ROW_WINDOW=S row ... measures that row over S seconds instead of WINDOW.
+# row TITLE SPEC... ; SPEC = "NAME[+DELAY] PCT POLICY[/PRIORITY] TARGET LOAD-ARGS..." (PCT "-":
+# no libvgpu; +DELAY: that load starts DELAY seconds after the others). ROW_WINDOW=S row ...
+# measures that row over S seconds instead of WINDOW.
 row() {
     local title=$1 window=${ROW_WINDOW:-$WINDOW}
     local run_s
@@ -91,6 +95,14 @@ row() {
     local pids=() names=() args=() spec name pct policy target rest
     for spec in "$@"; do
         read -r name pct policy target rest <<<"$spec"
+        local delay=0
+        if [[ $name == *+* ]]; then
+            delay=${name#*+}
+            name=${name%%+*}
+        fi
+        local l_start l_run
+        l_start=$(awk -v s="$start" -v d="$delay" 'BEGIN { printf "%.0f", s + d * 1e9 }')
+        l_run=$(awk -v r="$run_s" -v d="$delay" 'BEGIN { print r - d }')
         local envs=()
         if [ "$pct" != "-" ]; then
             envs=(LD_PRELOAD="$LIBVGPU" VGPU_SCHED_DIR="$dir/sched" VGPU_COMPUTE_LIMIT="$pct"
@@ -98,8 +110,8 @@ row() {
             [[ $policy == */* ]] && envs+=(VGPU_PRIORITY="${policy#*/}")
         fi
         # shellcheck disable=SC2086 # rest: the load's own arguments, split on purpose
-        env "${envs[@]}" timeout -k 5 $((${run_s%.*} + 30)) "$BIN" load $rest --seconds "$run_s" \
-            --start-at "$start" --stamps "$dir/$name.stamps" >"$dir/$name.out" 2>"$dir/$name.err" &
+        env "${envs[@]}" timeout -k 5 $((${run_s%.*} + 30)) "$BIN" load $rest --seconds "$l_run" \
+            --start-at "$l_start" --stamps "$dir/$name.stamps" >"$dir/$name.out" 2>"$dir/$name.err" &
         pids+=($!)
         names+=("$name")
         args+=("$name" "$target" "$dir/$name.stamps")
@@ -189,6 +201,8 @@ target_of() {
         "high 50 burst/high 100 $G200" "low 50 burst/low 0 $G200"
     row "two streams of 500 us kernels, fixed 40 + burst 60 (200 us)" \
         "streams2 40 fixed 40 --kernel-us 500 --streams 2" "burst60 60 burst 60 $G200"
+    row "priority hand-over, greedy 200 us: low burst 50, high burst 50 arrives 1.5 s later" \
+        "low 50 burst/low - $G200" "high+1.5 50 burst/high - $G200"
 
     echo
     echo "$([ "$FAILED" = 0 ] && echo done || echo FAILED): $OUT/shares.tsv"

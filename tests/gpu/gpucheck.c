@@ -2723,6 +2723,40 @@ static int shares_main(int argc, char **argv)
     printf("\n== %s\n", title);
     printf("%-22s %7s %8s %7s %9s %9s %6s  %s\n", "load", "target", "achieved", "error", "runs p50", "kernels",
            "cut %", "CPU s by thread");
+    /* A load that arrives late (its first piece 200 ms or more after the row's first): how
+     * long the others' work ran on after its first piece began, until they paused 50 ms
+     * (a higher priority's hand-over latency), and its share from its first piece on. */
+    double arrive_s[SH_MAX], pause_ms[SH_MAX], after[SH_MAX];
+    for (int k = 0; k < nl; k++) {
+        uint64_t fk = 0;
+        for (size_t i = 0; i < P.n && !fk; i++)
+            if (P.v[i].who == k)
+                fk = P.v[i].a;
+        arrive_s[k] = pause_ms[k] = after[k] = NAN;
+        if (!fk || fk < first + 200000000ull || fk >= w1)
+            continue;
+        uint64_t pause_end = fk, reach_k = fk;
+        double mine = 0;
+        int paused = 0;
+        for (size_t i = 0; i < P.n; i++) {
+            const struct piece *q = &P.v[i];
+            if (q->who == k) {
+                uint64_t a = q->a > reach_k ? q->a : reach_k, b = q->b < w1 ? q->b : w1;
+                if (b > a) {
+                    mine += (double)(b - a);
+                    reach_k = b;
+                }
+            } else if (!paused && q->b > fk) {
+                if (q->a > pause_end + 50000000ull)
+                    paused = 1;
+                else if (q->b > pause_end)
+                    pause_end = q->b;
+            }
+        }
+        arrive_s[k] = (double)(fk - first) / 1e9;
+        pause_ms[k] = (double)(pause_end - fk) / 1e6;
+        after[k] = mine / (double)(w1 - fk) * 100;
+    }
     FILE *t = tsv ? fopen(tsv, "a") : NULL;
     for (int k = 0; k < nl; k++) {
         struct st rs = stats(runs[k], (int)nruns[k]);
@@ -2740,8 +2774,8 @@ static int shares_main(int argc, char **argv)
         printf("%-22s %7s %8.2f %7s %9s %9" PRIu64 " %6s  %s%s\n", name[k], tg, got, er, rp, nk[k], cut, cpu[k],
                late[k] > 0 ? "  (started late)" : "");
         if (t)
-            fprintf(t, "%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%zu\t%.1f\t%.1f\t%" PRIu64 "\t%s\n", title, name[k], target[k],
-                    got, idle, overlap, ng, gs.p50 / 1e3, gs.p99 / 1e3, nk[k], cut);
+            fprintf(t, "%s\t%s\t%s\t%.2f\t%.2f\t%.2f\t%zu\t%.1f\t%.1f\t%" PRIu64 "\t%s\t%.3f\t%.2f\n", title, name[k],
+                    target[k], got, idle, overlap, ng, gs.p50 / 1e3, gs.p99 / 1e3, nk[k], cut, pause_ms[k], after[k]);
     }
     if (t)
         fclose(t);
@@ -2750,6 +2784,11 @@ static int shares_main(int argc, char **argv)
     if (ng)
         printf("hand-overs %zu: GPU idle between loads p50 %.1f us, p90 %.1f, p99 %.1f, max %.1f (from %s)\n", ng,
                gs.p50 / 1e3, gs.p90 / 1e3, gs.p99 / 1e3, gs.max / 1e3, hfrom);
+    for (int k = 0; k < nl; k++)
+        if (isfinite(arrive_s[k]))
+            printf("%s arrives at +%.2f s: the others' work ran on %.2f ms after its first kernel began (until "
+                   "a 50 ms pause); its share from then %.2f %%\n",
+                   name[k], arrive_s[k], pause_ms[k], after[k]);
     if (short_run)
         printf("WARNING: the stamps end %.3f s before the window does\n", (double)(w1 - last) / 1e9);
     free(gaps);

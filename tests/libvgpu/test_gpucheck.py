@@ -151,3 +151,23 @@ def test_a_load_on_two_streams_counts_what_ran_at_once_once(tmp_path, gpucheck_b
     rows = {r[1]: r for r in (line.split("\t") for line in tsv.read_text().splitlines())}
     assert float(rows["A"][3]) == 50 and float(rows["B"][3]) == 50
     assert float(rows["A"][5]) == 0  # two loads at once: never
+
+
+def test_a_late_arrival_gives_the_hand_over_and_its_share_from_then(tmp_path, gpucheck_bin):
+    """`gpucheck shares`, priority hand-over: high's first kernel begins at +2 s; low's work
+    runs on 5 ms, then pauses 295 ms (more than 50 ms: the hand-over is over)."""
+    t, ms = 10**12, 10**6
+    low = tmp_path / "low.stamps"
+    pieces = [(t + i * 100 * ms, t + (i + 1) * 100 * ms, i) for i in range(20)]
+    pieces += [(t + 2000 * ms, t + 2005 * ms, 20), (t + 2300 * ms, t + 2400 * ms, 21)]
+    low.write_text("# gpucheck-load pid=1 mode=gpu-timeline\n"
+                   + "".join(f"{a} {b} {k}\n" for a, b, k in pieces))
+    high = tmp_path / "high.stamps"
+    high.write_text(f"# gpucheck-load pid=2 mode=gpu-timeline\n{t + 2000 * ms} {t + 4000 * ms} 0\n")
+    tsv = tmp_path / "shares.tsv"
+    p = run([str(gpucheck_bin), "shares", "--warm", "0", "--window", "4", "--tsv", str(tsv),
+             "low", "-", str(low), "high", "-", str(high)], env={})
+    rows = {r[1]: r for r in (line.split("\t") for line in tsv.read_text().splitlines())}
+    assert float(rows["high"][11]) == 5.0 and float(rows["high"][12]) == 100.0
+    assert rows["low"][11] == "nan"  # low was there first
+    assert "high arrives at +2.00 s: the others' work ran on 5.00 ms" in p.stdout
