@@ -623,7 +623,7 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
             raw.magic = SCHED_REQ_MAGIC
             _replace(req, bytes(raw), REQ_FILE_MODE)
         if at is not None:
-            _link_req(req, at)
+            _link_req(req, at, fresh)
         conf = root / _slice_name(uuid, key, "conf")
         text = conf_text(share, priority, policy, floor).encode()
         try:
@@ -638,30 +638,48 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
         raise busy
 
 
-def _link_req(own: Path, at: Path) -> None:
+def _link_req(own: Path, at: Path, fresh: bool = False) -> None:
     """Make `at` name the file `own`: kept when it does; else a hard link, or a bind mount
-    where they are on two filesystems (own on its slice's tmpfs)."""
-    try:
-        a, b = os.stat(own), os.stat(at)
-        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
-            return
-        detach(at)
-        os.unlink(at)
-    except FileNotFoundError:
-        pass
+    where they are on two filesystems (own on its slice's tmpfs). `fresh`: own was made
+    just now, so nothing names it yet (anything at `at` is cleared when the link fails)."""
+    if not fresh and _clear_for(own, at):
+        return
     try:
         os.link(own, at)
         return
+    except FileExistsError:
+        if not fresh:
+            raise
+        return _link_req(own, at)
     except OSError as e:
         if e.errno != errno.EXDEV:
             raise
-    fd = os.open(at, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, REQ_FILE_MODE)
+    try:
+        fd = os.open(at, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, REQ_FILE_MODE)
+    except FileExistsError:
+        if not fresh:
+            raise
+        return _link_req(own, at)
     os.close(fd)
     try:
         bind_file(own, at)
     except OSError:
         os.unlink(at)
         raise
+
+
+def _clear_for(own: Path, at: Path) -> bool:
+    """Unmount and delete whatever is at `at`; True (and nothing done) when it is the file
+    `own` already."""
+    try:
+        a, b = os.stat(own), os.stat(at)
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            return True
+        detach(at)
+        os.unlink(at)
+    except FileNotFoundError:
+        pass
+    return False
 
 
 def slice_file_keys(root: str | Path) -> set[int]:

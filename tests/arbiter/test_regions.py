@@ -288,3 +288,17 @@ def test_a_slice_made_before_a_restart_is_removed_whole(regions):
     again = Regions(regions.run_dir)
     assert again.remove(s.id)
     assert sched_files(regions, s) == set() and not regions.slice_dir(s.id).exists()
+
+
+def test_a_new_slices_req_replaces_whatever_had_its_name(regions):
+    """A new slice's .req is linked or mounted at its name straight away; something left at
+    that name (a crash's leftover) is cleared first, never kept."""
+    s = make_slice("cccccccccccc", n=1)
+    regions.prepare()
+    at = regions.sched_root / f"GPU-0.{slice_key_of(s.id, 0):016x}.req"
+    at.parent.mkdir(exist_ok=True)
+    at.write_bytes(b"stale")
+    regions.create(s)
+    own = regions.slice_dir(s.id) / at.name
+    assert (own.stat().st_dev, own.stat().st_ino) == (at.stat().st_dev, at.stat().st_ino)
+    assert at.stat().st_size != len(b"stale")
