@@ -207,8 +207,8 @@ class Regions:
             # No fsync: region directories need no durability of their own (run_dir is a
             # tmpfs on a real host, and every start remakes them from the store).
             final.mkdir(mode=_DIR_MODE)
-            self._bound(final, len(s.grants))
-            os.chmod(final, _DIR_MODE)
+            if not self._bound(final, len(s.grants)):
+                os.chmod(final, _DIR_MODE)  # mkdir's mode went through the umask
             for i in range(len(s.grants)):
                 self._create_file(final / region_name(i), s, i)
         except OSError as e:
@@ -225,10 +225,11 @@ class Regions:
         self._hold(s)
         return final
 
-    def _bound(self, path: Path, vgpus: int) -> None:
-        """Mount the slice's own tmpfs at its new directory (arbiter.slicefs)."""
+    def _bound(self, path: Path, vgpus: int) -> bool:
+        """Mount the slice's own tmpfs at its new directory (arbiter.slicefs), its root of
+        mode 0700; False when it cannot be (then the directory stays as it is)."""
         if not self.bounded:
-            return
+            return False
         size = slice_fs_bytes(vgpus, (REGION_SIZE, USAGE_SIZE, REQ_SIZE))
         try:
             mount_slice_fs(path, size, files=6 * vgpus + 2, mode=_DIR_MODE)
@@ -236,6 +237,8 @@ class Regions:
             if e.errno not in (errno.EPERM, errno.EACCES):
                 raise
             self._unbounded(path, e)
+            return False
+        return True
 
     def _unbounded(self, path: Path, e: OSError) -> None:
         self.bounded = False

@@ -18,13 +18,22 @@ __all__ = ["open_beside"]
 
 _seq = itertools.count()
 _TRIES = 1000
+_pid = os.getpid()  # asked once: a syscall per file otherwise; a fork's child asks again
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def open_beside(path: str | Path) -> tuple[int, str]:
     """(fd, name) of a new empty file `.<name>.<pid>-<n>.tmp` in path's directory, open
     read-write, mode 0600 (fchmod it); OSError as open(2) gives it."""
     head, tail = os.path.split(os.fspath(path))
-    prefix = os.path.join(head, f".{tail}.{os.getpid()}-")
+    prefix = os.path.join(head, f".{tail}.{_pid}-")
     for _ in range(_TRIES):
         tmp = f"{prefix}{next(_seq)}.tmp"
         try:

@@ -39,3 +39,18 @@ def test_names_that_are_there_are_skipped_not_opened(tmp_path):
     os.close(fd)
     assert tmp == f"{prefix}-{n + 4}.tmp"
     assert (tmp_path / "target").read_text() == "keep"
+
+
+def test_a_forked_child_names_files_with_its_own_pid(tmp_path):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its name, through the pipe
+        _fd, tmp = open_beside(tmp_path / "x")
+        os.write(w, tmp.encode())
+        os._exit(0)
+    os.close(w)
+    _, status = os.waitpid(pid, 0)
+    name = os.read(r, 4096).decode()
+    os.close(r)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.path.basename(name).startswith(f".x.{pid}-")
