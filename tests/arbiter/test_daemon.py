@@ -640,8 +640,9 @@ def test_gpu_seconds_of_a_slice_measured_by_libvgpu(vgpud, simgpu_env):
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     v = s.vgpus[0]
-    prefix = (f'vgpu_slice_gpu_seconds_total{{gpu="{v.gpu_index}",owner="c1",slice="{s.id}",'
-              f'uuid="{v.gpu_uuid}"}} ')
+    # Labels in the exposition's (sorted) order; a slice outside Kubernetes names no pod.
+    prefix = (f'vgpu_slice_gpu_seconds_total{{container="",gpu="{v.gpu_index}",namespace="",'
+              f'owner="c1",pod="",slice="{s.id}",uuid="{v.gpu_uuid}"}} ')
     [line] = [x for x in scrape(vgpud).splitlines() if x.startswith(prefix)]
     # At least the kernels' own time; a loaded machine may stretch the hold, not shrink it.
     assert 0.29 <= float(line.removeprefix(prefix)) < 30
