@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 #
 # tests/gpu/gpucheck-shares.sh [OUTDIR] - compute shares under libvgpu, read from the GPU's
-# own timeline (issue 24, part 2; about 70 s on an H200 for rows 1-9, about 2.5 min for rows 1-20).
+# own timeline (issue 24, part 2; about 70 s on an H200 for rows 1-9, about 2.5 min for rows 1-21).
 #
 # Each row starts its loads together (tests/gpu/gpucheck load: spin kernels that stamp
 # %globaltimer), each under LD_PRELOAD=$LIBVGPU (default build/libvgpu.so) with its own
@@ -25,6 +25,8 @@
 #   19   one process on two streams (500 us kernels), fixed 40, beside a greedy burst 60
 #   20   priority hand-over: high arrives 1.5 s into low's run; how long low's work ran on
 #        after high's first kernel began, and high's share from then
+#   21   graph launches: each 16 x 500 us kernels, captured in global mode while libvgpu's
+#        holder thread runs, fixed 40, beside a greedy burst 60
 #
 # OUTDIR (default ./gpucheck-shares-out) receives shares.txt (what was printed),
 # shares.tsv (title, load, target, achieved, idle %, overlap %, hand-overs, gap p50 us,
@@ -203,6 +205,8 @@ target_of() {
         "streams2 40 fixed 40 --kernel-us 500 --streams 2" "burst60 60 burst 60 $G200"
     row "priority hand-over, greedy 200 us: low burst 50, high burst 50 arrives 1.5 s later" \
         "low 50 burst/low - $G200" "high+1.5 50 burst/high - $G200"
+    row "graphs of 16 x 500 us kernels captured (global mode) during the run, fixed 40 + burst 60" \
+        "graph 40 fixed 40 --kernel-us 500 --graph 16" "burst60 60 burst 60 $G200"
 
     echo
     echo "$([ "$FAILED" = 0 ] && echo done || echo FAILED): $OUT/shares.tsv"

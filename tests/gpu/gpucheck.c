@@ -73,6 +73,8 @@ typedef struct CUevent_st *CUevent;
 typedef int CUjit_option;
 
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUarray_st *CUarray;
 typedef struct {
     int type; /* CU_MEM_LOCATION_TYPE_DEVICE */
@@ -109,6 +111,7 @@ typedef struct {
 #define CU_AD_FORMAT_FLOAT 0x20
 #define CU_MEM_ATTACH_GLOBAL 0x1
 #define CU_GET_PROC_ADDRESS_DEFAULT 0
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
 #define CUDA_ERROR_NOT_READY 600
 #define CU_CTX_SCHED_AUTO 0x00
@@ -185,7 +188,13 @@ typedef struct {
     X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                                             \
     X(cuMemFreeAsync, (CUdeviceptr, CUstream))                                                                        \
     X(cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))                                                   \
-    X(cuArrayDestroy, (CUarray))
+    X(cuArrayDestroy, (CUarray))                                                                                      \
+    X(cuStreamBeginCapture_v2, (CUstream, int))                                                                       \
+    X(cuStreamEndCapture, (CUstream, CUgraph *))                                                                      \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))                                      \
+    X(cuGraphLaunch, (CUgraphExec, CUstream))                                                                         \
+    X(cuGraphExecDestroy, (CUgraphExec))                                                                              \
+    X(cuGraphDestroy, (CUgraph))
 
 #define DECLARE(name, args) static CUresult(*name) args;
 CU_REQUIRED(DECLARE)
@@ -2224,13 +2233,15 @@ static int s_clock_end(struct gctx *g)
 
 /* ---- load mode: one process of a compute-share row (tests/gpu/gpucheck-shares.sh) ----
  *
- *   gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | --streams M]
- *                 [--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE
+ *   gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | --streams M |
+ *                 --graph G] [--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE
  *
  * Greedy (no --sync-every): spin(N us) kernels back to back, at most about Q us (default
  * 4000) queued, waited for in batches of about 1 ms through events; --streams M spreads
  * them round-robin over M streams, each with that queue (a load's share then counts
- * the union of its kernels' pieces: what ran at once counts once). A step loop: K
+ * the union of its kernels' pieces: what ran at once counts once); --graph G captures
+ * each batch of G kernels into a graph (global capture mode, during the run), instantiates
+ * and launches it (cuGraphLaunch), a graph at a time. A step loop: K
  * kernels, cuStreamSynchronize (--poll: cuStreamQuery until done), then U us of CPU
  * spinning. Every kernel stamps its start, its end and its holes (another context had the
  * GPU) into device memory, copied back in batches after the run, so what libvgpu adds
@@ -2297,7 +2308,7 @@ static void spin_cpu(uint64_t ns)
 
 static int load_main(int argc, char **argv)
 {
-    uint64_t kus = 0, sync_every = 0, gap_us = 0, queue_us = 4000, start_at = 0, nstreams = 1;
+    uint64_t kus = 0, sync_every = 0, gap_us = 0, queue_us = 4000, start_at = 0, nstreams = 1, graph_k = 0;
     double seconds = 0;
     int poll = 0;
     const char *stamps = NULL;
@@ -2322,6 +2333,8 @@ static int load_main(int argc, char **argv)
             queue_us = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--streams"))
             nstreams = strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--graph"))
+            graph_k = strtoull(v, NULL, 10);
         else if (!strcmp(a, "--seconds"))
             seconds = atof(v);
         else if (!strcmp(a, "--start-at"))
@@ -2333,9 +2346,11 @@ static int load_main(int argc, char **argv)
             return 2;
         }
     }
-    if (!kus || seconds <= 0 || !stamps || nstreams < 1 || nstreams > 4 || (nstreams > 1 && sync_every)) {
+    if (!kus || seconds <= 0 || !stamps || nstreams < 1 || nstreams > 4 || graph_k > 64 ||
+        ((nstreams > 1 || graph_k) && sync_every) || (nstreams > 1 && graph_k)) {
         fprintf(stderr, "usage: gpucheck load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | "
-                        "--streams 1-4] [--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE\n");
+                        "--streams 1-4 | --graph 1-64] [--queue-us Q] --seconds S [--start-at MONO_NS] "
+                        "--stamps FILE\n");
         return 2;
     }
     if (getenv("GPUCHECK_DEVICE"))
@@ -2362,6 +2377,13 @@ static int load_main(int argc, char **argv)
         batch = 1;
     if (batch > 64)
         batch = 64;
+    if (graph_k)
+        batch = graph_k;
+    if (graph_k && (!cuStreamBeginCapture_v2 || !cuStreamEndCapture || !cuGraphInstantiateWithFlags ||
+                    !cuGraphLaunch || !cuGraphExecDestroy || !cuGraphDestroy)) {
+        fprintf(stderr, "gpucheck load: the driver lacks the graph entry points\n");
+        return 2;
+    }
     if (depth < 1)
         depth = 1;
     uint64_t nb = depth / batch; /* batches kept in flight */
@@ -2371,6 +2393,11 @@ static int load_main(int argc, char **argv)
     if (nb > 64)
         nb = 64;
     CUstream st[4] = {g.s};
+    CUstream cs = NULL; /* --graph: the stream captured into */
+    CUgraph gring[65] = {0};
+    CUgraphExec xring[65] = {0};
+    if (graph_k)
+        CK(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
     for (uint64_t k = 0; k < nstreams; k++) {
         if (k)
             CK(cuStreamCreate(&st[k], CU_STREAM_NON_BLOCKING));
@@ -2395,9 +2422,31 @@ static int load_main(int argc, char **argv)
     } while (0)
     if (!sync_every) {
         while (n + batch * nstreams <= max && mono() < tend && !g_load_stop) {
-            /* Each stream has its own ~queue_us queued: a batch per stream, its own events. */
-            for (uint64_t k = 0; k < batch * nstreams; k++)
-                LAUNCH_ONE();
+            if (graph_k) {
+                /* A graph of K kernels, captured in global mode now, while libvgpu's threads
+                 * run, then launched. Its slot's previous graph has completed (its event
+                 * was waited for at the end of the previous round). */
+                uint64_t slot = b % (nb + 1), n0 = n;
+                if (xring[slot])
+                    CK(cuGraphExecDestroy(xring[slot]));
+                if (gring[slot])
+                    CK(cuGraphDestroy(gring[slot]));
+                xring[slot] = NULL;
+                gring[slot] = NULL;
+                CK(cuStreamBeginCapture_v2(cs, CU_STREAM_CAPTURE_MODE_GLOBAL));
+                for (uint64_t k = 0; k < batch; k++, n++)
+                    CK(launch(&g, cs, ns, d ? d + (CUdeviceptr)n * REC_BYTES : 0));
+                CK(cuStreamEndCapture(cs, &gring[slot]));
+                CK(cuGraphInstantiateWithFlags(&xring[slot], gring[slot], 0));
+                CK(cuGraphLaunch(xring[slot], st[0]));
+                if (tl)
+                    for (uint64_t i = n0; i < n; i++)
+                        tl[i] = mono();
+            } else {
+                /* Each stream has its own ~queue_us queued: a batch per stream, its own events. */
+                for (uint64_t k = 0; k < batch * nstreams; k++)
+                    LAUNCH_ONE();
+            }
             for (uint64_t k = 0; k < nstreams; k++)
                 CK(cuEventRecord(ev[k][b % (nb + 1)], st[k]));
             b++;
@@ -2424,6 +2473,12 @@ static int load_main(int argc, char **argv)
 #undef LAUNCH_ONE
     for (uint64_t k = 0; k < nstreams; k++)
         CK(cuStreamSynchronize(st[k]));
+    for (uint64_t i = 0; i <= nb && graph_k; i++) {
+        if (xring[i])
+            CK(cuGraphExecDestroy(xring[i]));
+        if (gring[i])
+            CK(cuGraphDestroy(gring[i]));
+    }
     uint64_t t1 = mono();
     char cpu[1024];
     thread_cpu(cpu, sizeof cpu);
@@ -2434,9 +2489,9 @@ static int load_main(int argc, char **argv)
     }
     fprintf(f,
             "# gpucheck-load pid=%d mode=%s kernel_us=%" PRIu64 " sync_every=%" PRIu64 " cpu_gap_us=%" PRIu64
-            " poll=%d streams=%" PRIu64 " queue_us=%" PRIu64 " kernels=%" PRIu64 " steps=%" PRIu64 " late_ms=%.3f run_s=%.3f"
+            " poll=%d streams=%" PRIu64 " graph=%" PRIu64 " queue_us=%" PRIu64 " kernels=%" PRIu64 " steps=%" PRIu64 " late_ms=%.3f run_s=%.3f"
             " preload=%s cpu_s=%s\n",
-            (int)getpid(), g_stamps ? "gpu-timeline" : "host-only", kus, sync_every, gap_us, poll, nstreams, queue_us, n,
+            (int)getpid(), g_stamps ? "gpu-timeline" : "host-only", kus, sync_every, gap_us, poll, nstreams, graph_k, queue_us, n,
             steps, late_ms, (double)(t1 - t0) / 1e9, getenv("LD_PRELOAD") && *getenv("LD_PRELOAD") ? "yes" : "no",
             cpu);
     uint64_t chunk = 8192, missing = 0; /* 8 MiB of records at a time */
@@ -3373,7 +3428,7 @@ int main(int argc, char **argv)
     }
     if (argc > 1 && (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0)) {
         printf("usage: %s [OUTDIR]   (GPUCHECK_DEVICE=N picks the device; default 0)\n"
-               "       %s load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | --streams M]\n"
+               "       %s load --kernel-us N [--sync-every K [--cpu-gap-us U] [--poll] | --streams M | --graph G]\n"
                "                [--queue-us Q] --seconds S [--start-at MONO_NS] --stamps FILE\n"
                "       %s shares [--warm S] [--window S] [--title T] [--timeline FILE] [--tsv FILE]\n"
                "                NAME TARGET STAMPS [NAME TARGET STAMPS ...]\n"

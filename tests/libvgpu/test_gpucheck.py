@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The real-GPU check (tests/gpu/gpucheck-all.sh, issue 24) run on simgpu, as CI can.
 
-The same program and runner a GPU machine runs: here with 1 s share windows and four of
+The same program and runner a GPU machine runs: here with 1 s share windows and five of
 the share rows, so that a first run on a GPU only measures. About 30 s on two cores.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ MEMORY_CHECKS = {
 
 def gpucheck_all(env: dict[str, str], out: Path, timeout: float = 240,
                  **extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-    env = dict(env, GPUCHECK_WINDOW="1", GPUCHECK_WARM="0.3", GPUCHECK_ROWS="1 4 5 18",
+    env = dict(env, GPUCHECK_WINDOW="1", GPUCHECK_WARM="0.3", GPUCHECK_ROWS="1 4 5 18 21",
                GPUCHECK_LIMIT_MIB="512", LIBVGPU=str(LIBVGPU), **extra)
     p = run([str(RUNNER), str(out)], env=env, timeout=timeout, check=False)
     return p, json.loads((out / "gpucheck-all.json").read_text())
@@ -72,10 +72,12 @@ def test_one_command_gives_every_part_in_one_json(full_run):
     # 2. the share rows asked for, each load with its achieved share
     loads = {(r["row"].split(".")[0], r["load"]): r for r in j["shares"]}
     assert set(loads) == {("1", "fixed30"), ("1", "burst70"), ("4", "step"), ("5", "step"),
-                          ("18", "high"), ("18", "low")}
+                          ("18", "high"), ("18", "low"), ("21", "graph"), ("21", "burst60")}
     assert all(r["achieved"] is not None for r in j["shares"])
     # the priority pair: the high one has the GPU, the low one waits
     assert loads["18", "high"]["achieved"] > loads["18", "low"]["achieved"]
+    # graphs captured in global mode during the run, under a limit: captured, launched, run
+    assert loads["21", "graph"]["kernels"] > 0
     # the tables beside the JSON
     text = (out / "gpucheck-all.txt").read_text()
     for title in ("1. the GPU without libvgpu", "2. compute shares", "3. interception coverage",
