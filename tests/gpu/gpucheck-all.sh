@@ -4,7 +4,7 @@
 # tests/gpu/gpucheck-all.sh [OUTDIR] - the real-GPU check in one command (issue 24): the GPU
 # without libvgpu, compute shares under libvgpu, interception coverage, memory limits. About
 # 3 minutes on one GPU (hardware ~12 s and share rows 1-9 ~70 s measured on an H200; rows
-# 10-21 about 95 s more, estimated; 152 s on simgpu for rows 1-18); no network, no Python.
+# 10-21 about 95 s more, estimated; 175 s on simgpu); no network, no Python.
 #
 #   1. hardware   tests/gpu/gpucheck.sh OUTDIR/hardware           (no libvgpu)
 #   2. shares     tests/gpu/gpucheck-shares.sh OUTDIR/shares      (libvgpu, VGPU_SCHED_DIR)
