@@ -311,6 +311,7 @@ CUresult cuMemPoolDestroy(CUmemoryPool pool);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream);
 CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep);
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool);
 
 CUresult cuArrayCreate_v2(CUarray *pHandle, const CUDA_ARRAY_DESCRIPTOR *pAllocateArray);
 CUresult cuArray3DCreate_v2(CUarray *pHandle, const CUDA_ARRAY3D_DESCRIPTOR *pAllocateArray);
@@ -362,6 +363,7 @@ CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode);
 
 /* Further entry points simgpu implements (signatures as in the CUDA 13 cuda.h). */
 CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev);
+CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev);
 CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active);
 CUresult cuCtxGetFlags(unsigned int *flags);
 CUresult cuCtxSynchronize_v2(CUcontext ctx);

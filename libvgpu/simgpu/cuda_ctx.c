@@ -316,6 +316,7 @@ SIMGPU_API CUresult cuCtxSynchronize(void)
     if (rc != CUDA_SUCCESS)
         return rc;
     sg_ctx_wait(c);
+    sg_pool_sync();
     return CUDA_SUCCESS;
 }
 
@@ -351,8 +352,10 @@ SIMGPU_API CUresult cuCtxSynchronize_v2(CUcontext ctx)
     CUresult rc = ctx_or_current(ctx, &c);
     if (rc == CUDA_SUCCESS)
         rc = sg_capture_guard(NULL, c, 0);
-    if (rc == CUDA_SUCCESS)
+    if (rc == CUDA_SUCCESS) {
         sg_ctx_wait(c);
+        sg_pool_sync();
+    }
     return rc;
 }
 

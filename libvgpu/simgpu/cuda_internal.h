@@ -100,9 +100,14 @@ void sg_range_release(const struct sg_range *r);
 uint64_t sg_context_overhead(void);
 
 /* ---- memory pools (cuda_pool.c) ---- */
-/* Count an allocation of size bytes in pool p / uncount it when released. */
-void sg_pool_charge(struct sg_pool *p, size_t size);
+/* Count an allocation of size bytes in pool p, charging the device for what the
+ * pool's freed bytes do not cover: 0, or -1 (device out of memory). */
+int sg_pool_charge(struct sg_pool *p, size_t size);
+/* Uncount it when freed: the bytes stay reserved in the pool (pending). */
 void sg_pool_release(struct sg_pool *p, size_t size);
+/* A stream, event or context sync: pending frees are observed, and every pool
+ * above its release threshold gives cached bytes back to the device. */
+void sg_pool_sync(void);
 
 /* ---- contexts and streams (cuda_ctx.c, cuda_stream.c) ---- */
 struct sg_graph;

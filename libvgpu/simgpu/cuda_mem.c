@@ -49,8 +49,11 @@ CUresult sg_dev_alloc_in(int dev, size_t size, int kind, struct sg_ctx *ctx, str
 {
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
-    int charged = !(kind & (SG_KIND_HOST | SG_KIND_RESERVE));
+    /* A pool charges the device itself, for what its freed bytes do not cover. */
+    int charged = !pool && !(kind & (SG_KIND_HOST | SG_KIND_RESERVE));
     if (charged && simgpu_mem_charge(sg_phys(dev), size) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pool && sg_pool_charge(pool, size) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     size_t len = page_round(size);
     void *p = len < size ? MAP_FAILED
@@ -59,11 +62,7 @@ CUresult sg_dev_alloc_in(int dev, size_t size, int kind, struct sg_ctx *ctx, str
         goto fail;
     struct sg_range r = {
         .base = (uintptr_t)p, .size = size, .maplen = len, .dev = dev, .kind = kind, .ctx = ctx, .pool = pool};
-    if (pool)
-        sg_pool_charge(pool, size); /* before the range is visible, so a racing free finds it counted */
     if (sg_range_add(&r) != 0) {
-        if (pool)
-            sg_pool_release(pool, size);
         munmap(p, len);
         goto fail;
     }
@@ -72,6 +71,8 @@ CUresult sg_dev_alloc_in(int dev, size_t size, int kind, struct sg_ctx *ctx, str
 fail:
     if (charged)
         simgpu_mem_uncharge(sg_phys(dev), size);
+    if (pool)
+        sg_pool_release(pool, size); /* stays reserved in the pool, as a free would */
     return CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -80,10 +81,10 @@ void sg_range_release(const struct sg_range *r)
     if (r->kind == SG_KIND_RESERVE)
         return; /* reservations belong to no context; cuMemAddressFree frees them */
     munmap((void *)r->base, r->maplen);
-    if (r->kind & SG_KIND_DEVICE)
-        simgpu_mem_uncharge(sg_phys(r->dev), r->size);
     if (r->pool)
-        sg_pool_release(r->pool, r->size);
+        sg_pool_release(r->pool, r->size); /* the pool keeps the bytes reserved */
+    else if (r->kind & SG_KIND_DEVICE)
+        simgpu_mem_uncharge(sg_phys(r->dev), r->size);
 }
 
 CUresult sg_dev_free(CUdeviceptr ptr, int kinds)

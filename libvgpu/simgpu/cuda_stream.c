@@ -230,6 +230,7 @@ SIMGPU_API CUresult cuStreamSynchronize(CUstream hStream)
     } else {
         simgpu_wait_for(atomic_load(&s->last_end), called, SIMGPU_YIELD);
     }
+    sg_pool_sync();
     return CUDA_SUCCESS;
 }
 
@@ -465,10 +466,12 @@ SIMGPU_API CUresult cuEventSynchronize(CUevent hEvent)
             simgpu_tickets_wait(dev, &t, 1, called, how); /* the event's hold keeps its time */
             int recorded;
             event_resolve(e, &recorded);
+            sg_pool_sync();
             return CUDA_SUCCESS;
         }
     }
     simgpu_wait_for(atomic_load(&e->t_ns), called, how); /* never recorded: 0, at once */
+    sg_pool_sync();
     return CUDA_SUCCESS;
 }
 

@@ -85,6 +85,7 @@ VG_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)
     if (r != CUDA_SUCCESS || !free || !total || vg_ready() != CUDA_SUCCESS || !vg_region(dev))
         return r;
     uint64_t t = min_u64(vg_limit(dev), *total);
+    vg_pools_reconcile(dev, 0); /* what pools hold counts, as the driver reports it now */
     uint64_t used = vg_used(dev);
     *total = (size_t)t;
     /* The physical GPU may have less free than the slice (others use it too). */

@@ -157,6 +157,8 @@ VG_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph)
         struct vg_sync s_ = vg_sched_sync(1, close);                           \
         CUresult rc_ = call;                                                   \
         vg_sched_synced(s_, rc_ == CUDA_SUCCESS);                              \
+        if (rc_ == CUDA_SUCCESS)                                               \
+            vg_pools_reconcile(-1, 0); /* pools release at syncs */            \
         return rc_;                                                            \
     } while (0)
 

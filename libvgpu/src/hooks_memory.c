@@ -3,7 +3,8 @@
  * hooks_memory.c - every device allocation path charges the slice first and
  * allocates only if the charge fit; every free gives back what was charged.
  * An allocation past the limit returns CUDA_ERROR_OUT_OF_MEMORY and the
- * driver is never asked, so nothing is allocated.
+ * driver is never asked, so nothing is allocated. A free into a memory pool
+ * keeps its bytes charged while the pool holds them (pools.c).
  */
 #include "../common/vg_array.h"
 #include "vgpu_internal.h"
@@ -23,7 +24,7 @@ int vg_current_device(void)
         CUresult ready_ = vg_ready();                     \
         if (ready_ != CUDA_SUCCESS)                       \
             return ready_;                                \
-        if (vg_charge((dev), (bytes)) != 0)               \
+        if (vg_pools_make_room((dev), (bytes)) != 0)      \
             return CUDA_ERROR_OUT_OF_MEMORY;              \
     } while (0)
 
@@ -64,9 +65,29 @@ VG_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytesize);
 }
 
+/* A free of pool memory (cuMemFreeAsync, or cuMemFree of it): the pool keeps the
+ * bytes, so they stay charged as the pool's (pools.c). Not pool memory: -1. */
+static int free_pooled(CUdeviceptr dptr, CUresult (*real_free)(CUdeviceptr, CUstream), CUstream hStream,
+                       CUresult *r)
+{
+    int slot;
+    uint64_t bytes;
+    if (vg_allocs_take(VG_ALLOC_ASYNC, dptr, &slot, &bytes) != 0)
+        return -1;
+    *r = real_free ? real_free(dptr, hStream) : REAL(cuMemFree_v2)(dptr);
+    if (*r == CUDA_SUCCESS)
+        vg_pools_freed(slot, bytes);
+    else
+        vg_allocs_put(VG_ALLOC_ASYNC, dptr, slot, bytes);
+    return 0;
+}
+
 VG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     VG_PASSTHROUGH_IF_INERT(cuMemFree_v2, dptr);
+    CUresult r;
+    if (free_pooled(dptr, NULL, NULL, &r) == 0)
+        return r;
     FREE_TRACKED(VG_ALLOC_PTR, dptr, REAL(cuMemFree_v2)(dptr));
 }
 
@@ -130,7 +151,17 @@ VG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     FREE_TRACKED(VG_ALLOC_VMM, handle, REAL(cuMemRelease)(handle));
 }
 
-/* ---- stream-ordered allocations ---- */
+/* ---- stream-ordered allocations: charged at the allocation; a free into the pool
+ * keeps them charged until the pool releases them (pools.c) ---- */
+
+static CUresult alloc_pooled(CUresult r, CUdeviceptr *dptr, int slot, int dev, uint64_t bytes)
+{
+    if (r != CUDA_SUCCESS || slot < 0)
+        return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytes);
+    vg_pools_allocated(slot, bytes);
+    vg_allocs_put(VG_ALLOC_ASYNC, *dptr, slot, bytes);
+    return r;
+}
 
 static CUresult alloc_async(CUresult (*real)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t bytesize,
                             CUstream hStream)
@@ -138,9 +169,12 @@ static CUresult alloc_async(CUresult (*real)(CUdeviceptr *, size_t, CUstream), C
     int dev = vg_current_device();
     if (!dptr || bytesize == 0 || dev < 0)
         return real(dptr, bytesize, hStream);
+    CUmemoryPool pool = vg_pools_current(dev);
+    int slot = vg_pools_slot(pool, dev);
+    if (pool && slot < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* too many pools to account for: fail closed */
     CHARGE_OR_OOM(dev, bytesize);
-    CUresult r = real(dptr, bytesize, hStream);
-    return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytesize);
+    return alloc_pooled(real(dptr, bytesize, hStream), dptr, slot, dev, bytesize);
 }
 
 VG_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -158,12 +192,18 @@ VG_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUst
 VG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     VG_PASSTHROUGH_IF_INERT(cuMemFreeAsync, dptr, hStream);
+    CUresult r;
+    if (free_pooled(dptr, REAL(cuMemFreeAsync), hStream, &r) == 0)
+        return r;
     FREE_TRACKED(VG_ALLOC_PTR, dptr, REAL(cuMemFreeAsync)(dptr, hStream));
 }
 
 VG_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
     VG_PASSTHROUGH_IF_INERT(cuMemFreeAsync_ptsz, dptr, hStream);
+    CUresult r;
+    if (free_pooled(dptr, REAL(cuMemFreeAsync_ptsz), hStream, &r) == 0)
+        return r;
     FREE_TRACKED(VG_ALLOC_PTR, dptr, REAL(cuMemFreeAsync_ptsz)(dptr, hStream));
 }
 
@@ -173,31 +213,49 @@ VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poo
     VG_PASSTHROUGH_IF_INERT(cuMemPoolCreate, pool, poolProps);
     CUresult r = REAL(cuMemPoolCreate)(pool, poolProps);
     if (r == CUDA_SUCCESS && poolProps && poolProps->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        vg_allocs_put(VG_ALLOC_POOL, (uint64_t)(uintptr_t)*pool, poolProps->location.id, 0);
+        vg_pools_slot(*pool, poolProps->location.id);
     return r;
 }
 
-static int pool_device(CUmemoryPool pool)
+VG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
-    int dev;
-    uint64_t unused;
-    /* take + put: the table has no peek, and pools are not a hot path. */
-    if (vg_allocs_take(VG_ALLOC_POOL, (uint64_t)(uintptr_t)pool, &dev, &unused) == 0) {
-        vg_allocs_put(VG_ALLOC_POOL, (uint64_t)(uintptr_t)pool, dev, 0);
-        return dev;
-    }
-    return vg_current_device(); /* a device's default pool */
+    VG_PASSTHROUGH_IF_INERT(cuMemPoolDestroy, pool);
+    CUresult r = REAL(cuMemPoolDestroy)(pool);
+    if (r == CUDA_SUCCESS)
+        vg_pools_destroyed(pool);
+    return r;
+}
+
+VG_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    VG_PASSTHROUGH_IF_INERT(cuMemPoolTrimTo, pool, minBytesToKeep);
+    CUresult r = REAL(cuMemPoolTrimTo)(pool, minBytesToKeep);
+    if (r == CUDA_SUCCESS)
+        vg_pools_reconcile_pool(pool); /* give back at once what the trim released */
+    return r;
+}
+
+VG_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
+{
+    VG_PASSTHROUGH_IF_INERT(cuDeviceSetMemPool, dev, pool);
+    CUresult r = REAL(cuDeviceSetMemPool)(dev, pool);
+    if (r == CUDA_SUCCESS)
+        vg_pools_set_current(dev, pool);
+    return r;
 }
 
 static CUresult alloc_from_pool(CUresult (*real)(CUdeviceptr *, size_t, CUmemoryPool, CUstream), CUdeviceptr *dptr,
                                 size_t bytesize, CUmemoryPool pool, CUstream hStream)
 {
-    int dev = pool_device(pool);
-    if (!dptr || bytesize == 0 || dev < 0)
+    /* A pool not seen before is a device's default pool: the current device's. */
+    int slot = pool ? vg_pools_slot(pool, vg_current_device()) : -1;
+    int dev = slot >= 0 ? vg_pools_slot_dev(slot) : vg_current_device();
+    if (!dptr || !pool || bytesize == 0 || dev < 0)
         return real(dptr, bytesize, pool, hStream);
+    if (slot < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* too many pools to account for: fail closed */
     CHARGE_OR_OOM(dev, bytesize);
-    CUresult r = real(dptr, bytesize, pool, hStream);
-    return finish_alloc(r, VG_ALLOC_PTR, r == CUDA_SUCCESS ? *dptr : 0, dev, bytesize);
+    return alloc_pooled(real(dptr, bytesize, pool, hStream), dptr, slot, dev, bytesize);
 }
 
 VG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hStream)

@@ -53,6 +53,7 @@ static void slice_view(int idx, unsigned long long *total, unsigned long long *f
 {
     uint64_t limit = vg_limit(idx);
     uint64_t t = limit < *total ? limit : *total;
+    vg_pools_reconcile(idx, 0); /* what pools hold counts, as the driver reports it now */
     uint64_t u = vg_used(idx);
     *total = t;
     *used = u < t ? u : t;

@@ -123,10 +123,30 @@ int vg_region_count(void);
 int vg_region_by_uuid(const char *uuid);
 
 /* ---- allocs.c: what this process allocated, to uncharge exactly ---- */
-enum vg_alloc_kind { VG_ALLOC_PTR = 0, VG_ALLOC_VMM, VG_ALLOC_ARRAY, VG_ALLOC_CTX, VG_ALLOC_POOL, VG_ALLOC_KINDS };
+/* VG_ALLOC_ASYNC: allocations from a memory pool, whose dev field is the pool's slot (pools.c). */
+enum vg_alloc_kind { VG_ALLOC_PTR = 0, VG_ALLOC_VMM, VG_ALLOC_ARRAY, VG_ALLOC_CTX, VG_ALLOC_ASYNC, VG_ALLOC_KINDS };
 int vg_allocs_put(enum vg_alloc_kind kind, uint64_t key, int dev, uint64_t bytes);
 /* Remove key; returns 0 and fills dev/bytes, or -1 when unknown. */
 int vg_allocs_take(enum vg_alloc_kind kind, uint64_t key, int *dev, uint64_t *bytes);
+
+/* ---- pools.c: what memory pools keep reserved stays charged ---- */
+/* The slot of pool (registered on first sight, on dev), or -1 (NULL pool, table full). */
+int vg_pools_slot(CUmemoryPool pool, int dev);
+int vg_pools_slot_dev(int slot);
+/* The pool cuMemAllocAsync takes from on dev (the current one, else the default), or NULL. */
+CUmemoryPool vg_pools_current(int dev);
+void vg_pools_set_current(int dev, CUmemoryPool pool);
+/* An allocation from the slot's pool succeeded / was freed into it (it stays charged). */
+void vg_pools_allocated(int slot, uint64_t bytes);
+void vg_pools_freed(int slot, uint64_t bytes);
+/* Give back what the driver says pools on dev (-1: all) no longer reserve; trim: ask
+ * them to release what they can first. */
+void vg_pools_reconcile(int dev, int trim);
+void vg_pools_reconcile_pool(CUmemoryPool pool);
+void vg_pools_destroyed(CUmemoryPool pool);
+/* vg_charge, and when it does not fit, trim and re-read the pools (syncing the context
+ * for frees not yet observed) and charge again: 0 or -1. */
+int vg_pools_make_room(int dev, uint64_t bytes);
 
 /* ---- shared_file.c ---- */
 /* Create `path` (size bytes, filled by fill(map, arg)) under a temporary name and

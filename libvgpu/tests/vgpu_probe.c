@@ -6,7 +6,7 @@
  * them (--via): the linked symbols, dlopen+dlsym, or cuGetProcAddress_v2.
  *
  *   vgpu_probe [--via direct|dlsym|procaddr] [--device N] OP...
- *   OP: alloc:KIND:BYTES  free  freeall  info  count  fill:KIND:BYTES
+ *   OP: alloc:KIND:BYTES  free  freeall  sync  info  count  fill:KIND:BYTES
  *       churn:KIND:BYTES:N  ctx:create  ctx:destroy  device:N  nvml
  *       hold  sleep:MS  launch:KERNEL:N  bench_launch:N  bench_alloc:BYTES:N  over_alloc:BYTES:N
  *   KIND: mem pitch managed vmm async pool array array3d mipmap
@@ -30,6 +30,7 @@ static struct {
     FN(CtxSetCurrent, CUresult, (CUcontext));
     FN(CtxCreate, CUresult, (CUcontext *, unsigned, CUdevice));
     FN(CtxDestroy, CUresult, (CUcontext));
+    FN(CtxSynchronize, CUresult, (void));
     FN(MemGetInfo, CUresult, (size_t *, size_t *));
     FN(MemAlloc, CUresult, (CUdeviceptr *, size_t));
     FN(MemFree, CUresult, (CUdeviceptr));
@@ -91,6 +92,7 @@ static uint64_t now_ns(void)
     X(PrimaryCtxRetain, cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain)                                        \
     X(CtxSetCurrent, cuCtxSetCurrent, cuCtxSetCurrent) X(CtxCreate, cuCtxCreate_v2, cuCtxCreate)                   \
     X(CtxDestroy, cuCtxDestroy_v2, cuCtxDestroy) X(MemGetInfo, cuMemGetInfo_v2, cuMemGetInfo)                      \
+    X(CtxSynchronize, cuCtxSynchronize, cuCtxSynchronize)                                                          \
     X(MemAlloc, cuMemAlloc_v2, cuMemAlloc) X(MemFree, cuMemFree_v2, cuMemFree)                                     \
     X(MemAllocPitch, cuMemAllocPitch_v2, cuMemAllocPitch) X(MemAllocManaged, cuMemAllocManaged, cuMemAllocManaged) \
     X(MemCreate, cuMemCreate, cuMemCreate) X(MemRelease, cuMemRelease, cuMemRelease)                               \
@@ -337,6 +339,9 @@ int main(int argc, char **argv)
                     die("free", r);
             }
             printf("{\"op\":\"freeall\"}\n");
+        } else if (strcmp(op, "sync") == 0) {
+            /* a sync observes stream-ordered frees: pools release what they keep then */
+            printf("{\"op\":\"sync\",\"result\":\"%s\"}\n", errname(cu.CtxSynchronize()));
         } else if (sscanf(op, "fill:%15[^:]:%llu", kind, &bytes) == 2) {
             char k = kind_code(kind);
             unsigned count = 0;

@@ -88,7 +88,8 @@ def test_every_allocation_path_stops_at_the_limit(kind, simgpu_env, vgpu_env):
     finally:
         holder.kill()
         holder.wait()
-    lines = probe(vgpu_env, f"fill:{kind}:{16 * MiB}", "info", "freeall", "info")
+    # The sync: a memory pool keeps stream-ordered frees until one (docs/libvgpu.md).
+    lines = probe(vgpu_env, f"fill:{kind}:{16 * MiB}", "info", "freeall", "sync", "info")
     fill = last(lines, "fill")
     assert fill["count"] == 16
     assert fill["result"] == "CUDA_ERROR_OUT_OF_MEMORY"
