@@ -26,9 +26,15 @@ LIBS := $(B)/libvgpu.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
 .PHONY: all clean demo test bench deps lint proto proto image check-glibc
 all: $(LIBS) $(B)/simgpu/libcuda.so $(B)/simgpu/libnvidia-ml.so $(TEST_BIN)
 
+# libvgpu.so runs inside workload images with an older glibc than the build's: its glibc
+# symbols are bound to old versions (libvgpu/common/vg_glibc.h), found before glibc 2.34 in
+# libdl.so.2 and libpthread.so.0, which it therefore names (see GLIBC_BASELINE below).
+VGPU_GLIBC := -include libvgpu/common/vg_glibc.h
+VGPU_LDLIBS := -Wl,--no-as-needed -l:libdl.so.2 -l:libpthread.so.0 -Wl,--as-needed $(LDLIBS)
+
 $(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -shared -Wl,-soname,libvgpu.so -o $@ $(VGPU_SRC) $(LDLIBS)
+	$(CC) $(CFLAGS) $(VGPU_GLIBC) -shared -Wl,-soname,libvgpu.so -o $@ $(VGPU_SRC) $(VGPU_LDLIBS)
 
 $(B)/simgpu/libcuda.so.1: $(CUDA_SRC) $(HEADERS)
 	@mkdir -p $(@D)
@@ -124,6 +130,9 @@ NATIVE_COMMON := $(NATIVE_DIR)/vg_common.c
 NATIVE_CLIENT := $(NATIVE_COMMON) $(NATIVE_DIR)/vg_msg.c $(NATIVE_DIR)/vg_spec.c
 NATIVE_HDRS   := $(wildcard $(NATIVE_DIR)/*.h) Makefile
 NATIVE_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -D_GNU_SOURCE
+# Static: they run on the node, whatever its glibc (the image's build is Debian 12's); they
+# use nothing of glibc that needs it dynamic (no NSS, no dlopen).
+NATIVE_LDFLAGS := -static
 NATIVE_BIN    := $(B)/bin/vgpu-runtime $(B)/bin/vgpu-hook $(B)/bin/containerd-shim-vgpu-v2 \
                  $(B)/bin/shim/runc $(B)/bin/vgpu-broker
 
@@ -133,15 +142,15 @@ native: $(NATIVE_BIN)
 
 $(B)/bin/vgpu-runtime: $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_DIR)/vg_runc.c $(NATIVE_DIR)/vg_exec.c $(NATIVE_CLIENT) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) -o $@ $(filter %.c,$^) -lm
+	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
 
 $(B)/bin/vgpu-hook: $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_CLIENT) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) -o $@ $(filter %.c,$^) -lm
+	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
 
 $(B)/bin/containerd-shim-vgpu-v2: $(NATIVE_DIR)/containerd_shim.c $(NATIVE_DIR)/vg_exec.c $(NATIVE_COMMON) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) -o $@ $(filter %.c,$^) -lm
+	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
 
 # A copy, not a link: it survives packaging as it is, and vgpu-runtime skips it (as
 # its own file, and as $$VGPU_SHIM_BIN) when it looks for the real runc.
@@ -155,12 +164,12 @@ BROKER_SRC := libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c libvgpu/src/poli
 $(B)/bin/vgpu-broker: $(BROKER_SRC) libvgpu/src/broker.h libvgpu/src/policy.h libvgpu/include/vgpu_sched.h \
                       libvgpu/include/vgpu_timing.h Makefile
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) -pthread -o $@ $(BROKER_SRC)
+	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -pthread -o $@ $(BROKER_SRC)
 
 # The oldest glibc the shipped native files run on (docs/kubernetes.md#the-image):
 # libvgpu.so is preloaded into workload images and the programs run on the node, so a
 # build that needs a newer GLIBC_x.y symbol (another compiler or base image) fails here.
-GLIBC_BASELINE := 2.34
+GLIBC_BASELINE := 2.17
 check-glibc: $(B)/libvgpu.so $(NATIVE_BIN)
 	python3 scripts/check-glibc.py $(GLIBC_BASELINE) $(B)/libvgpu.so $(NATIVE_BIN)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from support.paths import ROOT
 
-__all__ = ["BASE_PACKAGES", "CACHE", "base_tarball", "wheelhouse"]
+__all__ = ["BASE_PACKAGES", "CACHE", "base_tarball", "debian_tarball", "wheelhouse"]
 
 CACHE = Path(os.environ.get("VGPU_TEST_CACHE") or Path.home() / ".cache" / "vgpu-tests")
 SUITE = "bookworm"   # Debian 12: the base the Containerfile names
@@ -62,18 +62,18 @@ def _cached(name: str, make: Callable[[Path], None]) -> Path:
     return path
 
 
-def base_tarball() -> Path:
-    """A plain tar of a Debian 12 rootfs (debootstrap minbase with BASE_PACKAGES), for
-    `podman import`: the stand-in for docker.io/library/debian:12-slim."""
-    key = _digest(SUITE, MIRROR, "minbase", ",".join(BASE_PACKAGES))
+def debian_tarball(suite: str, packages: tuple[str, ...] = ()) -> Path:
+    """A plain tar of a Debian rootfs of `suite` (debootstrap minbase, plus `packages`),
+    made once and kept in the cache."""
+    key = _digest(suite, MIRROR, "minbase", ",".join(packages))
 
     def make(tmp: Path) -> None:
         if shutil.which("debootstrap") is None:
             raise FileNotFoundError("debootstrap is missing: apt-get install debootstrap")
         root = tmp / "rootfs"
-        p = subprocess.run(["debootstrap", "--variant=minbase",
-                            f"--include={','.join(BASE_PACKAGES)}", SUITE, str(root), MIRROR],
-                           capture_output=True, text=True, timeout=1200)
+        include = [f"--include={','.join(packages)}"] if packages else []
+        p = subprocess.run(["debootstrap", "--variant=minbase", *include, suite, str(root),
+                            MIRROR], capture_output=True, text=True, timeout=1200)
         if p.returncode != 0:
             raise RuntimeError(f"debootstrap exited {p.returncode}:\n{p.stdout[-3000:]}"
                                f"{p.stderr[-3000:]}")
@@ -82,7 +82,13 @@ def base_tarball() -> Path:
             deb.unlink()
         subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(tmp / "out"),
                         "."], check=True)
-    return _cached(f"debian-{SUITE}-{key}.tar", make)
+    return _cached(f"debian-{suite}-{key}.tar", make)
+
+
+def base_tarball() -> Path:
+    """A plain tar of a Debian 12 rootfs (debootstrap minbase with BASE_PACKAGES), for
+    `podman import`: the stand-in for docker.io/library/debian:12-slim."""
+    return debian_tarball(SUITE, BASE_PACKAGES)
 
 
 def _requirements() -> list[str]:
