@@ -22,7 +22,6 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cri import ContainerSpec, Cri, Pod, PodSpec
 from support.engines import CriContainerd, engine_env, point_at, require, vgpu_bin_dir
-from support.images import build_oci_archive, build_pause_archive
 from support.paths import ROOT
 from support.process import clean_env
 from support.vgpud_harness import pb, simgpu_vgpud
@@ -67,9 +66,7 @@ def node(tmp_path_factory):
     containerd = DefaultVgpuContainerd(tmp / "containerd", env, PAUSE)
     cri = None
     try:
-        containerd.start()
-        containerd.import_image(build_pause_archive(tmp / "pause.tar", PAUSE))
-        containerd.import_image(build_oci_archive(tmp / "image.tar", IMAGE))
+        containerd.start_with_images(IMAGE)
         cri = Cri(containerd.socket)
         yield tmp, sim, vgpud, containerd, cri
     finally:

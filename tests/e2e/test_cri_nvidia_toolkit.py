@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from support.cri import ContainerSpec, Cri, PodSpec, read_log
 from support.engines import CriContainerd, engine_env, point_at, require, vgpu_bin_dir
-from support.images import build_oci_archive, build_pause_archive
 from support.vgpud_harness import pb, simgpu_vgpud
 
 require("containerd", "ctr", "containerd-shim-runc-v2", "runc", "gcc")
@@ -82,9 +81,7 @@ def world(tmp_path_factory):
     containerd = CriContainerd(tmp / "containerd", env, PAUSE)
     cri = None
     try:
-        containerd.start()
-        containerd.import_image(build_pause_archive(tmp / "pause.tar", PAUSE))
-        containerd.import_image(build_oci_archive(tmp / "image.tar", IMAGE))
+        containerd.start_with_images(IMAGE)
         cri = Cri(containerd.socket)
         yield cri, vgpud, sim, record, tmp
     finally:

@@ -21,7 +21,6 @@ import grpc
 import pytest
 from support.cri import ContainerSpec, Cri, Pod, PodSpec, api, read_log
 from support.engines import CriContainerd, engine_env, point_at, require, vgpu_bin_dir
-from support.images import build_oci_archive, build_pause_archive
 from support.vgpud_harness import pb, simgpu_vgpud
 
 require("containerd", "ctr", "containerd-shim-runc-v2", "runc", "gcc")  # gcc: the pause image
@@ -57,9 +56,7 @@ class World:
         self.cri: Cri | None = None
 
     def start(self) -> World:
-        self.containerd.start()
-        self.containerd.import_image(build_pause_archive(self.tmp / "pause.tar", PAUSE))
-        self.containerd.import_image(build_oci_archive(self.tmp / "image.tar", IMAGE))
+        self.containerd.start_with_images(IMAGE)
         self.cri = Cri(self.containerd.socket)
         return self
 

@@ -32,7 +32,6 @@ import grpc
 import pytest
 from support.cri import ContainerSpec, Cri, Pod, PodSpec, api, read_log
 from support.engines import CriContainerd, engine_env, point_at, require, vgpu_bin_dir
-from support.images import build_oci_archive, build_pause_archive
 from support.paths import LIBVGPU, NATIVE_BIN
 from support.vgpud_harness import pb, simgpu_vgpud
 
@@ -73,9 +72,7 @@ class World:
         self.cri: Cri | None = None
 
     def start(self) -> World:
-        self.containerd.start()
-        self.containerd.import_image(build_pause_archive(self.tmp / "pause.tar", PAUSE))
-        self.containerd.import_image(build_oci_archive(self.tmp / "image.tar", IMAGE))
+        self.containerd.start_with_images(IMAGE)
         self.cri = Cri(self.containerd.socket)
         return self
 

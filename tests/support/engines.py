@@ -294,6 +294,15 @@ class CriContainerd(Containerd):
         """Import an OCI archive into CRI's namespace (unpacked for its snapshotter)."""
         self.ctr("images", "import", str(archive))
 
+    def start_with_images(self, image: str, timeout: float = 30) -> CriContainerd:
+        """start(), then import the sandbox image and the tests' image `image` (built
+        locally into this containerd's directory: no registry is reachable)."""
+        from support.images import build_oci_archive, build_pause_archive
+        self.start(timeout)
+        self.import_image(build_pause_archive(self.tmp / "pause.tar", self.sandbox_image))
+        self.import_image(build_oci_archive(self.tmp / "image.tar", image))
+        return self
+
     def restart(self, timeout: float = 30) -> CriContainerd:
         """Stop containerd alone (SIGTERM; its shims and their containers run on, as in a
         `systemctl restart containerd`) and start it again on the same root and state."""
