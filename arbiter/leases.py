@@ -96,6 +96,11 @@ class Pins:
         elif fd >= 0:
             os.close(fd)  # dropped while it waited
 
+    def adopt(self, owner: str, path: Path, fd: int) -> None:
+        """Hold fd, a file vgpud made at path just now (no tenant could lease it yet), for
+        owner as hold() would: this fd is closed when dropped (and now, on RegionError)."""
+        self._keep(owner, path, fd)
+
     def _keep(self, owner: str, path: Path, fd: int) -> None:
         try:
             st = os.fstat(fd)

@@ -16,7 +16,6 @@ field bounded.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import enum
 import errno
@@ -25,6 +24,7 @@ import os
 import secrets
 import stat
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -32,7 +32,7 @@ from arbiter.errors import RegionError
 from arbiter.leases import open_tenant_file
 from arbiter.proc import ProcessView
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
-from arbiter.tmpfile import open_beside
+from arbiter.tmpfile import write_whole
 
 __all__ = [
     "FLAG_ARBITER",
@@ -215,6 +215,8 @@ def create_region(
     usage_mode: int = 0o666,
     replace: bool = False,
     slice_key: int | None = None,
+    fresh: bool = False,
+    hold: Callable[[Path, int], None] | None = None,
 ) -> Path:
     """Make a region file atomically (nobody ever sees it half made), and its usage file
     beside it unless that exists (a container may have it mounted: it keeps its inode).
@@ -222,7 +224,8 @@ def create_region(
     Each file is written under a temporary name in the same directory, magic
     last, then linked into place; an existing region is an error unless replace.
     slice_key names the slice in the GPU's scheduling region (arbiter.sched);
-    None draws a random non-zero one.
+    None draws a random non-zero one. `fresh`: path's directory was made just now (both
+    files are written at their names); `hold` takes each file's open fd (region, usage).
     """
     path = Path(path)
     _check_limits(memory_limit, compute_share, priority, policy, priority_floor, context_reserve)
@@ -252,19 +255,22 @@ def create_region(
     header.priority_floor = priority_floor
     header.slice_key = slice_key
 
-    _write_whole(path, bytes(header), VgpuRegion.magic.offset, REGION_MAGIC, mode, replace)
-    create_usage(usage_path_of(path), mode=usage_mode)
+    _write_whole(path, bytes(header), VgpuRegion.magic.offset, REGION_MAGIC, mode, replace,
+                 fresh=fresh, hold=hold)
+    create_usage(usage_path_of(path), mode=usage_mode, fresh=fresh, hold=hold)
     return path
 
 
-def create_usage(path: str | Path, *, mode: int = 0o666) -> bool:
-    """Make an empty usage file unless one is there (it keeps its inode); True if made."""
+def create_usage(path: str | Path, *, mode: int = 0o666, fresh: bool = False,
+                 hold: Callable[[Path, int], None] | None = None) -> bool:
+    """Make an empty usage file unless one is there (it keeps its inode); True if made.
+    `fresh` and `hold` as for create_region."""
     path = Path(path)
-    if path.exists():
+    if not fresh and path.exists():
         return False
     try:
         _write_whole(path, bytes(_new_usage()), VgpuUsage.magic.offset, USAGE_MAGIC, mode,
-                     replace=False)
+                     replace=False, fresh=fresh, hold=hold)
     except RegionError as e:
         if e.reason == "it already exists":
             return False
@@ -281,33 +287,22 @@ def _new_usage() -> VgpuUsage:
 
 
 def _write_whole(path: Path, data: bytes, magic_offset: int, magic: int, mode: int,
-                 replace: bool) -> None:
-    """Write data under a temporary name, magic last, then link it into place."""
+                 replace: bool, *, fresh: bool = False,
+                 hold: Callable[[Path, int], None] | None = None) -> None:
+    """Write data under a temporary name, magic last, then link it into place (written at
+    its name when `fresh`: its directory was made just now). `hold` takes the open file
+    (its fd, read-write) instead of it being closed."""
+    how = "fresh" if fresh else "replace" if replace else "new"
     try:
-        fd, tmp = open_beside(path)
+        # No fsync: region files live on tmpfs (/run) and vgpud remakes them from its
+        # store at start; the store is what must survive a crash.
+        fd = write_whole(path, data, mode, last=(magic_offset, struct.pack("I", magic)),
+                         how=how, keep=hold is not None)
     except OSError as e:
-        raise RegionError(path, "create", e.strerror or str(e)) from e
-    try:
-        try:
-            os.fchmod(fd, mode)  # not subject to the umask, unlike open()
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], written)
-            os.pwrite(fd, struct.pack("I", magic), magic_offset)
-            # No fsync: region files live on tmpfs (/run) and vgpud remakes them
-            # from its store at start; the store is what must survive a crash.
-        finally:
-            os.close(fd)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            os.link(tmp, path)
-            os.unlink(tmp)
-    except OSError as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
         reason = "it already exists" if e.errno == errno.EEXIST else (e.strerror or str(e))
         raise RegionError(path, "create", reason) from e
+    if hold is not None and fd is not None:
+        hold(path, fd)
 
 
 class Region:

@@ -210,7 +210,7 @@ class Regions:
             if not self._bound(final, len(s.grants)):
                 os.chmod(final, _DIR_MODE)  # mkdir's mode went through the umask
             for i in range(len(s.grants)):
-                self._create_file(final / region_name(i), s, i)
+                self._create_file(final / region_name(i), s, i, fresh=True)
         except OSError as e:
             _rmtree(final)
             raise RegionError(final, "create", e.strerror or str(e)) from e
@@ -222,7 +222,8 @@ class Regions:
         except BaseException:
             self.remove(s.id)
             raise
-        self._hold(s)
+        if len(self.pins.held(s.id)) < 3 * len(s.grants):  # each made file is held as made
+            self._hold(s)
         return final
 
     def _bound(self, path: Path, vgpus: int) -> bool:
@@ -245,14 +246,20 @@ class Regions:
         log.warning("slice files are not size-bounded: cannot mount at %s: %s "
                     "(vgpud needs CAP_SYS_ADMIN)", path, e.strerror)
 
-    def _create_file(self, path: Path, s: Slice, ordinal: int) -> None:
+    def _create_file(self, path: Path, s: Slice, ordinal: int, fresh: bool = False) -> None:
+        """The region and usage files of vGPU `ordinal`; `fresh`: in the slice's directory
+        made just now, each held open as it is made (its tenant cannot have leased it)."""
         g = s.grants[ordinal]
         create_region(path, uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
                       compute_share=g.compute, priority=s.priority, policy=s.policy,
                       priority_floor=self.priority_floor,
                       context_reserve=self.context_reserve, arbiter=True,
                       mode=REGION_FILE_MODE, usage_mode=USAGE_FILE_MODE, replace=True,
-                      slice_key=slice_key_of(s.id, ordinal))
+                      slice_key=slice_key_of(s.id, ordinal), fresh=fresh,
+                      hold=self._holder(s.id) if fresh else None)
+
+    def _holder(self, slice_id: str) -> Callable[[Path, int], None]:
+        return lambda path, fd: self.pins.adopt(slice_id, path, fd)
 
     # -- files a tenant can open --------------------------------------------------
 
@@ -307,7 +314,8 @@ class Regions:
             write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
                               share=g.compute or 100, priority=int(s.priority),
                               policy=int(s.policy), floor=self.priority_floor,
-                              home=self.slice_dir(s.id), fresh=fresh)
+                              home=self.slice_dir(s.id), fresh=fresh,
+                              hold=self._holder(s.id) if fresh else None)
 
     def _prepare_sched(self, uuids: list[str]) -> None:
         """The GPUs' scheduling files, made again where deleted (one warning event each).

@@ -27,7 +27,7 @@ import mmap
 import os
 import stat
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from typing import Any
 from arbiter.errors import SchedError
 from arbiter.leases import LEASED, open_tenant_file
 from arbiter.slicefs import bind_file, detach
-from arbiter.tmpfile import open_beside
+from arbiter.tmpfile import open_beside, write_whole
 
 __all__ = [
     "CONF_FILE_MODE",
@@ -570,27 +570,17 @@ def _whole_req(path: Path, key: int) -> bool:
                                                          REQ_SIZE, key)
 
 
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    """Write data to path under a temporary name and rename it into place."""
-    fd, tmp = open_beside(path)
-    try:
-        try:
-            os.fchmod(fd, mode)
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], written)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+def _replace(path: Path, data: bytes, mode: int, *, fresh: bool = False,
+             keep: bool = False) -> int | None:
+    """Write data to path under a temporary name and rename it into place (at its name when
+    `fresh`: its directory was made just now); with keep, return the open fd."""
+    return write_whole(path, data, mode, how="fresh" if fresh else "replace", keep=keep)
 
 
 def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, priority: int,
                       policy: int, floor: int, home: Path | None = None,
-                      fresh: bool = False) -> None:
+                      fresh: bool = False,
+                      hold: Callable[[Path, int], None] | None = None) -> None:
     """Make (or keep) a slice's .req on GPU uuid and write its .conf, atomically.
 
     A whole .req of this slice is kept (same inode: a running container has it
@@ -600,6 +590,7 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
     a whole .req already in root with none in home (an older vgpud's) is kept as it is.
     The .conf is rewritten: the broker sees new settings within its rescan period (20 ms).
     `fresh` says that home was made just now, empty (a new slice): nothing in it to keep.
+    `hold` takes the open fd (read-write) of a .req made now, with its name in root.
     """
     root = Path(root)
     if not _usable_name(uuid):
@@ -621,9 +612,19 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
             raw.version, raw.size, raw.key = SCHED_VERSION, REQ_SIZE, key
             raw.share, raw.priority, raw.policy, raw.floor = share, priority, policy, floor
             raw.magic = SCHED_REQ_MAGIC
-            _replace(req, bytes(raw), REQ_FILE_MODE)
-        if at is not None:
-            _link_req(req, at, fresh)
+            kept = _replace(req, bytes(raw), REQ_FILE_MODE, fresh=fresh and at is not None,
+                            keep=hold is not None)
+        else:
+            kept = None
+        try:
+            if at is not None:
+                _link_req(req, at, fresh)
+        except BaseException:
+            if kept is not None:
+                os.close(kept)
+            raise
+        if hold is not None and kept is not None:
+            hold(at if at is not None else req, kept)
         conf = root / _slice_name(uuid, key, "conf")
         text = conf_text(share, priority, policy, floor).encode()
         try:

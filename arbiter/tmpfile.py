@@ -10,11 +10,12 @@ allocation.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from pathlib import Path
 
-__all__ = ["open_beside"]
+__all__ = ["open_beside", "write_whole"]
 
 _seq = itertools.count()
 _TRIES = 1000
@@ -42,3 +43,42 @@ def open_beside(path: str | Path) -> tuple[int, str]:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name beside {path}")
+
+
+def write_whole(path: str | Path, data: bytes, mode: int, *,
+                last: tuple[int, bytes] | None = None, how: str = "replace",
+                keep: bool = False) -> int | None:
+    """Put a file of `mode` holding data at path, written whole before anyone can open it
+    (then `last`, (offset, bytes): a magic word that says it is whole). how="replace":
+    written beside and renamed over whatever is at path; "new": written beside and linked
+    (FileExistsError when path exists); "fresh": written at path itself, O_EXCL, for a
+    directory made just now that nothing reads until it is done (a crash leaves the file
+    without its magic). With keep the open fd (read-write) is returned, else closed."""
+    if how == "fresh":
+        tmp = None
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o600)
+    else:
+        fd, tmp = open_beside(path)
+    try:
+        os.fchmod(fd, mode)  # not subject to the umask, unlike open()
+        written = 0
+        while written < len(data):
+            written += os.pwrite(fd, data[written:], written)
+        if last is not None:
+            os.pwrite(fd, last[1], last[0])
+        if tmp is not None:
+            if how == "new":
+                os.link(tmp, path)
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp if tmp is not None else path)
+        raise
+    if keep:
+        return fd
+    os.close(fd)
+    return None

@@ -2,6 +2,8 @@
 """arbiter.regions: slice directories of region files, made and removed atomically."""
 from __future__ import annotations
 
+import contextlib
+import os
 import stat
 from pathlib import Path
 
@@ -302,3 +304,20 @@ def test_a_new_slices_req_replaces_whatever_had_its_name(regions):
     own = regions.slice_dir(s.id) / at.name
     assert (own.stat().st_dev, own.stat().st_ino) == (at.stat().st_dev, at.stat().st_ino)
     assert at.stat().st_size != len(b"stale")
+
+
+def test_a_new_slices_files_are_held_open_as_they_are_made(regions):
+    """Region, usage and .req of a new slice are held open (no tenant can lease them) from
+    the fd that wrote them: nothing is opened a second time."""
+    s = make_slice("dddddddddddd", n=2)
+    regions.create(s)
+    files = regions._tenant_files(s)
+    assert regions.pins.held(s.id) == set(files) and len(files) == 6
+    open_inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            st = os.stat(f"/proc/self/fd/{fd}")
+            open_inodes.add((st.st_dev, st.st_ino))
+    assert {(f.stat().st_dev, f.stat().st_ino) for f in files} <= open_inodes
+    regions.remove(s.id)
+    assert regions.pins.held(s.id) == set()

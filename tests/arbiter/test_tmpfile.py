@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
+
 from arbiter.tmpfile import open_beside
 
 
@@ -54,3 +56,18 @@ def test_a_forked_child_names_files_with_its_own_pid(tmp_path):
     os.close(r)
     assert os.waitstatus_to_exitcode(status) == 0
     assert os.path.basename(name).startswith(f".x.{pid}-")
+
+
+def test_write_whole_fresh_writes_at_the_name_and_leaves_nothing_on_failure(tmp_path):
+    from arbiter.tmpfile import write_whole
+    fd = write_whole(tmp_path / "f", b"data", 0o640, last=(0, b"D"), how="fresh", keep=True)
+    assert fd is not None and os.pread(fd, 4, 0) == b"Data"
+    os.close(fd)
+    assert sorted(os.listdir(tmp_path)) == ["f"]
+    assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == 0o640
+    with pytest.raises(FileExistsError):  # O_EXCL: what is at the name is left as it was
+        write_whole(tmp_path / "f", b"other", 0o600, how="fresh")
+    assert (tmp_path / "f").read_bytes() == b"Data"
+    with pytest.raises(OSError):  # a write that fails (past the largest file) leaves no file
+        write_whole(tmp_path / "g", b"x", 0o600, last=(1 << 62, b"M"), how="fresh")
+    assert sorted(os.listdir(tmp_path)) == ["f"]
