@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 import shutil
 import signal
 import subprocess
@@ -109,6 +110,37 @@ def built_tree(ref: str, root: Path = ROOT, parent: str = "/var/tmp") -> Iterato
         if not removed:  # a half-made one: its directory is gone now, so prune forgets it
             _git("worktree", "unlock", str(path), root=root)
             _git("worktree", "prune", root=root)
+
+
+def start_vgpud(tree: Tree, tmp: Path, run_dir: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """That build's start_vgpud(tmp, run_dir); when it does not return (Ctrl-C while it
+    waits for vgpud to answer, or it gives up), the vgpud it started is killed: its command
+    line names tmp, and it is this process's child."""
+    try:
+        return vgpud_proc(tree).start_vgpud(tmp, run_dir)
+    except BaseException:
+        for pid in _children_naming(str(tmp)):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+        from vgpud_proc import unmount_under  # the tree's: bench/ is on sys.path
+        unmount_under(run_dir)
+        raise
+
+
+def _children_naming(text: str) -> list[int]:
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == me and os.fsencode(text) in argv:
+            out.append(int(entry))
+    return out
 
 
 def vgpud_proc(tree: Tree) -> ModuleType:

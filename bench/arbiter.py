@@ -55,8 +55,8 @@ from against import (  # noqa: E402
     built_tree,
     exit_on_sigterm,
     previous_release,
+    start_vgpud,
     this_tree,
-    vgpud_proc,
 )
 from vgpud_proc import stop_vgpud  # noqa: E402
 
@@ -286,7 +286,7 @@ def run(trees: list[Tree], levels: list[int], args: argparse.Namespace,
             tempfile.TemporaryDirectory(prefix="vgpu-bench-", dir=args.dir)))
         run_dir = Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="vgpu-bench-run-", dir=args.run_dir_parent)))
-        proc, sock = vgpud_proc(tree).start_vgpud(tmp, run_dir)
+        proc, sock = start_vgpud(tree, tmp, run_dir)
         stack.callback(stop_vgpud, proc, run_dir)  # before the directories go (LIFO)
         socks[tree.label] = sock
         fs = fs or subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True,

@@ -45,6 +45,7 @@ from against import (  # noqa: E402
     built_tree,
     exit_on_sigterm,
     previous_release,
+    start_vgpud,
     this_tree,
     vgpud_proc,
 )
@@ -130,7 +131,7 @@ def start_build(tree: Tree, stack: contextlib.ExitStack) -> Build:
                                                                dir="/var/tmp")))
     run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vgpu-cbench-run-",
                                                                    dir="/dev/shm")))
-    daemon, sock = proc_mod.start_vgpud(tmp, run_dir)
+    daemon, sock = start_vgpud(tree, tmp, run_dir)
     stack.callback(stop_vgpud, daemon, run_dir)
     env = proc_mod.simgpu_env(tmp, "16Gi,16Gi,16Gi,16Gi")
     config = tmp / "runtime.yaml"

@@ -73,6 +73,11 @@ def stop_vgpud(proc: subprocess.Popen[bytes], run_dir: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    unmount_under(run_dir)
+
+
+def unmount_under(run_dir: Path) -> None:
+    """Lazily unmount everything at or below run_dir, deepest first."""
     top = str(run_dir).rstrip("/")
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         points = [line.split()[4] for line in f]
