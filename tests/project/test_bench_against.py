@@ -30,12 +30,20 @@ def worktrees() -> str:
                           text=True, check=True).stdout
 
 
+def _interruptible() -> None:
+    """In the child: SIGINT back to its default. A suite started in the background by a
+    non-interactive shell (CI's `make test &`) inherits SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler: a Ctrl-C would reach a bench that ignores it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def bench(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     (tmp_path / "run").mkdir()
     return subprocess.Popen(
         [sys.executable, str(BENCH), "--duration", "0.3", "--clients", "1", "--dir",
          str(tmp_path), "--run-dir-parent", str(tmp_path / "run"), *args], cwd=ROOT,
-        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=_interruptible)
 
 
 def assert_nothing_left(tmp_path: Path) -> None:
