@@ -61,6 +61,11 @@ $(B)/tests/ledger_trace: libvgpu/tests/ledger_trace.c libvgpu/src/ledger.c libvg
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ libvgpu/tests/ledger_trace.c libvgpu/src/ledger.c
 
+# The holder's empty-queue rules played on a trace (tests/libvgpu/test_hold_traces.py).
+$(B)/tests/hold_trace: libvgpu/tests/hold_trace.c libvgpu/src/hold.c libvgpu/src/hold.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ libvgpu/tests/hold_trace.c libvgpu/src/hold.c
+
 # The broker's rules played on a trace (tests/libvgpu/test_policy_traces.py): the pure
 # policy alone, no driver and no broker around it.
 $(B)/tests/policy_trace: libvgpu/tests/policy_trace.c libvgpu/src/policy.c $(HEADERS)

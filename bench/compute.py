@@ -81,15 +81,16 @@ class Mode:
     simgpu: dict[str, str] = field(default_factory=dict)
     hog: bool = False                  # a CPU hog busy on one of the two cores meanwhile
     tolerance: float = TARGET_ERROR_PP  # a workload row's target, in pp
+    greedy_tolerance: float = 0.5       # a greedy row's
 
 
 MODES = {m.name: m for m in (
     Mode("default"),
     Mode("wake", {"SIMGPU_WAKE_US": "20-200"}),
     Mode("timeslice", {"SIMGPU_TIMESLICE_US": "1000", "SIMGPU_SWITCH_US": "20"}),
-    Mode("hog", hog=True, tolerance=2.0),
+    # Issue 21: every row within 2 pp with a CPU hog on one core, greedy ones included.
+    Mode("hog", hog=True, tolerance=2.0, greedy_tolerance=2.0),
 )}
-GREEDY_TOLERANCE_PP = 0.5
 
 
 @contextlib.contextmanager
@@ -121,6 +122,9 @@ def measure(loads: list[Load], window: float, mode: Mode = MODES["default"],
         for i, t in enumerate(r.traces):
             if t.summary.get("returncode") != 0:
                 sys.exit(f"bench: load {i} failed: {t.stderr.strip()}")
+            if t.summary.get("captures_failed"):
+                print(f"bench: load {i} ({mode.name}): {t.summary['captures_failed']} of "
+                      f"{t.summary['captures']} graph captures failed", flush=True)
         if engine:
             return timeline_shares(Path(tmp), r, r.at(WARM), r.at(WARM + window))
         return [t.share(r.at(WARM), r.at(WARM + window)) for t in r.traces]
@@ -148,7 +152,7 @@ def shares_table(kernel: str, window: float, modes: list[Mode]) -> list[str]:
         for m in modes:
             got = measure([Load(env(x, "fixed"), kernel=kernel, args=q),
                            Load(env(100 - x, "burst"), kernel=kernel, args=q)], window, m)
-            cells.append(cell(got[0], abs(got[0] - x), GREEDY_TOLERANCE_PP))
+            cells.append(cell(got[0], abs(got[0] - x), m.greedy_tolerance))
         rows.append(f"{kernel:<12} {x:>3}% vs greedy      " + "  ".join(cells))
         print(rows[-1], flush=True)
     for split in SPLITS:
@@ -156,7 +160,7 @@ def shares_table(kernel: str, window: float, modes: list[Mode]) -> list[str]:
         for m in modes:
             got = measure([Load(env(p, "fixed"), kernel=kernel, args=q) for p in split], window, m)
             worst = max(range(len(split)), key=lambda i: abs(got[i] - split[i]))
-            cells.append(cell(got[worst], abs(got[worst] - split[worst]), GREEDY_TOLERANCE_PP))
+            cells.append(cell(got[worst], abs(got[worst] - split[worst]), m.greedy_tolerance))
         rows.append(f"{kernel:<12} split {':'.join(map(str, split)):<12} " + "  ".join(cells))
         print(rows[-1], flush=True)
     return rows
@@ -236,6 +240,9 @@ GREEDY_500US = Load(kernel="busy_500us", args=queue_for("busy_500us"))
 GREEDY_50MS = Load(kernel="busy_50000us", args=["--queue", "2"])
 GREEDY_1S = Load(kernel="busy_1000000us", args=["--queue", "2"])
 TWO_STREAMS = Load(kernel="busy_500us", args=["--threads", "2", "--queue", "8"])  # a stream each
+# One thread launches while another captures a graph in global mode every 2 ms (held open
+# ~1 ms), as PyTorch does: libvgpu's own event calls must not break a capture.
+CAPTURING = Load(kernel="busy_200us", args=["--capture-every-us", "2000"])
 LONG_WINDOW = 10.0  # kernels of 50 ms and 1 s need a window of many kernels
 USED_FILE_RUNS = 6      # alternately 10% and 20%
 USED_FILE_WINDOW = 2.0  # seconds each, after WARM
@@ -264,7 +271,8 @@ def workloads_table(window: float, modes: list[Mode]) -> list[str]:
             ("50us sync/8 +100us CPU, fixed 70% + burst 10%", SHORT_GAPS, 70, 10),
             ("10us polled/8 +20us CPU, fixed 50% alone", POLLED_GAPS, 50, None),
             ("10us polled/8 +20us CPU, fixed 50% + burst 30%", POLLED_GAPS, 50, 30),
-            ("two streams 500us, fixed 40% + burst 60%", TWO_STREAMS, 40, 60)):
+            ("two streams 500us, fixed 40% + burst 60%", TWO_STREAMS, 40, 60),
+            ("global capture + launches, fixed 50% + burst 50%", CAPTURING, 50, 50)):
         cells = []
         for m in modes:
             with tempfile.TemporaryDirectory() as tmp, host_load(m):
@@ -391,7 +399,7 @@ def main() -> None:
     if "shares" in sections:
         clock = StealClock()
         print(f"achieved GPU share over {args.window:g} s windows on simgpu, 2 CPUs; per mode: "
-              f"achieved, err pp (target {GREEDY_TOLERANCE_PP:g})")
+              f"achieved, err pp (target 0.5, 2 with a CPU hog)")
         print(f"{'kernel       case':<38}" + heads)
         for k in kernels:
             shares_table(k, args.window, modes)

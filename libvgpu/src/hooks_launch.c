@@ -188,7 +188,7 @@ VG_EXPORT CUresult cuEventSynchronize(CUevent ev)
 }
 
 /* A query that finds the work done ends a wait as a sync does (a loop polling for its step's
- * end); one that finds it running changes nothing. */
+ * end); one that finds it running says the app waits for it (hold.h, "wait"). */
 #define QUERY(close, call)                                                     \
     do {                                                                       \
         vg_boot();                                                             \
@@ -197,6 +197,8 @@ VG_EXPORT CUresult cuEventSynchronize(CUevent ev)
         struct vg_sync s_ = vg_sched_sync(0, close);                           \
         CUresult rc_ = call;                                                   \
         vg_sched_synced(s_, rc_ == CUDA_SUCCESS);                              \
+        if (rc_ == CUDA_ERROR_NOT_READY)                                       \
+            vg_sched_polling(s_);                                              \
         return rc_;                                                            \
     } while (0)
 

@@ -13,7 +13,7 @@
  * ran, so the time its queue sat empty within the hold, which it reports, is
  * measured by the GPU's clock and not by when a CPU thread woke up. It gives
  * the token back as soon as the queue drains while another slice waits (or
- * after IDLE_HOLD_NS when none does): the broker then charges GPU busy time,
+ * after VG_HOLD_IDLE_NS when none does: hold.h): the broker then charges GPU busy time,
  * not hold time.
  *
  * Everything read from a mapping is checked before use: the grant's entry
@@ -42,14 +42,12 @@
 #include "../include/vgpu_sched.h"
 #include "../include/vgpu_timing.h"
 #include "broker.h"
+#include "hold.h"
 #include "ledger.h"
 #include "vgpu_internal.h"
 
 #define US 1000ull
 #define MS 1000000ull
-#define IDLE_HOLD_NS (2 * MS)      /* uncontended: an empty queue keeps the token this long */
-#define EMPTY_POLL_NS (20 * US)    /* an empty queue is looked at again after this */
-#define GAP_HOLD_NS (250 * US)     /* contended: ... this long (a step loop's sync gap, not its CPU work) */
 #define QUEUE_NS (4 * MS)          /* queued work a holder keeps ahead of the GPU */
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
 #define EVENT_EVERY_NS (100 * US)   /* one event per this much launched work */
@@ -93,9 +91,11 @@ struct sdev {
     _Alignas(64) int holding, acquiring, draining;
     int sync_gap;                /* an app's sync returned since our last launch on an empty queue */
     int syncs_in;                /* app threads inside a blocking sync (atomics) ... */
-    uint64_t sync_back;          /* ... and when the last one returned: an app's gap in its work
-                                  * begins then, not when the work ended (waking up to a sync
-                                  * is the host's latency, not the app's CPU work) */
+    uint64_t polled;             /* ... a query found the work running, 1 + launches then
+                                  * (0: none since one found it done): while no launch
+                                  * came after it, the app polls ... */
+    uint64_t sync_back;          /* ... and when the last one returned or found the work done:
+                                  * an app's gap in its work begins then (hold.h, "gap") */
     unsigned depth_now;          /* launches we may have queued now (depth()) */
     unsigned every;
     uint32_t grant, seq;
@@ -114,7 +114,7 @@ struct sdev {
                                   * the work first ran: then that goes to the broker instead */
     uint64_t gave_from;          /* our queue ran empty then and the hold ended (0: none since) */
     uint64_t asked_from;         /* an app thread first wanted to launch, holding nothing, then */
-    int long_gaps;               /* our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's
+    int long_gaps;               /* our queue's last empty spell outlasted VG_HOLD_GAP_NS (a step loop's
                                   * CPU work after its sync): the next sync offers the token back */
     uint32_t yielded;            /* the seq we offered back */
     /* What our work did on the GPU, by the GPU's clock (ledger.h): times of reaped events
@@ -676,13 +676,18 @@ static void give_back(struct sdev *d, uint64_t now)
     pthread_cond_broadcast(&g_cond);
 }
 
-/* When an app's gap that began at t (its work's end, or the hold's) began for it: at the
- * return of its last blocking sync if that was later (waking up to a sync is the host's
- * latency, not the app's CPU work). */
-static uint64_t gap_from(const struct sdev *d, uint64_t t)
+/* An app thread polls for its work: a query found it running and no launch came since
+ * (hold.h, "wait"). */
+static int polls(const struct sdev *d)
 {
-    uint64_t back = __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
-    return back > t ? back : t;
+    uint64_t p = __atomic_load_n(&d->polled, __ATOMIC_SEQ_CST);
+    return p && p - 1 == __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST);
+}
+
+/* When an app's last wait for its work ended (hold.h, "gap"). */
+static uint64_t sync_back(const struct sdev *d)
+{
+    return __atomic_load_n(&d->sync_back, __ATOMIC_SEQ_CST);
 }
 
 /* Queued launches kept ahead of the GPU: about QUEUE_NS of work, less while other
@@ -777,11 +782,11 @@ static void *holder_thread(void *arg)
             if (!d->idle_from && (!d->empty_since || n != d->seen_launches)) {
                 d->empty_since = now;
                 d->seen_launches = n;
-                wait_ns = EMPTY_POLL_NS;
+                wait_ns = VG_HOLD_POLL_NS;
                 continue;
             }
-            if (!d->idle_from && now - d->empty_since < EMPTY_POLL_NS) {
-                wait_ns = EMPTY_POLL_NS - (now - d->empty_since);
+            if (!d->idle_from && now - d->empty_since < VG_HOLD_POLL_NS) {
+                wait_ns = VG_HOLD_POLL_NS - (now - d->empty_since);
                 continue;
             }
             if (n > __atomic_load_n(&d->done, __ATOMIC_SEQ_CST)) {
@@ -812,15 +817,18 @@ static void *holder_thread(void *arg)
             }
             if (__atomic_load_n(&d->launching, __ATOMIC_SEQ_CST))
                 continue;
-            uint64_t since = gap_from(d, d->last_launch > d->idle_from ? d->last_launch : d->idle_from);
-            int contended = atomic_load(&d->s->contended);
-            uint64_t hold = contended ? GAP_HOLD_NS : IDLE_HOLD_NS;
-            if (contended && __atomic_load_n(&d->syncs_in, __ATOMIC_SEQ_CST) && now - d->idle_from < IDLE_HOLD_NS)
-                wait_ns = EMPTY_POLL_NS; /* an app thread still wakes up to its sync: no gap yet */
-            else if (now - since >= hold)
+            struct vg_hold_view v = {
+                .idle_from = d->idle_from,
+                .last_launch = d->last_launch,
+                .back = sync_back(d),
+                .waiting = __atomic_load_n(&d->syncs_in, __ATOMIC_SEQ_CST) || polls(d),
+                .contended = atomic_load(&d->s->contended) != 0,
+            };
+            uint64_t look_ns;
+            if (vg_hold_give_back(&v, now, &look_ns))
                 give_back(d, now);
             else
-                wait_ns = hold - (now - since);
+                wait_ns = look_ns;
         }
         pthread_cond_broadcast(&g_cond);
         if (!busy) {
@@ -1020,8 +1028,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
                 /* How long the app let its queue stay empty: until it first wanted to launch
                  * again (the wait for a grant is the broker's, and the wait for our own
                  * drain report ours: neither is a gap in its work). */
-                uint64_t from = gap_from(d, d->gave_from);
-                d->long_gaps = d->asked_from > from && d->asked_from - from > GAP_HOLD_NS;
+                d->long_gaps = vg_hold_long_gap(d->gave_from, d->asked_from, sync_back(d));
                 d->gave_from = 0;
             }
             pthread_mutex_unlock(&g_lock);
@@ -1069,7 +1076,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         if (from > now)
             from = now;
         if (!first)
-            d->long_gaps = now - gap_from(d, from) > GAP_HOLD_NS;
+            d->long_gaps = vg_hold_long_gap(from, now, sync_back(d));
         /* (idle_since first: the broker may count a spell short, never twice) */
         atomic_store(&d->q->idle_since, 0);
         d->idle_total += now - from;
@@ -1163,7 +1170,7 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
 /* The app waits for its queued work (close: a stream's or the context's, all of it). An
  * event recorded now, while that work still runs, dates its end on the GPU's clock; the
  * app's return from the wait dates nothing.
- * If our queue's last empty spell outlasted GAP_HOLD_NS (a step loop's CPU work after its
+ * If our queue's last empty spell outlasted VG_HOLD_GAP_NS (a step loop's CPU work after its
  * sync), the GPU would sit idle through the next one while another slice waits: offer the
  * hold back now. The broker revokes it if anyone waits; our queued work runs out as a
  * revoked hold's tail, charged to us, with the next holder's work queued behind it, so
@@ -1214,6 +1221,12 @@ void vg_sched_synced(struct vg_sync s, int ok)
     }
     if (!ok)
         return;
+    if (!s.waiting && __atomic_load_n(&d->polled, __ATOMIC_RELAXED)) {
+        /* A query that found the work done after one that found it running: the app
+         * learnt only now that its work ended (hold.h, "gap"). */
+        __atomic_store_n(&d->sync_back, vg_broker_now(), __ATOMIC_SEQ_CST);
+        __atomic_store_n(&d->polled, 0, __ATOMIC_SEQ_CST);
+    }
     if (!__atomic_load_n(&d->holding, __ATOMIC_RELAXED))
         return;
     if (!__atomic_load_n(&d->sync_gap, __ATOMIC_RELAXED))
@@ -1230,6 +1243,15 @@ void vg_sched_synced(struct vg_sync s, int ok)
         unrelax(relaxed, old);
     }
     pthread_mutex_unlock(&g_lock);
+}
+
+/* A query found the work still running: the app polls for it (hold.h, "wait"). */
+void vg_sched_polling(struct vg_sync s)
+{
+    if (s.dev < 0 || s.waiting)
+        return;
+    struct sdev *d = &g_dev[s.dev];
+    __atomic_store_n(&d->polled, 1 + __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST), __ATOMIC_SEQ_CST);
 }
 
 /* A process that exits while holding gives the token back at once instead of

@@ -182,6 +182,8 @@ struct vg_sync {
 };
 struct vg_sync vg_sched_sync(int offer, int close);
 void vg_sched_synced(struct vg_sync s, int ok);
+/* After a query that found the work still running (the app polls for it). */
+void vg_sched_polling(struct vg_sync s);
 /* Stream captures open in this process (hooks_launch.c counts them as they begin and
  * end): while there are none, no stream is capturing and a launch need not ask the
  * driver (the question is most of a throttled launch's cost). A capture that ends
