@@ -80,7 +80,9 @@ def test_a_respawning_bypass_gets_its_container_killed(host):
     took = time.monotonic() - t0
     assert took <= BOUND_S, f"stopped after {took:.1f} s"
     assert p.returncode != 0, (out, err)          # SIGKILLed, its init with it
-    (ev,) = host.vgpud.events("guard.escalate")
+    # The guard says so once the kills are done: the container may exit before that.
+    (ev,) = host.vgpud.wait_for(lambda: host.vgpud.events("guard.escalate"), timeout=5,
+                                what="the guard's escalate event")
     assert ev["action"] == "kill" and ev["findings"] == 3, ev
     assert "a bypass that comes back" in ev["reason"] and ev["limit"] == 256 * MiB
     assert len(host.vgpud.events("guard.kill")) == 3  # three bypasses killed, then the slice
@@ -169,7 +171,8 @@ def test_leases_on_its_cgroup_files_neither_stall_the_guard_nor_hide_the_bypass(
         raise AssertionError(f"the container outlived {BOUND_S + 10} s: {starts(out)} starts, "
                              f"{json.loads(leases.read_text())}") from None
     assert time.monotonic() - t0 <= BOUND_S
-    (ev,) = host.vgpud.events("guard.escalate")
+    (ev,) = host.vgpud.wait_for(lambda: host.vgpud.events("guard.escalate"), timeout=5,
+                                what="the guard's escalate event")
     assert ev["action"] == "kill" and ev["findings"] == 3, ev
     host.vgpud.wait_for(lambda: host.slices() == [], timeout=10, what="the slice released")
     assert gpu_used(host) == 0
