@@ -289,20 +289,8 @@ class Store:
                 if not self._queue:
                     return
                 batch, self._queue = self._queue, []
-            outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
             try:
-                with self._tx("store", f"{len(batch)} slice changes") as db:
-                    for write, fut in batch:
-                        db.execute("SAVEPOINT w")
-                        try:
-                            outcomes.append((fut, write(db), None))
-                            db.execute("RELEASE w")
-                        except Exception as e:
-                            db.execute("ROLLBACK TO w")
-                            db.execute("RELEASE w")
-                            if isinstance(e, sqlite3.Error):
-                                e = StateError("store", "slice", str(e), path=self.path)
-                            outcomes.append((fut, None, e))
+                outcomes = self._write_batch(batch)
             except BaseException as e:
                 outcomes = [(fut, None, e) for _, fut in batch]
             for fut, result, error in outcomes:
@@ -314,9 +302,45 @@ class Store:
                 self._completed += len(batch)
                 self._queue_cond.notify_all()
 
+    def _write_batch(self, batch: list[tuple[Callable[[sqlite3.Connection], Any], Future[Any]]],
+                     ) -> list[tuple[Future[Any], Any, BaseException | None]]:
+        """Commit a batch in one transaction; each write's (future, result, error).
+
+        The writes go straight in first: every statement is a call that lets go of the GIL
+        and waits to get it back, and a savepoint around each write would double them. Only
+        when one fails is the batch rolled back and written again, each write within its
+        own savepoint, so that the failing one fails alone."""
+        what = f"{len(batch)} slice changes"
+        try:
+            with self._tx("store", what) as db:
+                results = []
+                for write, _ in batch:
+                    try:
+                        results.append(write(db))
+                    except Exception as e:
+                        raise _WriteFailedError from e
+            return [(fut, r, None) for (_, fut), r in zip(batch, results, strict=True)]
+        except _WriteFailedError:
+            pass  # rolled back whole (_tx): once more, one savepoint per write
+        outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
+        with self._tx("store", what) as db:
+            for write, fut in batch:
+                db.execute("SAVEPOINT w")
+                try:
+                    outcomes.append((fut, write(db), None))
+                    db.execute("RELEASE w")
+                except Exception as e:
+                    db.execute("ROLLBACK TO w")
+                    db.execute("RELEASE w")
+                    if isinstance(e, sqlite3.Error):
+                        e = StateError("store", "slice", str(e), path=self.path)
+                    outcomes.append((fut, None, e))
+        return outcomes
+
     def _write_allocation(self, db: sqlite3.Connection, new: Slice,
                           evicted: Sequence[str]) -> None:
-        db.executemany("DELETE FROM slices WHERE id = ?", [(sid,) for sid in evicted])
+        if evicted:
+            db.executemany("DELETE FROM slices WHERE id = ?", [(sid,) for sid in evicted])
         try:
             db.execute(
                 "INSERT INTO slices (id, owner, owner_kind, owner_pid, priority, policy,"
@@ -417,6 +441,10 @@ _SELECT_SLICE = ("SELECT id, owner, owner_kind, owner_pid, priority, policy, cre
 _SELECT_GRANTS = "SELECT slice_id, ordinal, gpu_index, gpu_uuid, memory, compute FROM grants"
 
 _SliceRow = tuple[str, str, str, int, int, int, int, str, int, str, str, str]
+
+
+class _WriteFailedError(Exception):
+    """A write of a batch raised (its cause): the batch is written again, write by write."""
 
 
 def _insert_grants(db: sqlite3.Connection, slice_id: str, grants: Sequence[Grant]) -> None:

@@ -412,6 +412,43 @@ def test_group_commit_many_writers_share_batches(tmp_path: Path):
     assert {row[0] for row in raw(tmp_path / DB_NAME, "SELECT id FROM slices")} == expected
 
 
+def test_a_write_that_fails_in_a_batch_fails_alone_and_leaves_nothing(tmp_path: Path):
+    """One batch holds writes before and after one that fails half-way: the others commit
+    (written again one savepoint each), nothing of the failing one stays."""
+    s = Store(tmp_path)
+    s.commit_allocation(make("first", owner="dup"))
+    sizes: list[int] = []
+    write_batch = s._write_batch
+    s._write_batch = lambda batch: (sizes.append(len(batch)), write_batch(batch))[1]
+
+    def half(db: sqlite3.Connection) -> None:
+        db.execute("DELETE FROM slices WHERE id = 'first'")
+        raise RuntimeError("failed after its first statement")
+
+    with s._lock:  # the writer waits on the connection with its first batch taken
+        lead = s.delete_async("nothing")
+        deadline = time.monotonic() + 10
+        while s._queue and time.monotonic() < deadline:
+            time.sleep(0.001)
+        ok = s.commit_allocation_async(make("a"))
+        broken = s._submit(half, "a half write")
+        clash = s.commit_allocation_async(make("b", owner="dup"))
+        after = s.commit_allocation_async(make("c"))
+    assert lead.result(timeout=10) is False
+    ok.result(timeout=10)
+    after.result(timeout=10)
+    with pytest.raises(RuntimeError, match="first statement"):
+        broken.result(timeout=10)
+    with pytest.raises(StateError) as e:
+        clash.result(timeout=10)
+    assert e.value.code == StateError.CONFLICT
+    assert sizes == [1, 4]
+    s.close()
+    assert sorted(r[0] for r in raw(tmp_path / DB_NAME, "SELECT id FROM slices")) == [
+        "a", "c", "first"]
+    assert raw(tmp_path / DB_NAME, "SELECT count(*) FROM grants") == [(3,)]
+
+
 def test_group_commit_failure_is_confined_to_its_write(tmp_path: Path):
     s = Store(tmp_path)
     s.commit_allocation(make("first", owner="dup"))
