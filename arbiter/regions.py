@@ -202,12 +202,19 @@ class Regions:
     def create(self, s: Slice) -> Path:
         """Make the slice's directory, its own tmpfs, with one region file per grant."""
         final = self.slice_dir(s.id)
-        self._ensure_root()
         try:
             # No fsync: region directories need no durability of their own (run_dir is a
             # tmpfs on a real host, and every start remakes them from the store).
-            final.mkdir(mode=_DIR_MODE)
-            if not self._bound(final, len(s.grants)):
+            try:
+                os.mkdir(final, _DIR_MODE)
+            except FileNotFoundError:  # <run_dir>/slices deleted under vgpud
+                self._ensure_root()
+                os.mkdir(final, _DIR_MODE)
+        except OSError as e:
+            raise RegionError(final, "create", e.strerror or str(e)) from e
+        try:
+            own_fs = self._bound(final, len(s.grants))
+            if not own_fs:
                 os.chmod(final, _DIR_MODE)  # mkdir's mode went through the umask
             for i in range(len(s.grants)):
                 self._create_file(final / region_name(i), s, i, fresh=True)
@@ -218,7 +225,7 @@ class Regions:
             _rmtree(final)
             raise
         try:
-            self._write_sched(s, fresh=True)
+            self._write_sched(s, fresh=True, own_fs=own_fs)
         except BaseException:
             self.remove(s.id)
             raise
@@ -301,10 +308,10 @@ class Regions:
 
     # -- scheduling files ---------------------------------------------------------
 
-    def _write_sched(self, s: Slice, fresh: bool = False) -> None:
+    def _write_sched(self, s: Slice, fresh: bool = False, own_fs: bool = False) -> None:
         """The slice's .req/.conf on each of its GPUs, whose scheduling file must be there:
         a container is refused rather than started on a GPU nobody schedules. `fresh`: the
-        slice's directory was made just now (create)."""
+        slice's directory was made just now (create); `own_fs`: it is its own tmpfs."""
         self._sched_files[s.id] = tuple((g.gpu_uuid, slice_key_of(s.id, i))
                                         for i, g in enumerate(s.grants))
         for i, g in enumerate(s.grants):
@@ -314,7 +321,7 @@ class Regions:
             write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
                               share=g.compute or 100, priority=int(s.priority),
                               policy=int(s.policy), floor=self.priority_floor,
-                              home=self.slice_dir(s.id), fresh=fresh,
+                              home=self.slice_dir(s.id), fresh=fresh, bind=own_fs,
                               hold=self._holder(s.id) if fresh else None)
 
     def _prepare_sched(self, uuids: list[str]) -> None:

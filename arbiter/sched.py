@@ -579,7 +579,7 @@ def _replace(path: Path, data: bytes, mode: int, *, fresh: bool = False,
 
 def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, priority: int,
                       policy: int, floor: int, home: Path | None = None,
-                      fresh: bool = False,
+                      fresh: bool = False, bind: bool = False,
                       hold: Callable[[Path, int], None] | None = None) -> None:
     """Make (or keep) a slice's .req on GPU uuid and write its .conf, atomically.
 
@@ -591,6 +591,7 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
     The .conf is rewritten: the broker sees new settings within its rescan period (20 ms).
     `fresh` says that home was made just now, empty (a new slice): nothing in it to keep.
     `hold` takes the open fd (read-write) of a .req made now, with its name in root.
+    `bind` says that home is a filesystem of its own: no hard link is tried first.
     """
     root = Path(root)
     if not _usable_name(uuid):
@@ -618,7 +619,7 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
             kept = None
         try:
             if at is not None:
-                _link_req(req, at, fresh)
+                _link_req(req, at, fresh, bind=bind)
         except BaseException:
             if kept is not None:
                 os.close(kept)
@@ -639,29 +640,31 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
         raise busy
 
 
-def _link_req(own: Path, at: Path, fresh: bool = False) -> None:
+def _link_req(own: Path, at: Path, fresh: bool = False, bind: bool = False) -> None:
     """Make `at` name the file `own`: kept when it does; else a hard link, or a bind mount
-    where they are on two filesystems (own on its slice's tmpfs). `fresh`: own was made
-    just now, so nothing names it yet (anything at `at` is cleared when the link fails)."""
+    where they are on two filesystems (own on its slice's tmpfs; `bind`: known to be, so
+    no link is tried). `fresh`: own was made just now, so nothing names it yet (anything
+    at `at` is cleared when the link fails)."""
     if not fresh and _clear_for(own, at):
         return
+    if not bind:
+        try:
+            os.link(own, at)
+            return
+        except FileExistsError:
+            if not fresh:
+                raise
+            return _link_req(own, at)
+        except OSError as e:
+            if e.errno != errno.EXDEV:
+                raise
     try:
-        os.link(own, at)
-        return
+        # The mount point: an empty regular file (one mknod, not an open and a close).
+        os.mknod(at, stat.S_IFREG | REQ_FILE_MODE)
     except FileExistsError:
         if not fresh:
             raise
         return _link_req(own, at)
-    except OSError as e:
-        if e.errno != errno.EXDEV:
-            raise
-    try:
-        fd = os.open(at, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, REQ_FILE_MODE)
-    except FileExistsError:
-        if not fresh:
-            raise
-        return _link_req(own, at)
-    os.close(fd)
     try:
         bind_file(own, at)
     except OSError:
