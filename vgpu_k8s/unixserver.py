@@ -21,7 +21,21 @@ from pathlib import Path
 
 import grpc
 
-__all__ = ["UnixGrpcServer"]
+__all__ = ["SUN_PATH_MAX", "UnixGrpcServer", "too_long"]
+
+# The longest path a unix socket can be bound at (sockaddr_un.sun_path less its NUL):
+# gRPC fails a longer one with a traceback, so the flags that place sockets are checked.
+SUN_PATH_MAX = 107
+
+
+def too_long(*sockets: Path) -> str | None:
+    """Why one of these socket paths cannot be bound, or None when all fit."""
+    for path in sockets:
+        size = len(os.fsencode(path))
+        if size > SUN_PATH_MAX:
+            return (f"puts the socket {path} at {size} bytes, and a unix socket's path "
+                    f"holds at most {SUN_PATH_MAX}")
+    return None
 
 
 class UnixGrpcServer:

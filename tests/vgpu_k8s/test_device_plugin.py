@@ -221,6 +221,18 @@ def test_bad_memory_unit_is_one_line(tmp_path: Path):
                      "(no suffix = MiB)"]
 
 
+def test_a_kubelet_dir_too_long_for_a_socket_is_one_line(tmp_path: Path):
+    """gRPC cannot bind a unix socket past 107 bytes of path: said before anything starts."""
+    deep = "/" + "k" * 100
+    p = DevicePlugin(tmp_path, tmp_path / "vgpud.sock", tmp_path / "log", "--kubelet-dir", deep)
+    p.start()
+    assert p.proc is not None and p.proc.wait(timeout=20) == 2
+    assert p.log().strip().splitlines() == [
+        f"vgpu-device-plugin: --kubelet-dir={deep}: puts the socket {deep}/vgpu-memory.sock "
+        "at 118 bytes, and a unix socket's path holds at most 107"]
+    assert not Path(deep).exists()
+
+
 def test_waits_for_the_kubelet_and_for_vgpud_before_registering(tmp_path: Path):
     n = Node(tmp_path)
     try:

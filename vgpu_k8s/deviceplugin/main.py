@@ -17,7 +17,9 @@ from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
 from arbiter.errors import QuantityError
 from arbiter.quantity import parse_memory
 from vgpu_k8s.deviceplugin.agent import Agent, Settings
+from vgpu_k8s.deviceplugin.plugin import ENDPOINTS
 from vgpu_k8s.errors import UsageError
+from vgpu_k8s.unixserver import too_long
 
 __all__ = ["DEFAULT_CDI_DIR", "DEFAULT_KUBELET_DIR", "DEFAULT_MEMORY_UNIT", "main", "parse_args"]
 
@@ -78,6 +80,9 @@ def parse_args(argv: Sequence[str], env: dict[str, str]) -> Settings:
                                                      for d in nvidia_dirs]:
         if not d.is_absolute():
             raise UsageError(flag, str(d), "must be an absolute directory")
+    why = too_long(*(args.kubelet_dir / name for name in ENDPOINTS.values()))
+    if why:
+        raise UsageError("--kubelet-dir", str(args.kubelet_dir), why)
     return Settings(kubelet_dir=args.kubelet_dir, memory_unit=unit,
                     vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
                     poll_s=args.poll_interval, grace_s=args.vgpud_grace,

@@ -15,10 +15,12 @@ from types import FrameType
 
 from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
-from vgpu_k8s.dra.agent import Agent, Settings
+from vgpu_k8s.dra.agent import DRIVER, Agent, Settings
 from vgpu_k8s.dra.apiserver import Cluster, api_client
 from vgpu_k8s.dra.errors import ApiError
+from vgpu_k8s.dra.registration import registration_socket
 from vgpu_k8s.errors import UsageError
+from vgpu_k8s.unixserver import too_long
 
 __all__ = ["DEFAULT_CDI_DIR", "DEFAULT_KUBELET_DIR", "ENV_NODE_NAME", "main", "parse_args"]
 
@@ -83,10 +85,14 @@ def parse_args(argv: Sequence[str], env: dict[str, str]) -> Settings:
     for d in nvidia_dirs:
         if not d.is_absolute():
             raise UsageError("--nvidia-cdi-dir", str(d), "must be an absolute directory")
-    return Settings(node=node, kubelet_dir=args.kubelet_dir, cdi_dir=args.cdi_dir,
-                    vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
-                    kubeconfig=args.kubeconfig, poll_s=args.poll_interval,
-                    resync_s=args.resync_interval, nvidia_cdi_dirs=nvidia_dirs)
+    settings = Settings(node=node, kubelet_dir=args.kubelet_dir, cdi_dir=args.cdi_dir,
+                        vgpud_socket=args.socket or env.get(ENV_SOCKET) or str(DEFAULT_SOCKET),
+                        kubeconfig=args.kubeconfig, poll_s=args.poll_interval,
+                        resync_s=args.resync_interval, nvidia_cdi_dirs=nvidia_dirs)
+    why = too_long(settings.dra_socket, registration_socket(settings.registry_dir, DRIVER))
+    if why:
+        raise UsageError("--kubelet-dir", str(args.kubelet_dir), why)
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:

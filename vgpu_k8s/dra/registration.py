@@ -22,7 +22,7 @@ from vgpu_k8s.proto import pluginregistration_v1_pb2 as reg
 from vgpu_k8s.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from vgpu_k8s.unixserver import UnixGrpcServer
 
-__all__ = ["PLUGIN_TYPE", "SUPPORTED_VERSIONS", "RegistrationServer"]
+__all__ = ["PLUGIN_TYPE", "SUPPORTED_VERSIONS", "RegistrationServer", "registration_socket"]
 
 log = logging.getLogger("vgpu-dra-plugin")
 
@@ -57,6 +57,11 @@ class _Servicer(reg_grpc.RegistrationServicer):  # type: ignore[misc]
         return reg.RegistrationStatusResponse()
 
 
+def registration_socket(registry_dir: Path, driver: str) -> Path:
+    """The socket the kubelet's plugin watcher finds the driver by."""
+    return registry_dir / f"{driver}-reg.sock"
+
+
 class RegistrationServer(UnixGrpcServer):
     """Registration on `<registry dir>/<driver>-reg.sock`; `on_registered` is called (on
     a gRPC thread: keep it short) each time the kubelet says it took the plugin, which
@@ -67,7 +72,7 @@ class RegistrationServer(UnixGrpcServer):
         self.servicer = _Servicer(reg.PluginInfo(
             type=PLUGIN_TYPE, name=driver, endpoint=str(endpoint),
             supported_versions=list(SUPPORTED_VERSIONS)), on_registered)
-        super().__init__(registry_dir / f"{driver}-reg.sock",
+        super().__init__(registration_socket(registry_dir, driver),
                          lambda server: reg_grpc.add_RegistrationServicer_to_server(
                              self.servicer, server), workers=2, name="dra-reg")
 
