@@ -114,8 +114,15 @@ deps:
 demo: deps all
 	./scripts/py scripts/demo.py
 
+# Two phases: the tests that measure nothing in time run TEST_JOBS at a time, one test
+# file per worker (a file's fixtures are set up once; the slowest files first, see
+# tests/conftest.py); those marked `timing` (shares, hand-overs) then run alone, on an
+# otherwise idle machine. Both phases always run.
+TEST_JOBS ?= 2
 test: deps all
-	./scripts/py -m pytest -q tests
+	./scripts/py -m pytest -q -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder \
+		-m "not timing" tests; \
+	status=$$?; ./scripts/py -m pytest -q -m timing tests || status=$$?; exit $$status
 
 bench: all
 	./scripts/py bench/interception.py

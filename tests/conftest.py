@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,15 +20,43 @@ from support.vgpud_harness import unmount_under
 
 from arbiter.freezer import find_root
 
+# `make test` hands whole files to pytest-xdist's workers in collection order
+# (--dist loadfile --no-loadscope-reorder). These files take 25 s or more in its parallel
+# phase (measured with --durations), so they go first, longest first: the workers then end
+# together instead of one running a long file alone at the end.
+SLOW_FIRST = (
+    "arbiter/test_daemon.py", "vgpu_k8s/test_dra_plugin.py", "e2e/test_node_image.py",
+    "project/test_bench_against.py", "shim/test_lifecycle.py", "e2e/test_upgrade_drill.py",
+    "e2e/test_hostile_broker.py", "arbiter/test_liveness.py", "e2e/test_e2e_runc.py",
+    "vgpu_k8s/test_device_plugin.py", "libvgpu/test_gpucheck.py",
+    "arbiter/test_memory_guard.py", "libvgpu/test_compute.py",
+    "libvgpu/test_compute_accuracy.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    tests = Path(__file__).parent
+
+    def place(item: pytest.Item) -> int:
+        return rank.get(item.path.relative_to(tests).as_posix(), len(rank))
+
+    items.sort(key=place)   # stable: each file's tests keep their order
+
 
 @pytest.fixture(scope="session", autouse=True)
 def built() -> None:
     """Build once per session so `pytest` alone works after a checkout.
 
-    VGPU_TEST_NO_BUILD=1 skips it (developers building one target by hand).
+    VGPU_TEST_NO_BUILD=1 skips it (developers building one target by hand). pytest-xdist's
+    workers each run it: one at a time (a lock in build/), so two never write the same
+    object file.
     """
     if os.environ.get("VGPU_TEST_NO_BUILD") != "1":
-        subprocess.run(["make", "-s", "-C", str(ROOT), "all"], check=True)
+        (ROOT / "build").mkdir(exist_ok=True)
+        with open(ROOT / "build" / ".tests.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subprocess.run(["make", "-s", "-C", str(ROOT), "all"], check=True)
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +65,18 @@ def _unmount_slice_fs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
     the test's directories: the mounts would outlive it (and its temporary directory)."""
     yield
     unmount_under(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh directory with a short path, removed afterwards: for unix sockets, whose
+    path holds at most 107 bytes (pytest's own directories, pytest-xdist's longer still,
+    leave too little for a kubelet's plugins_registry/<driver>-reg.sock)."""
+    path = Path(tempfile.mkdtemp(prefix="vgpu-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -136,14 +136,14 @@ def test_after_the_release_the_device_fails_cleanly(world, claim):
     assert cdi.device_id(c.name) in p.stderr and "unresolvable" in p.stderr.lower(), p.stderr
 
 
-def test_the_dra_plugin_s_prepared_claim_under_podman(world, tmp_path):
+def test_the_dra_plugin_s_prepared_claim_under_podman(world, tmp_path, short_tmp):
     """The whole DRA path: the plugin (a real process, registered with a fake kubelet,
     reading the claim from a fake API server) prepares the claim into vgpud and the CDI
     dir Podman reads; `podman run --device <the id it answered>` gets exactly the claim's
     limit; Unprepare releases the slice and the spec, and the device then fails cleanly."""
     podman, vgpud, sim = world
     api = FakeApiServer().start()
-    kubelet = DraKubelet(tmp_path / "kubelet").start()
+    kubelet = DraKubelet(short_tmp / "kubelet").start()
     env = clean_env()
     env["PYTHONPATH"] = str(ROOT)
     log = tmp_path / "plugin.log"

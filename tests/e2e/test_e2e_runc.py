@@ -46,6 +46,7 @@ def test_limits_inside_and_slice_released_after_exit(host):
     assert event["owner"] == cid and event["grants"][0]["compute"] == 20
 
 
+@pytest.mark.timing
 def test_two_containers_share_the_gpu_by_their_compute_shares(host):
     """Each container finds its GPU's scheduling region and gets its share of GPU time
     (measured again, as tests/test_compute.py's timing tests are, while a failure comes

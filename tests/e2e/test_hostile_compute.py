@@ -32,8 +32,9 @@ from support.measure import timing
 
 from arbiter.sched import BROKER_LOCK_NAME, open_sched, slice_key_of
 
-pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
-                                reason="needs runc and root (real containers)")
+pytestmark = [pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
+                                 reason="needs runc and root (real containers)"),
+              pytest.mark.timing]   # the neighbours' shares are measured
 
 
 LEAD_S = 3.0       # three containers are up by then on a loaded 2-core VM

@@ -156,6 +156,7 @@ def run_loads(vgpud: Vgpud) -> list[subprocess.Popen[str]]:
         for memory, share in SHARES.items()]
 
 
+@pytest.mark.timing   # the slices' achieved shares are checked against their settings
 def test_the_dashboards_queries_through_a_real_prometheus(host):
     vgpud, prom = host
     queries = dashboard_queries()

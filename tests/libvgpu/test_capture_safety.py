@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from support.gpu_loads import Load, run_loads
 from support.measure import TOL, WARM, burst, fixed
 
 SECONDS = 2.5
 
 
+@pytest.mark.timing   # the slice's share is measured too
 def test_a_global_capture_survives_the_holder_thread(tmp_path: Path) -> None:
     capturing = Load(fixed(50), kernel="busy_200us", args=["--capture-every-us", "2000"])
     r = run_loads(tmp_path, [capturing, Load(burst(50), kernel="busy_200us")], SECONDS)

@@ -26,11 +26,12 @@ def timing(test):
     def run_again(tmp_path: Path, *args, **kwargs):
         return measured(lambda attempt: test(tmp_path / f"attempt{attempt}", *args, **kwargs),
                         lambda attempt: (tmp_path / f"attempt{attempt}").mkdir())
-    return run_again
+    return pytest.mark.timing(run_again)
 
 
 def measured(run, prepare=lambda attempt: None, attempts: int = 4):
-    """run(attempt) until it passes: see `timing`."""
+    """run(attempt) until it passes: see `timing`. A test that calls this carries
+    @pytest.mark.timing itself (`make test` runs those alone, after the others)."""
     stolen = 0.0
     for attempt in range(1, attempts + 1):
         prepare(attempt)

@@ -61,14 +61,15 @@ class DraPluginProc:
 
 
 class Node:
-    """vgpud on two simulated GPUs (4Gi, 8Gi), a fake API server and kubelet, the plugin."""
+    """vgpud on two simulated GPUs (4Gi, 8Gi), a fake API server and kubelet (its dir
+    under `short`: the plugin's sockets go there), the plugin."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, short: Path) -> None:
         self.tmp = tmp
         self.sim, self.vgpud = simgpu_vgpud(tmp, {}, devices="4Gi,8Gi")
         self.api = FakeApiServer().start()
         self.kubeconfig = self.api.kubeconfig(tmp / "kubeconfig")
-        self.kubelet = DraKubelet(tmp / "kubelet").start()
+        self.kubelet = DraKubelet(short / "kubelet").start()
         self.cdi = tmp / "cdi"
         self.plugin = DraPluginProc(self)
         self.gpus = list(self.vgpud.stub.Devices(pb.DevicesRequest(), timeout=5).devices)
@@ -118,8 +119,8 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    n = Node(tmp_path)
+def node(tmp_path: Path, short_tmp: Path) -> Iterator[Node]:
+    n = Node(tmp_path, short_tmp)
     try:
         n.plugin.start()
         yield n
@@ -128,9 +129,9 @@ def node(tmp_path: Path) -> Iterator[Node]:
 
 
 @pytest.fixture
-def bare_node(tmp_path: Path) -> Iterator[Node]:
+def bare_node(tmp_path: Path, short_tmp: Path) -> Iterator[Node]:
     """A node whose plugin the test starts (with its own flags)."""
-    n = Node(tmp_path)
+    n = Node(tmp_path, short_tmp)
     try:
         yield n
     finally:
@@ -458,7 +459,12 @@ def test_a_server_without_consumable_capacity_is_said_in_one_line(bare_node: Nod
      "vgpu-dra-plugin: --kubeconfig=/nonexistent: no such file"),
     (["--node-name", "n", "--resync-interval", "0"],
      "vgpu-dra-plugin: --resync-interval=0.0: must be a positive number of seconds"),
-], ids=["no-node", "bad-node", "no-kubeconfig", "zero-resync"])
+    # gRPC cannot bind a unix socket past 107 bytes of path (it said so in a traceback).
+    (["--node-name", "n", "--kubelet-dir", "/" + "k" * 100],
+     f"vgpu-dra-plugin: --kubelet-dir=/{'k' * 100}: puts the socket "
+     f"/{'k' * 100}/plugins/vgpu.io/dra.sock at 126 bytes, and a unix socket's path holds "
+     "at most 107"),
+], ids=["no-node", "bad-node", "no-kubeconfig", "zero-resync", "kubelet-dir-too-long"])
 def test_bad_flags_are_one_line(tmp_path: Path, args, line):
     env = clean_env()
     env.pop("NODE_NAME", None)
