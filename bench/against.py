@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,38 @@ def this_tree() -> Tree:
     return Tree("tree", ROOT, "")
 
 
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    """cmd's outcome, in a process group of its own. Interrupted (Ctrl-C, SIGTERM), the whole
+    group is killed and gone before this returns: a make killed alone leaves its compilers
+    writing into the worktree while it is being removed (seen under load), and a
+    `git worktree add` still running would register the worktree after its removal."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate()
+    except BaseException:
+        _kill_group(p)
+        raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def _kill_group(p: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    # The group's other members (the compilers) are reparented and reaped by init; the
+    # group is gone once none of them is left, within moments of SIGKILL.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+
+
 def _git(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    return _run(["git", "-C", str(root), *args])
 
 
 def previous_release(root: Path = ROOT) -> str:
@@ -95,8 +126,7 @@ def built_tree(ref: str, root: Path = ROOT, parent: str = "/var/tmp") -> Iterato
             sys.exit(f"bench: --against {ref}: git worktree add failed: "
                      f"{p.stderr.strip().splitlines()[-1] if p.stderr.strip() else p.returncode}")
         print(f"bench: building {ref} ({commit[:12]}) in {path}", file=sys.stderr)
-        p = subprocess.run(["make", "-s", "-C", str(path), "all"], capture_output=True,
-                           text=True)
+        p = _run(["make", "-s", "-C", str(path), "all"])
         if p.returncode != 0:
             tail = (p.stdout + p.stderr).strip().splitlines()[-5:]
             sys.exit(f"bench: --against {ref}: make failed (exit {p.returncode}):\n"
