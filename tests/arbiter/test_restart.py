@@ -226,12 +226,17 @@ def test_the_real_systemd_socket_activate_passes_sockets_vgpud_serves(tmp_path, 
     proc = subprocess.Popen(cmd, env=v.env, stdout=log, stderr=log)
     log.close()
     try:
-        deadline = time.monotonic() + 30
-        while not lifecycle.exists():
-            assert time.monotonic() < deadline and proc.poll() is None, v.log()
-            time.sleep(0.02)
+        # The socket's file appears at bind(), a moment before listen(): until then a
+        # connection is refused (seen under load), so wait for one that is accepted.
         # It execs vgpud at the first connection, as its own pid (LISTEN_PID).
-        reply = request(lifecycle, [("op", "release"), ("id", "nobody")], timeout=30)
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, v.log()
+            try:
+                reply = request(lifecycle, [("op", "release"), ("id", "nobody")], timeout=30)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                time.sleep(0.02)
         assert reply.get("status") == "ok", v.log()
         with grpc.insecure_channel(f"unix:{v.socket}") as ch:
             from arbiter.proto import vgpu_pb2_grpc
