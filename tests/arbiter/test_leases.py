@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.process import read_line
 
 from arbiter.errors import RegionError
 from arbiter.leases import Pins, open_tenant_file
@@ -133,7 +134,7 @@ def test_a_tenant_that_lets_go_and_leases_again_loses_the_file_to_vgpud(tmp_path
     path.write_bytes(b"x" * 4096)
     racer = subprocess.Popen([sys.executable, "-c", _RACER, str(path)], stdout=subprocess.PIPE,
                              text=True)
-    assert racer.stdout is not None and racer.stdout.readline().strip() == "write"
+    assert read_line(racer).strip() == "write"
     pins = Pins()
     with pytest.raises(RegionError) as info:
         pins.hold("s", path)  # said at once; opened in the background

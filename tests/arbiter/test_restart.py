@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 from support.paths import LIBVGPU, NATIVE_BIN, TEST_BIN
-from support.process import clean_env, pids_running
+from support.process import clean_env, pids_running, read_line
 from support.socket_activation import activated_vgpud, listening_socket
 from support.vgpud_harness import Takeover, Vgpud, pb
 
@@ -186,7 +186,7 @@ def test_restart_keeps_inodes_limits_and_updates_of_a_running_process(act, simgp
     assert p.stdout is not None
     seen = []
     while not seen or seen[-1]["op"] != "info":
-        seen.append(json.loads(p.stdout.readline()))
+        seen.append(json.loads(read_line(p)))
     assert [x["result"] for x in seen if x["op"] == "alloc"] == ["CUDA_SUCCESS"]
     assert seen[-1]["total"] == 256 * MiB
     os.kill(p.pid, signal.SIGSTOP)  # holds the files open (mapped) across both restarts

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from support.paths import ROOT
+from support.process import read_line
 
 from arbiter.errors import StateError
 from arbiter.model import Grant, OwnerKind, Policy, Priority, Slice
@@ -351,7 +352,7 @@ def test_sigkill_never_loses_or_half_makes_a_slice(tmp_path):
                                  cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)
         assert child.stdout is not None
-        first = child.stdout.readline()  # it is writing: kill it somewhere in the burst
+        first = read_line(child)  # it is writing: kill it somewhere in the burst
         assert first, child.stderr.read() if child.stderr else ""
         time.sleep(rng.uniform(0.0, 0.4))
         child.send_signal(signal.SIGKILL)

@@ -26,6 +26,21 @@ def run(cmd: list[str], env: dict[str, str], timeout: float = 60, check: bool = 
     return p
 
 
+def read_line(proc: subprocess.Popen[str]) -> str:
+    """One line of proc's stdout, read a byte at a time from the pipe itself: a readline
+    on the buffered stream reads ahead, and what it read ahead is lost to a later
+    communicate(), which reads the raw pipe (seen on a loaded machine, where the child
+    has written several lines by the time the test reads the first). "" at EOF."""
+    assert proc.stdout is not None
+    fd, line = proc.stdout.fileno(), bytearray()
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line.decode()
+
+
 def pids_running(program: str, arg: str) -> list[int]:
     """Processes whose argv[0] ends with `program` and that have `arg` among their arguments
     (read from /proc: a test's own vgpu-broker, gpu_load, ...)."""

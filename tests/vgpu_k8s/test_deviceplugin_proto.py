@@ -3,13 +3,11 @@
 what `make proto` makes, and the names and field numbers on the wire are the kubelet's."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.paths import ROOT
+from support.protoc import assert_stubs_current
 
 from vgpu_k8s.proto import deviceplugin_v1beta1_pb2 as api
 
@@ -19,15 +17,7 @@ STUBS = ("deviceplugin_v1beta1_pb2.py", "deviceplugin_v1beta1_pb2_grpc.py")
 
 def test_committed_stubs_are_current(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
-    (tmp_path / "vgpu_k8s" / "proto").mkdir(parents=True)
-    shutil.copy(ROOT / PROTO, tmp_path / PROTO)
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.",
-                    "--grpc_python_out=.", PROTO],
-                   cwd=tmp_path, check=True, capture_output=True, text=True, timeout=120)
-    for name in STUBS:
-        fresh = (tmp_path / "vgpu_k8s" / "proto" / name).read_text()
-        committed = (ROOT / "vgpu_k8s" / "proto" / name).read_text()
-        assert committed == fresh, f"vgpu_k8s/proto/{name} is stale: run `make proto`"
+    assert_stubs_current(tmp_path, PROTO, STUBS)
 
 
 def test_makefile_target_runs_the_same_command() -> None:

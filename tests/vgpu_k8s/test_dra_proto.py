@@ -4,13 +4,11 @@ into vgpu_k8s: the committed stubs are what `make proto` makes, and the package,
 method, message and field names and numbers on the wire are the kubelet's."""
 from __future__ import annotations
 
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from support.paths import ROOT
+from support.protoc import assert_stubs_current
 
 from vgpu_k8s.proto import dra_v1_pb2, dra_v1beta1_pb2, pluginregistration_v1_pb2
 
@@ -20,16 +18,8 @@ PROTOS = ("dra_v1", "dra_v1beta1", "pluginregistration_v1")
 @pytest.mark.parametrize("name", PROTOS)
 def test_committed_stubs_are_current(tmp_path: Path, name: str) -> None:
     pytest.importorskip("grpc_tools")
-    proto = f"vgpu_k8s/proto/{name}.proto"
-    (tmp_path / "vgpu_k8s" / "proto").mkdir(parents=True)
-    shutil.copy(ROOT / proto, tmp_path / proto)
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I.", "--python_out=.",
-                    "--grpc_python_out=.", proto],
-                   cwd=tmp_path, check=True, capture_output=True, text=True, timeout=120)
-    for stub in (f"{name}_pb2.py", f"{name}_pb2_grpc.py"):
-        fresh = (tmp_path / "vgpu_k8s" / "proto" / stub).read_text()
-        committed = (ROOT / "vgpu_k8s" / "proto" / stub).read_text()
-        assert committed == fresh, f"vgpu_k8s/proto/{stub} is stale: run `make proto`"
+    assert_stubs_current(tmp_path, f"vgpu_k8s/proto/{name}.proto",
+                         (f"{name}_pb2.py", f"{name}_pb2_grpc.py"))
 
 
 @pytest.mark.parametrize("name", PROTOS)
