@@ -340,12 +340,14 @@ static int slot_of(const struct vg_bgpu *g, uint64_t key)
 }
 
 /* Find .req files beside the GPU file (and their .conf when vgpud runs us). */
-static void rescan(struct vg_bgpu *g, uint64_t now)
+/* Returns how many slices it took on. */
+static int rescan(struct vg_bgpu *g, uint64_t now)
 {
+    int taken = 0;
     g->last_scan = now;
     DIR *d = opendir(g->dir);
     if (!d)
-        return;
+        return 0;
     for (unsigned i = 0; i < VGPU_SCHED_ENTRIES; i++)
         g->sl[i].seen = 0;
     size_t ulen = strlen(g->uuid);
@@ -414,6 +416,7 @@ static void rescan(struct vg_bgpu *g, uint64_t now)
                 sizeof(b->wake_seq))
                 b->wake_seq = 0;
             take_on(g, i, key, now);
+            taken++;
         }
         b->seen = 1;
     }
@@ -423,6 +426,7 @@ static void rescan(struct vg_bgpu *g, uint64_t now)
         if (b->key && (!b->seen || (!g->confs && vg_pol_stale(&g->pol, (int)i, now))))
             drop(g, (int)i, now);
     }
+    return taken;
 }
 
 /* ---- one step ---- */
@@ -514,10 +518,21 @@ static void await_cause(struct vg_bgpu *g, uint64_t until)
         /* (Also a request made after the step and before the bell.) */
         if (changed(g, now) || now >= until)
             break;
+        /* A ring may come from a slice the broker does not know yet (a new container's
+         * first request: a high priority one preempts at once): its .req is found by a
+         * scan, at most one per RESCAN_RUNG_NS however often anyone rings. */
+        uint64_t scan_at = g->last_scan + RESCAN_RUNG_NS;
+        if (g->rung && !g->priv && now >= scan_at) {
+            g->rung = 0;
+            if (rescan(g, now))
+                break;
+        }
         if (woken)
             note_empty_ring(g, now);
         woken = 0;
         uint64_t left = until - now;
+        if (g->rung && !g->priv && scan_at - now < left)
+            left = scan_at - now; /* a ring waits for its scan no longer than that */
         if (quiet) {
             struct timespec ts = {0, (long)(left < QUIET_NS ? left : QUIET_NS)};
             nanosleep(&ts, NULL);

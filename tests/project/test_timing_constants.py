@@ -8,14 +8,12 @@ below or listed as used by C alone, with who uses it: a time added there is plac
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from support import hand_broker
 from support.paths import ROOT
 
 from arbiter import sched
@@ -24,17 +22,8 @@ HEADER = ROOT / "libvgpu" / "include" / "vgpu_timing.h"
 _DEFINE = re.compile(r"^#define[ \t]+(VGPU_[A-Z0-9_]+)[ \t]+\S", re.MULTILINE)
 
 
-def _test_module(path: Path) -> ModuleType:
-    """A test module's own constants, loaded from its file (test modules are no package)."""
-    spec = importlib.util.spec_from_file_location(f"_pinned_{path.stem}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _broker_reports_tail() -> int:
-    return int(_test_module(ROOT / "tests" / "libvgpu" / "test_broker_reports.py").TAIL_MAX_NS)
+    return hand_broker.TAIL_MAX_NS
 
 
 #: vgpu_timing.h macro -> its Python copy (a callable: read when the test runs).
