@@ -172,6 +172,13 @@ class Arbiter:
                        regions_made=list(report.created), regions_fixed=list(report.fixed),
                        regions_removed=list(report.removed))
 
+    def repair_sched(self) -> None:
+        """Remake deleted or damaged scheduling files and drop strays, under the lock: a
+        slice allocated meanwhile has its files made under it too, so a snapshot of the
+        slices taken outside it would call that slice's new files strays and delete them."""
+        with self._lock:
+            self.regions.repair_sched(list(self._slices.values()))
+
     def retry_pending(self) -> None:
         """Write and hold the slice files a tenant's lease kept from vgpud, if it has ended
         (under the lock: an Update meanwhile must not be overwritten with older limits)."""

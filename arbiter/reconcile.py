@@ -124,7 +124,7 @@ class Reconciler:
                     report.released.append(s.id)
                     log.info("released slice %s of %s %s: %s", s.id, s.owner_kind, s.owner, why)
             # A deleted scheduling file is made again (a kept one keeps its inode).
-            self.arbiter.regions.repair_sched(self.arbiter.slices())
+            self.arbiter.repair_sched()
             # Files a tenant's lease kept from vgpud: written and held now if it has ended.
             self.arbiter.retry_pending()
             self._check_drift(report)

@@ -6,6 +6,7 @@ import dataclasses
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -174,3 +175,37 @@ def test_thread_runs_passes_and_stops(arbiter):
         rec.stop()
     assert not rec._thread.is_alive()  # type: ignore[union-attr]
     assert Path(arbiter.regions.root).exists() and not arbiter.regions.exists(gone.id)
+
+
+def test_a_pass_never_takes_a_slice_allocated_meanwhile_for_a_stray(arbiter, sleeper):
+    """The pass repairs the scheduling files against the slices as they are under the
+    arbiter's lock: a slice allocated between a snapshot and the pass's look at the
+    directory had its .req and .conf deleted as strays (no broker would ever serve it)."""
+    from arbiter.sched import slice_file_keys, slice_key_of
+
+    owner = sleeper()
+    rec = Reconciler(arbiter)
+    stop = threading.Event()
+
+    def passes() -> None:
+        while not stop.is_set():
+            rec.run_once()
+
+    t = threading.Thread(target=passes)
+    t.start()
+    made = []
+    try:
+        for n in range(300):   # 40 at a time (2 % each), the oldest released
+            made.append(arbiter.allocate(Request(
+                owner=f"p{n}", memory=MiB, compute=2, owner_kind=OwnerKind.PROCESS,
+                owner_pid=owner.pid)).slice)
+            if len(made) > 40:
+                arbiter.release(made.pop(0).id)
+            # Its files are there once allocate returns, whatever a pass did meanwhile.
+            assert slice_key_of(made[-1].id, 0) in slice_file_keys(arbiter.regions.sched_root)
+    finally:
+        stop.set()
+        t.join()
+    live = {slice_key_of(s.id, 0) for s in arbiter.slices()}
+    assert live == {slice_key_of(s.id, 0) for s in made}
+    assert slice_file_keys(arbiter.regions.sched_root) == live
