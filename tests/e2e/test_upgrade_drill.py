@@ -244,7 +244,10 @@ def test_upgrade_drill(tmp_path):
             _, err = p.communicate(timeout=60)
             assert p.returncode == 0, f"{pct}%: exit {p.returncode}: {err}"
         assert list(new.stub.List(pb.ListRequest(), timeout=5).slices) == []
-        released = {e["owner"] for e in new.events("release")}
+        # By the N-1 hook's poststop, or by N's reconciler when it saw the container's
+        # init gone first (a race either may win on a loaded machine).
+        released = {e["owner"] for e in new.events()
+                    if e["kind"] in ("release", "reconcile.release")}
         assert {cid for _, cid, _ in long_runs} <= released
         # Enforced throughout: no fixed slice above its share, and the GPU split between
         # them as their shares say. (Their sum falls short of 90 % here: two CPUs also run
