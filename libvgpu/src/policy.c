@@ -105,10 +105,7 @@ static int64_t add_capped(int64_t *b, int64_t add, int64_t cap)
  * that waited for another's hold meanwhile (waiting: as of the last step) banks up to
  * VG_POL_WAIT_BANK_NS more: what it earns while that hold runs to its end is its share,
  * not idle time's (at the bare cap a step loop beside a greedy neighbour lost part of
- * every wait, and the more, the later the hand-overs a loaded host made). So does the
- * holder (`waited` is set for it too): granted with what it banked, it would otherwise
- * be over the bare cap and earn nothing until its hold's charge caught up (a fixed 70 %
- * beside a greedy burst 30 % lost up to 8 ms of every 10 ms hold's earnings: 68.3 %). */
+ * every wait, and the more, the later the hand-overs a loaded host made). */
 static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled, int waited)
 {
     if (now <= b->credit_ts)
@@ -664,7 +661,7 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
         struct vg_pol_slice *b = &p->sl[i];
         if (!b->in_use)
             continue;
-        refill(b, now, (int64_t)unsettled(p, (int)i, now), b->waiting || (int)i == p->holder);
+        refill(b, now, (int64_t)unsettled(p, (int)i, now), b->waiting && (int)i != p->holder);
         const struct vg_pol_claims *r = &b->req;
         b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, ago(now, VGPU_ACTIVE_NS), now);
         /* Active: waiting, or renewing its lease or its 100% activity (a lapsed

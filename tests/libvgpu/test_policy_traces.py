@@ -252,24 +252,6 @@ def test_what_a_waiter_banks_is_bounded_by_a_quantum() -> None:
     assert accounts(trace)["l"]["credit"] == 30.0
 
 
-def test_a_holder_keeps_what_it_banked_while_it_waited() -> None:
-    """wait bank, held: a fixed 70 % and a burst 30 % ask together after 100 ms idle (each
-    at the 20 ms cap). The burst goes first (more credit per share); the fixed slice banks
-    past the cap while it waits, and is granted with that. It must go on earning through
-    its hold: every ms it earned from its first request is either run or still credit.
-    (When the bank applied to waiters alone, a holder over the bare cap earned nothing
-    until its hold's charge caught up: 12.8 ms lost here, up to 8 ms of every 10 ms hold
-    beside a greedy burst on simgpu, where the fixed slice got 68.3 %.)"""
-    a = accounts("""
-        0 F settings share=70 policy=fixed
-        0 B settings share=30 policy=burst
-        100 B greedy tail=1
-        100 F greedy tail=1
-        400 - end
-    """)
-    assert a["F"]["used"] + a["F"]["credit"] == pytest.approx(20 + 0.7 * 300)
-
-
 def test_the_switch_before_a_holds_first_kernel_is_not_its_own() -> None:
     """start claim: a hold's work first runs after the GPU switched to its context (~150 us
     on an H200, where every hand-over cost a fixed 50 % slice 4-7 points when it was
