@@ -339,8 +339,8 @@ static int slot_of(const struct vg_bgpu *g, uint64_t key)
     return -1;
 }
 
-/* Find .req files beside the GPU file (and their .conf when vgpud runs us). */
-/* Returns how many slices it took on. */
+/* Find .req files beside the GPU file (and their .conf when vgpud runs us); returns how
+ * many slices it took on. */
 static int rescan(struct vg_bgpu *g, uint64_t now)
 {
     int taken = 0;

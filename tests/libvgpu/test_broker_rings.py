@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from support.hand_broker import BURST, MS, HandSlice, hold, now_ns, poll, serving
+from support.hand_broker import BEAT_NS, BURST, MS, HandSlice, hold, now_ns, poll, serving
 from support.measure import timing
 
-BEAT_NS = 10 * MS        # VGPU_BEAT_NS: the broker's look while nothing else is due
 RESCAN_RUNG_NS = 2 * MS  # broker.c: at most one scan per this however often anyone rings
 
 

@@ -22,22 +22,19 @@ HEADER = ROOT / "libvgpu" / "include" / "vgpu_timing.h"
 _DEFINE = re.compile(r"^#define[ \t]+(VGPU_[A-Z0-9_]+)[ \t]+\S", re.MULTILINE)
 
 
-def _broker_reports_tail() -> int:
-    return hand_broker.TAIL_MAX_NS
-
-
 #: vgpu_timing.h macro -> its Python copy (a callable: read when the test runs).
 TWINS = {
     # vgpud reports no broker for a GPU whose heartbeat is older (libvgpu replaces it).
     "VGPU_BROKER_DEAD_NS": lambda: sched.BROKER_DEAD_NS,
     # The hand-played hostile tenant waits out and checks the charge of an unreported tail.
-    "VGPU_TAIL_MAX_NS": _broker_reports_tail,
+    "VGPU_TAIL_MAX_NS": lambda: hand_broker.TAIL_MAX_NS,
+    # A ring from a new slice must get it taken on well before the heartbeat would.
+    "VGPU_BEAT_NS": lambda: hand_broker.BEAT_NS,
 }
 #: Macros only C reads, and where.
 C_ONLY = {
     "VGPU_US": "a unit",
     "VGPU_MS": "a unit",
-    "VGPU_BEAT_NS": "policy.c (how long the broker sleeps at most)",
     "VGPU_BROKER_STOPPED_NS": "sched.c (standalone election)",
     "VGPU_FUTURE_NS": "policy.c (claims), sched.c (the beat)",
     "VGPU_ACTIVE_NS": "policy.c",

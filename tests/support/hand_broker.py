@@ -20,6 +20,7 @@ BROKER = BUILD / "bin" / "vgpu-broker"
 UUID = "GPU-5eed0000-0000-0000-0000-00000000b0b0"
 MS = 1_000_000
 TAIL_MAX_NS = 50 * MS   # an unreported tail costs this (VGPU_TAIL_MAX_NS, test_timing_constants)
+BEAT_NS = 10 * MS       # the broker looks at least this often (VGPU_BEAT_NS, test_timing_constants)
 FIXED, BURST, NORMAL = 0, 1, 1
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98}[os.uname().machine]
 FUTEX_WAKE = 1
