@@ -174,7 +174,10 @@ class VgpuSchedReq(ctypes.Structure):
         ("pad2", ctypes.c_uint32),
         ("wake", ctypes.c_uint32),
         ("pad3", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 15),
+        ("launch_ns", ctypes.c_uint64),
+        ("launch_seq", ctypes.c_uint32),
+        ("pad4", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 13),
     ]
 
 

@@ -145,7 +145,14 @@ struct vgpu_sched_req {
                                       * grants this slice or takes it on; the slice's threads wait on
                                       * it (struct vgpu_sched wake_epoch; was reserved) */
     uint32_t pad3;
-    uint64_t reserved[15];
+    _Atomic uint64_t launch_ns;      /* when the hold launch_seq's first launch found its queue
+                                      * empty (its start event completed as it was recorded):
+                                      * its work ran no earlier, maybe later, behind the previous
+                                      * holder's tail (was reserved: a slice that never writes it
+                                      * claims that first gap in idle_ns as before) */
+    _Atomic uint32_t launch_seq;     /* the grant seq launch_ns belongs to */
+    uint32_t pad4;
+    uint64_t reserved[13];
 };
 
 #endif

@@ -241,12 +241,23 @@ static uint64_t first_claimed(const struct vg_pol *p, uint64_t now)
     return r->start_seq == p->seq && r->owner_seq == p->seq ? believed(r->start_ns, p->granted, now) : 0;
 }
 
-/* What a hold may deduct from its span [start, fin): its idle claims and, from its start
- * claim, the time before its work first ran (the previous tail is not in the span; the
- * GPU's switch to its context is, and is not its GPU time), together within the cap. */
-static uint64_t deductible(uint64_t idle, uint64_t cap, uint64_t first, uint64_t start, uint64_t fin)
+/* When the current hold's first launch found its queue empty, as its slice claims (0:
+ * unknown). Its work ran no earlier; behind a tail still running, later. */
+static uint64_t launch_claimed(const struct vg_pol *p, uint64_t now)
 {
-    uint64_t before = first > start ? (first < fin ? first : fin) - start : 0;
+    const struct vg_pol_claims *r = &p->sl[p->holder].req;
+    return r->launch_seq == p->seq && r->owner_seq == p->seq ? believed(r->launch_ns, p->granted, now) : 0;
+}
+
+/* What a hold may deduct from its span [start, fin): its idle claims and the time before
+ * its work could first run: from its start claim (the previous tail is not in the span;
+ * the GPU's switch to its context is, and is not its GPU time) or its launch claim (the
+ * GPU sat idle from the previous tail's end, where the span begins, to its launch),
+ * together within the cap. */
+static uint64_t deductible(uint64_t idle, uint64_t cap, uint64_t first, uint64_t launch, uint64_t start, uint64_t fin)
+{
+    uint64_t began = first > launch ? first : launch;
+    uint64_t before = began > start ? (began < fin ? began : fin) - start : 0;
     uint64_t all = idle + before;
     return all > cap ? cap : all;
 }
@@ -255,8 +266,8 @@ static uint64_t deductible(uint64_t idle, uint64_t cap, uint64_t first, uint64_t
 static uint64_t idle_allowed(const struct vg_pol *p, uint64_t now)
 {
     const struct vg_pol_seg *c = &p->seg[p->nseg - 1];
-    return deductible(idle_claimed(p, now), idle_cap(p, now), first_claimed(p, now), c->start ? c->start : c->granted,
-                      now);
+    return deductible(idle_claimed(p, now), idle_cap(p, now), first_claimed(p, now), launch_claimed(p, now),
+                      c->start ? c->start : c->granted, now);
 }
 
 static uint64_t live_charge(const struct vg_pol *p, uint64_t now)
@@ -360,7 +371,7 @@ static void settle(struct vg_pol *p, uint64_t fin, uint64_t now)
     if (shared > fin - s0->start)
         shared = fin - s0->start;
     uint64_t span = fin - s0->start - shared;
-    uint64_t idle = deductible(s0->idle, s0->idle_cap, s0->first, s0->start, fin);
+    uint64_t idle = deductible(s0->idle, s0->idle_cap, s0->first, s0->launch, s0->start, fin);
     if (s0->slice >= 0)
         charge_net(p, s0->slice, span - (idle > span ? span : idle) + s0->penalty, s0->refund, s0->on_floor);
     note_next_of_late(p, s0);
@@ -490,6 +501,7 @@ static void end_hold(struct vg_pol *p, uint64_t end, uint64_t now, enum vg_pol_e
     c->idle = idle_claimed(p, end);
     c->idle_cap = idle_cap(p, end);
     c->first = first_claimed(p, end);
+    c->launch = launch_claimed(p, end);
     d->ended = why;
     d->ended_slice = p->holder;
     d->revoked = revoked;

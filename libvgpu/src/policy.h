@@ -62,6 +62,8 @@ struct vg_pol_claims {
     uint64_t idle_since;  /* the queue has been empty since (0 = busy) */
     uint32_t start_seq;   /* the grant seq whose work first ran on the GPU ... */
     uint64_t start_ns;    /* ... then (the previous tail and the GPU's context switch before) */
+    uint32_t launch_seq;  /* the grant seq whose first launch found the slice's queue empty ... */
+    uint64_t launch_ns;   /* ... then: its work ran no earlier (later behind a tail still running) */
 };
 
 /* One slice: settings and claims in, the broker's accounting of it out. */
@@ -100,6 +102,7 @@ struct vg_pol_seg {
     uint64_t idle;     /* idle time it claimed (fixed when the hold ends) ... */
     uint64_t idle_cap; /* ... and the most of it, with its start claim, it may deduct */
     uint64_t first;    /* when its work first ran on the GPU, as claimed (0: not known) */
+    uint64_t launch;   /* when its first launch found its queue empty, as claimed (0: not known) */
     uint64_t penalty;  /* charged on top: a tail never reported */
     uint64_t refund;   /* taken off: half of a late tail before it that it ran alongside */
     int taken;         /* a process of the slice took the grant (latched when first seen) */

@@ -287,6 +287,67 @@ def test_a_start_claim_behind_a_revoked_tail_counts_from_the_tails_end() -> None
     assert "6.000 charge b 1.350" in lines
 
 
+def test_a_launch_after_the_previous_tail_is_charged_from_the_launch() -> None:
+    """launch claim: the hold's first launch found its queue empty at 4.7 (its start event
+    completed as it was recorded), after a's tail had drained at 4.5: the GPU sat idle
+    between the two, and b is charged from its launch. (When libvgpu claimed that first
+    gap in idle_ns, from the grant at 4.009, the tail a pays was deducted from b again: a
+    fixed 10 % beside a fixed 90 % got 10.3 %, the 90 % 89.5.)"""
+    lines = play("""
+        0 a settings share=50
+        0 b settings share=50 policy=burst
+        0 a greedy
+        1 b want
+        5 a drain at=4.5
+        5 b claim launch_seq=1 launch_ns=4.7
+        6 b release
+        8 - end
+    """)
+    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
+                         "5.000 charge a 4.500"]
+    assert "6.000 charge b 1.300" in lines
+
+
+def test_a_launch_while_the_previous_tail_runs_shares_none_of_it() -> None:
+    """launch claim: a launch onto an empty queue at 4.2 says only that b's work ran no
+    earlier; a GPU that runs contexts one after the other (simgpu's default engine) ran it
+    after a's tail, which drained at 5.0. So a pays its tail in full and b is charged from
+    5.0: unlike a start claim (shared tail), a launch claim is no proof that b's work ran
+    alongside the tail."""
+    lines = play("""
+        0 a settings share=50
+        0 b settings share=50 policy=burst
+        0 a greedy
+        1 b want
+        4.2 b claim launch_seq=1 launch_ns=4.2
+        5.2 a drain at=5.0
+        6 b release
+        8 - end
+    """)
+    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
+                         "5.200 charge a 5.000"]
+    assert "6.000 charge b 1.000" in lines
+
+
+def test_a_launch_claim_of_another_hold_is_not_believed() -> None:
+    """launch claim: believed only for the hold it names and within it (a claim of hold 1
+    read in hold 2, or dated before the grant, deducts nothing)."""
+    lines = play("""
+        0 a settings share=50 policy=burst
+        0 a want
+        1 a release
+        2 a want
+        2.5 a claim launch_seq=1 launch_ns=2.4
+        3 a release
+        4 a want
+        4.5 a claim launch_seq=3 launch_ns=3.5
+        5 a release
+        6 - end
+    """)
+    assert "3.000 charge a 1.000" in lines
+    assert "5.000 charge a 1.000" in lines
+
+
 def test_a_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     """shared tail: on a GPU that time-slices between contexts, the next holder's work runs
     in turns with a revoked hold's tail (its start claim, 4.2, is before the tail's end,
