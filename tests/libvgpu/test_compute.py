@@ -112,9 +112,12 @@ def test_high_priority_preempts_low_and_low_resumes(tmp_path: Path) -> None:
     # High gets (nearly) the whole GPU, as if alone; low stops within a bound.
     assert high.share(r.at(hs + 0.1), r.at(he)) >= 90
     assert low.share(r.at(hs + 0.1), r.at(he)) <= 3
-    # A few launches may slip in where high's process did not run for more than the
-    # activity window (5 ms) on a loaded machine; low never keeps running.
-    late = low.launches_between(first_high + 20_000_000, r.at(he))
+    # Low has stopped once high runs (its queued tail is launched before): nothing from 5 ms
+    # after high's first launch on. A few launches may slip in where high's process did not
+    # run for more than the activity window (5 ms) on a loaded machine; low never keeps
+    # running. (How soon low stops after high asks is test_broker_rings.py's: launch times
+    # cannot show it, high's first launch comes after low's revocation either way.)
+    late = low.launches_between(first_high + 5_000_000, r.at(he))
     assert len(late) <= 40, f"low kept submitting: {len(late)} launches while high ran"
     # Low uses the GPU before and resumes after.
     assert low.share(r.at(WARM), r.at(hs)) >= 90
