@@ -39,6 +39,23 @@ def _run(trace: str) -> list[str]:
                           text=True, check=True, timeout=10).stdout.splitlines()
 
 
+def behind_a_revoked_tail(events: str) -> list[str]:
+    """A fixed 50 % holds greedily and is revoked when its credit runs out (4.009); the burst
+    b, waiting since 1, is granted then and gives its hold back at 6. `events`: what a's
+    tail and b's claims do in between (lines of the trace language, in time order)."""
+    lines = play("""
+        0 a settings share=50
+        0 b settings share=50 policy=burst
+        0 a greedy
+        1 b want
+    """ + textwrap.dedent(events) + """
+        6 b release
+        8 - end
+    """)
+    assert lines[:3] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b"]
+    return lines
+
+
 # ---- credit ----
 
 def test_a_fixed_slice_waits_for_credit() -> None:
@@ -272,18 +289,11 @@ def test_the_switch_before_a_holds_first_kernel_is_not_its_own() -> None:
 def test_a_start_claim_behind_a_revoked_tail_counts_from_the_tails_end() -> None:
     """start claim: behind a revoked holder's tail the hold is charged from the tail's end
     (tail), and its start claim deducts only the switch after it, not the tail again."""
-    lines = play("""
-        0 a settings share=50
-        0 b settings share=50 policy=burst
-        0 a greedy
-        1 b want
+    lines = behind_a_revoked_tail("""
         5 a drain at=4.5
         5 b claim start_seq=1 start_ns=4.65
-        6 b release
-        8 - end
     """)
-    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
-                         "5.000 charge a 4.500"]
+    assert lines[3] == "5.000 charge a 4.500"
     assert "6.000 charge b 1.350" in lines
 
 
@@ -293,18 +303,11 @@ def test_a_launch_after_the_previous_tail_is_charged_from_the_launch() -> None:
     between the two, and b is charged from its launch. (When libvgpu claimed that first
     gap in idle_ns, from the grant at 4.009, the tail a pays was deducted from b again: a
     fixed 10 % beside a fixed 90 % got 10.3 %, the 90 % 89.5.)"""
-    lines = play("""
-        0 a settings share=50
-        0 b settings share=50 policy=burst
-        0 a greedy
-        1 b want
+    lines = behind_a_revoked_tail("""
         5 a drain at=4.5
         5 b claim launch_seq=1 launch_ns=4.7
-        6 b release
-        8 - end
     """)
-    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
-                         "5.000 charge a 4.500"]
+    assert lines[3] == "5.000 charge a 4.500"
     assert "6.000 charge b 1.300" in lines
 
 
@@ -314,18 +317,11 @@ def test_a_launch_while_the_previous_tail_runs_shares_none_of_it() -> None:
     after a's tail, which drained at 5.0. So a pays its tail in full and b is charged from
     5.0: unlike a start claim (shared tail), a launch claim is no proof that b's work ran
     alongside the tail."""
-    lines = play("""
-        0 a settings share=50
-        0 b settings share=50 policy=burst
-        0 a greedy
-        1 b want
+    lines = behind_a_revoked_tail("""
         4.2 b claim launch_seq=1 launch_ns=4.2
         5.2 a drain at=5.0
-        6 b release
-        8 - end
     """)
-    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
-                         "5.200 charge a 5.000"]
+    assert lines[3] == "5.200 charge a 5.000"
     assert "6.000 charge b 1.000" in lines
 
 
@@ -354,18 +350,11 @@ def test_a_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     5.0): each had half of those 0.8 ms, so the tail's slice pays 4.6 and the next hold is
     charged from 4.6 (charged from 5.0, a fixed 30 % beside a greedy neighbour with 5 ms
     kernels got 20 % on simgpu's time-sliced engine, and the neighbour its work for free)."""
-    lines = play("""
-        0 a settings share=50
-        0 b settings share=50 policy=burst
-        0 a greedy
-        1 b want
+    lines = behind_a_revoked_tail("""
         4.2 b claim start_seq=1 start_ns=4.2
         5.2 a drain at=5.0
-        6 b release
-        8 - end
     """)
-    assert lines[:4] == ["0.000 grant a", "4.009 end a credit", "4.009 grant b",
-                         "5.200 charge a 4.600"]
+    assert lines[3] == "5.200 charge a 4.600"
     assert "6.000 charge b 1.400" in lines
 
 
