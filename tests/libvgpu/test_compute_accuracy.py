@@ -13,12 +13,16 @@ from __future__ import annotations
 import itertools
 import statistics
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
-from support.gpu_loads import Load, run_loads, step_loop, use_alone, wear_sched_file
+from support.gpu_loads import Load, Run, run_loads, step_loop, use_alone, wear_sched_file
 from support.measure import TOL, WARM, burst, fixed, timing
 from support.paths import TEST_BIN
+
+from arbiter.sched import open_sched
 
 SECONDS = 3.0
 
@@ -137,6 +141,53 @@ def test_a_late_drain_report_is_not_a_gap_in_the_apps_work(tmp_path: Path) -> No
     loads = [Load(fixed(70), args=["--queue", "4"]), Load(burst(30), args=["--queue", "4"])]
     got = shares(tmp_path, loads, simgpu=late)
     assert got[0] == pytest.approx(70, abs=TOL), got
+
+
+@timing
+def test_a_slice_is_charged_what_its_kernels_ran(tmp_path: Path) -> None:
+    """Charged by the GPU's clock: what the broker charged a fixed 10 % beside a fixed 90 %
+    between two of its holds (its entry's used_ns, read while the 90 % held the token) is
+    what its kernels ran on simgpu's engine in between, within 1 %. (When a hold's first
+    gap was claimed from the grant, the part of the previous holder's tail that ran past
+    the grant was deducted from the new holder as well: each hold was charged about its
+    wake-up to the grant less than it ran, 2-3 % of the 10 %: rule *Launch claim*.)"""
+    kernel, args = "busy_200us", ["--queue", "20"]
+    seconds, lo_s, hi_s = 2.6, 1.7, 2.5
+    samples: list[tuple[int, int]] = []
+
+    def sample(procs: list[subprocess.Popen], run: Run) -> None:
+        def loop() -> None:
+            time.sleep(max(0.0, (run.at(lo_s - 0.1) - time.monotonic_ns()) / 1e9))
+            gpu = next(p for p in (tmp_path / "sched").iterdir() if "." not in p.name)
+            with open_sched(gpu) as sched:
+                while (now := time.monotonic_ns()) < run.at(hi_s):
+                    used = [e.used_ns for e in sched.snapshot().entries if e.key and e.share == 10]
+                    if used:
+                        samples.append((now, used[0]))
+                    time.sleep(0.0002)
+        threading.Thread(target=loop, daemon=True).start()
+
+    r = run_loads(tmp_path, [Load(fixed(10), kernel=kernel, args=args),
+                             Load(fixed(90), kernel=kernel, args=args)], seconds, on_started=sample)
+    for i, t in enumerate(r.traces):
+        assert t.summary["returncode"] == 0, f"load {i}: {t.stderr}"
+    kernels = sorted(timeline(tmp_path))
+    mine = [(a, b) for a, b, pid in kernels if pid == r.traces[0].summary["pid"]]
+    # Between two of its holds on the engine (the 90 % ran > 1 ms): read from 0.5 ms after the
+    # last kernel of one (its drain reported by then, so it is settled) to just before the
+    # next one's first, when nothing of the 10 % runs.
+    lo = max(kernels[0][0], r.at(lo_s))
+    marks = []
+    for (_, end), (begin, _) in itertools.pairwise(mine):
+        between = [x for x in samples if end + 500_000 < x[0] < begin - 100_000]
+        if begin - end > 1_000_000 and between and between[-1][0] > lo:
+            marks.append(between[-1])
+    assert len(marks) >= 10, f"too few holds of the 10 % in the window: {len(marks)}"
+    (t1, used1), (t2, used2) = marks[0], marks[-1]
+    ran = sum(max(0, min(b, t2) - max(a, t1)) for a, b in mine)
+    charged = used2 - used1
+    assert charged == pytest.approx(ran, rel=0.01), \
+        f"charged {charged / 1e6:.3f} ms for {ran / 1e6:.3f} ms run over {len(marks) - 1} holds"
 
 
 # A new slice's load in the 20 runs: greedy, a step loop, a graph of 8 ms.
