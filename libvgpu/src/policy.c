@@ -234,11 +234,18 @@ static uint64_t idle_cap(const struct vg_pol *p, uint64_t now)
     return p->uncontended + contended / VG_POL_CONTENDED_IDLE_DIV;
 }
 
+/* A time the holder's slice claims for the current hold (seq names the hold it is about):
+ * believed within that hold only (0: none). */
+static uint64_t hold_claim(const struct vg_pol *p, uint32_t seq, uint64_t t, uint64_t now)
+{
+    return seq == p->seq && p->sl[p->holder].req.owner_seq == p->seq ? believed(t, p->granted, now) : 0;
+}
+
 /* When the current hold's work first ran on the GPU, as its slice claims (0: unknown). */
 static uint64_t first_claimed(const struct vg_pol *p, uint64_t now)
 {
     const struct vg_pol_claims *r = &p->sl[p->holder].req;
-    return r->start_seq == p->seq && r->owner_seq == p->seq ? believed(r->start_ns, p->granted, now) : 0;
+    return hold_claim(p, r->start_seq, r->start_ns, now);
 }
 
 /* When the current hold's first launch found its queue empty, as its slice claims (0:
@@ -246,7 +253,7 @@ static uint64_t first_claimed(const struct vg_pol *p, uint64_t now)
 static uint64_t launch_claimed(const struct vg_pol *p, uint64_t now)
 {
     const struct vg_pol_claims *r = &p->sl[p->holder].req;
-    return r->launch_seq == p->seq && r->owner_seq == p->seq ? believed(r->launch_ns, p->granted, now) : 0;
+    return hold_claim(p, r->launch_seq, r->launch_ns, now);
 }
 
 /* What a hold may deduct from its span [start, fin): its idle claims and the time before

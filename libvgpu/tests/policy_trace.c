@@ -31,8 +31,9 @@
  *   silence             its processes stop renewing anything (killed, stopped)
  *   claim F=V ...       write claims by hand: want, want_ns, owner_seq, release_seq,
  *                       release_ns, drain_seq, drain_ns, yield_seq, idle_ns, active_ns,
- *                       idle_since, start_seq, start_ns, launch_seq, launch_ns; times in trace ms (`never` = 0), seqs as the
- *                       slice's K-th hold (0 = none), idle_ns in ms
+ *                       idle_since, start_seq, start_ns, launch_seq, launch_ns; times in
+ *                       trace ms (`never` = 0), seqs as the slice's K-th hold (0 = none),
+ *                       idle_ns in ms
  *   leave               the slice is gone (its files removed)
  * Events of no slice:
  *   account             print every slice's accounting
