@@ -350,7 +350,8 @@ def test_reconciler_releases_a_dead_process_owner(daemons):
     v.wait_for(lambda: [x.id for x in v.stub.List(pb.ListRequest()).slices] == [keep.id],
                what="release of the dead owner's slice")
     assert not Path(s.region_dir).exists()
-    (ev,) = v.events("reconcile.release")
+    # The event is written once the release is durable, after List stops showing it.
+    (ev,) = v.wait_for(lambda: v.events("reconcile.release"), what="reconcile.release event")
     assert ev["slice"] == s.id
     (v.runc / "container-1").rmdir()  # the container is gone
     v.wait_for(lambda: not v.stub.List(pb.ListRequest()).slices, what="container release")

@@ -169,7 +169,8 @@ def test_runc_with_another_root_keeps_its_slice_while_it_runs(host, tmp_path):
     keeps_slice_while_running(host, cid, s.id)
     host.stop(cid, p)
     assert host.slices() == []
-    assert [e["slice"] for e in released_events(host)] == [s.id]
+    assert [e["slice"] for e in host.vgpud.wait_for(lambda: released_events(host),
+                                                    what="the release event")] == [s.id]
 
 
 def test_crun_keeps_its_slice_while_it_runs_and_loses_it_after(tmp_path):
@@ -233,7 +234,8 @@ def test_same_container_id_twice(host, tmp_path, second):
     assert [x.id for x in host.slices()] == [s.id]
     host.stop(cid, first)
     assert host.slices() == []
-    assert [e["slice"] for e in released_events(host)] == [s.id]
+    assert [e["slice"] for e in host.vgpud.wait_for(lambda: released_events(host),
+                                                    what="the release event")] == [s.id]
 
 
 def test_a_process_left_in_the_cgroup_keeps_the_slice(host, tmp_path):
