@@ -51,6 +51,10 @@
 #define QUEUE_NS (4 * MS)          /* queued work a holder keeps ahead of the GPU */
 #define QUEUE_CONTENDED_NS (1 * MS)/* ... while another slice waits: its wait is our queue */
 #define EVENT_EVERY_NS (100 * US)   /* one event per this much launched work */
+/* A holder thread blocked this long in one event sync has its lease renewed for it (lease_thread):
+ * within VGPU_ACTIVE_NS, so a holder in a long kernel stays active as well as alive. */
+#define LEASE_SYNC_NS (2 * MS)
+_Static_assert(LEASE_SYNC_NS + VGPU_LEASE_RENEW_NS < VGPU_ACTIVE_NS, "a holder in a long sync stays active");
 #define REF_MOVE_NS (50 * MS)      /* the reference event moves on after this much GPU time
                                     * (cuEventElapsedTime is a float of ms: ~3 ns at 50 ms) */
 /* What the broker relies on us for (renewals, the tail we may queue) and we on it (its
@@ -108,6 +112,7 @@ struct sdev {
     uint32_t drain_seq;
     uint64_t ev_serial, drain_serial;  /* a revoked hold drains when its last event (this) completes */
     uint64_t last_launch, idle_from, idle_total, last_active, last_beat;
+    uint64_t sync_from;          /* the holder thread has blocked in an event sync since (0: not) */
     uint64_t hold_from;          /* when this process took the current hold */
     uint64_t first_gap;          /* the hold's first gap, claimed idle at its first launch ... */
     uint64_t first_start;        /* ... until the start event before it (this serial) says when
@@ -134,6 +139,8 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_cond;        /* app threads (init_conds) */
 static pthread_cond_t g_thread_cond; /* the holder's thread */
 static int g_thread_started;
+static pthread_cond_t g_lease_cond;  /* the lease thread, asleep while no holder thread syncs */
+static int g_lease_asleep;
 static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 static volatile int g_broker_stop;   /* never set: a broker thread lives as long as its process */
 
@@ -412,6 +419,7 @@ static void init_conds(void)
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
     pthread_cond_init(&g_cond, &attr);
     pthread_cond_init(&g_thread_cond, &attr);
+    pthread_cond_init(&g_lease_cond, &attr);
     pthread_condattr_destroy(&attr);
 }
 
@@ -421,9 +429,11 @@ static void after_fork_child(void)
     pthread_mutex_init(&g_lock, NULL);
     init_conds();
     g_thread_started = 0;
+    g_lease_asleep = 0;
     for (int i = 0; i < VG_MAX_DEVICES; i++) {
         struct sdev *d = &g_dev[i];
         d->holding = d->acquiring = d->draining = 0;
+        d->sync_from = 0;
         d->launching = d->npend = d->nfree = 0;
         d->launches = d->done = d->ev_mark = 0;
         d->have_ref = 0; /* (the parent's events) */
@@ -765,9 +775,15 @@ static void *holder_thread(void *arg)
                 /* Block on our oldest event: a launch waiting for room goes in the moment
                  * one completes. (When we wake does not date anything: the event does.) */
                 CUevent first = d->pend[0].ev;
+                d->sync_from = now; /* a long one: the lease thread renews our lease meanwhile */
+                if (g_lease_asleep) {
+                    g_lease_asleep = 0;
+                    pthread_cond_signal(&g_lease_cond);
+                }
                 pthread_mutex_unlock(&g_lock);
                 p_event_sync(first);
                 pthread_mutex_lock(&g_lock);
+                d->sync_from = 0;
                 reap(d);
                 now = vg_broker_now();
             }
@@ -853,12 +869,50 @@ static void *holder_thread(void *arg)
     return NULL;
 }
 
+/* The holder thread renews its lease between event syncs; one sync can outlast the lease
+ * (a kernel longer than VGPU_LEASE_NS, or one that other contexts' time slices stretch), and
+ * a live holder must not lose the token as if its process had died. This thread renews the
+ * lease of a holder thread blocked in a sync longer than LEASE_SYNC_NS, while its grant
+ * stands. It stops with its process (death, SIGSTOP), so the lease still says that; a hung
+ * kernel keeps a hold only until its credit or quantum runs out, as any other. */
+static void *lease_thread(void *arg)
+{
+    (void)arg;
+    prctl(PR_SET_NAME, "vgpu-lease");
+    pthread_mutex_lock(&g_lock);
+    for (;;) {
+        uint64_t now = vg_broker_now(), next = 0;
+        for (int dev = 0; dev < VG_MAX_DEVICES; dev++) {
+            struct sdev *d = &g_dev[dev];
+            if (d->state != ST_ON || !d->holding || !d->sync_from)
+                continue;
+            uint64_t due = (d->last_beat > d->sync_from ? d->last_beat : d->sync_from) + LEASE_SYNC_NS;
+            if (now >= due && atomic_load(&d->s->grant) == d->grant) {
+                d->last_beat = now;
+                atomic_store(&d->q->active_ns, now);
+                due = now + LEASE_SYNC_NS;
+            }
+            if (!next || due < next)
+                next = due;
+        }
+        if (!next) {
+            g_lease_asleep = 1; /* the next sync wakes us */
+            pthread_cond_wait(&g_lease_cond, &g_lock);
+            continue;
+        }
+        struct timespec ts = deadline_in(next > now ? next - now : 0);
+        pthread_cond_timedwait(&g_lease_cond, &g_lock, &ts);
+    }
+    return NULL;
+}
+
 static void start_thread(void)
 {
     if (g_thread_started)
         return;
     g_thread_started = 1;
     start_detached(holder_thread, NULL);
+    start_detached(lease_thread, NULL);
 }
 
 /* The word this slice's threads sleep on while they wait for the broker: the wake word of

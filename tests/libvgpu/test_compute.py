@@ -21,6 +21,7 @@ from support.measure import TOL, WARM, burst, fixed, shares, timing
 from support.process import run
 
 from arbiter.proc import stat_fields
+from arbiter.sched import open_sched
 
 
 @timing
@@ -177,6 +178,21 @@ def test_a_dead_or_stopped_holder_does_not_stall_the_gpu(tmp_path: Path, sig: in
     assert survivor.summary["returncode"] == 0, survivor.stderr
     # The survivor has the GPU to itself once the token's lease (200 ms) lapses.
     assert survivor.share(r.at(at + 0.5), r.at(seconds)) >= 85
+
+
+def test_a_holder_in_a_long_kernel_keeps_its_lease(tmp_path: Path) -> None:
+    """A kernel longer than the lease (VGPU_LEASE_NS, 50 ms) blocks the holder thread in one
+    event sync that long; the lease thread renews the lease meanwhile, so the broker never
+    takes the token from a live holder as if its process had died. (Before it, this slice
+    alone lost the token to its lapsed lease in every kernel: 13 revocations in 1.2 s.)
+    A slice alone and burst is revoked for nothing else: no one waits, no credit runs out."""
+    r = run_loads(tmp_path, [Load(burst(50), kernel="busy_80000us")], 1.2)
+    assert r.traces[0].summary["returncode"] == 0, r.traces[0].stderr
+    gpu = next(p for p in (tmp_path / "sched").iterdir() if "." not in p.name)
+    with open_sched(gpu) as sched:
+        snap = sched.snapshot()
+    assert [e.holds for e in snap.entries if e.key] != [0], "the slice never held the token"
+    assert snap.revocations == 0, f"a live holder lost the token {snap.revocations} times"
 
 
 def _thread_cpu_s(pid: int, name: str) -> float:
