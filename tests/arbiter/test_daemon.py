@@ -349,10 +349,11 @@ def test_reconciler_releases_a_dead_process_owner(daemons):
         owner.wait()
     v.wait_for(lambda: [x.id for x in v.stub.List(pb.ListRequest()).slices] == [keep.id],
                what="release of the dead owner's slice")
-    assert not Path(s.region_dir).exists()
-    # The event is written once the release is durable, after List stops showing it.
+    # The event is written once the release is durable and its files are gone, after
+    # List stops showing it.
     (ev,) = v.wait_for(lambda: v.events("reconcile.release"), what="reconcile.release event")
     assert ev["slice"] == s.id
+    assert not Path(s.region_dir).exists()
     (v.runc / "container-1").rmdir()  # the container is gone
     v.wait_for(lambda: not v.stub.List(pb.ListRequest()).slices, what="container release")
 

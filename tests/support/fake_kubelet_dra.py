@@ -3,7 +3,8 @@
 
 Like the kubelet's plugin watcher it scans `<kubelet dir>/plugins_registry/` for sockets
 (at start, then every 50 ms, where the kubelet uses inotify), calls GetInfo on each new
-one, checks the answer (type DRAPlugin, an endpoint socket, a DRA version it speaks),
+one (again on the next scan when it could not reach it, as the kubelet's reconciler
+does), checks the answer (type DRAPlugin, an endpoint socket, a DRA version it speaks),
 dials the endpoint and answers NotifyRegistrationStatus. A socket that disappears is
 deregistered. Tests then call NodePrepareResources / NodeUnprepareResources through the
 registered endpoint over API v1 or v1beta1, as the kubelet does before a pod's containers
@@ -127,7 +128,10 @@ class DraKubelet:
             for path, inode in present.items():
                 if self._seen.get(path) != inode:
                     self._seen[path] = inode
-                    self._register(path, inode)
+                    if not self._register(path, inode):
+                        # The kubelet's reconciler tries a socket it could not reach
+                        # again on its next pass (a plugin under load answers late).
+                        del self._seen[path]
             for path in [p for p in self._seen if p not in present]:
                 del self._seen[path]
                 with self._cond:
@@ -137,8 +141,10 @@ class DraKubelet:
                             p.channel.close()
             self._stop.wait(0.05)
 
-    def _register(self, path: Path, inode: int) -> None:
+    def _register(self, path: Path, inode: int) -> bool:
+        """Register the plugin at `path`; False when it could not be reached."""
         channel = grpc.insecure_channel(f"unix:{path}")
+        reached = True
         try:
             stub = reg_grpc.RegistrationStub(channel)
             info = stub.GetInfo(reg.InfoRequest(), timeout=5)
@@ -148,11 +154,13 @@ class DraKubelet:
         except grpc.RpcError as e:
             why = f"registration socket {path}: {e.code()}"
             info = None
+            reached = False
         finally:
             channel.close()
         with self._cond:
             if why or info is None:
-                self.refusals.append(why)
+                if why not in self.refusals[-1:]:
+                    self.refusals.append(why)
             else:
                 old = self.plugins.get(info.name)
                 self.plugins[info.name] = DraPlugin(
@@ -161,6 +169,7 @@ class DraKubelet:
                 if old is not None:
                     old.channel.close()
             self._cond.notify_all()
+        return reached
 
     @staticmethod
     def _refuse(info: Any) -> str:
