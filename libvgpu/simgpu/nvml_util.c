@@ -27,12 +27,13 @@ static int by_pid_start(const void *a, const void *b)
 }
 
 /* The intervals' parts inside [from, to), of pid (0: all, then pid is ignored in sorting
- * so that they merge across processes); returns how many, into out (SIMGPU_RING). */
+ * so that they merge across processes), among the newest SIMGPU_UTIL_SCAN; returns how
+ * many, into out (SIMGPU_UTIL_SCAN). */
 static unsigned spans(struct simgpu_device *dev, uint64_t from, uint64_t to, uint32_t pid, int by_pid,
                       struct span *out)
 {
     uint64_t head = atomic_load(&dev->ring_head);
-    uint64_t n = head < SIMGPU_RING ? head : SIMGPU_RING;
+    uint64_t n = head < SIMGPU_UTIL_SCAN ? head : SIMGPU_UTIL_SCAN;
     unsigned k = 0;
     for (uint64_t i = 0; i < n; i++) {
         struct simgpu_interval *iv = &dev->ring[(head - 1 - i) % SIMGPU_RING];
@@ -81,7 +82,7 @@ uint64_t vg_nvml_busy_ns(struct simgpu_device *dev, uint64_t from_ns, uint64_t t
 {
     if (to_ns <= from_ns)
         return 0;
-    struct span *sp = malloc(SIMGPU_RING * sizeof(*sp));
+    struct span *sp = malloc(SIMGPU_UTIL_SCAN * sizeof(*sp));
     if (!sp)
         return 0;
     unsigned n = spans(dev, from_ns, to_ns, pid, 0, sp);
@@ -201,7 +202,7 @@ SIMGPU_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         from = seen_ns - off;
 
     struct samples *ss = calloc(1, sizeof(*ss));
-    struct span *sp = malloc(SIMGPU_RING * sizeof(*sp));
+    struct span *sp = malloc(SIMGPU_UTIL_SCAN * sizeof(*sp));
     if (!ss || !sp) {
         free(ss);
         free(sp);

@@ -20,7 +20,9 @@
 #define SIMGPU_VERSION 2u
 #define SIMGPU_MAX_DEVICES 16u
 #define SIMGPU_SLOTS 256u
-#define SIMGPU_RING 4096u    /* recent kernel intervals per device, for utilisation */
+#define SIMGPU_RING 32768u   /* recent kernel intervals per device: the engine's timeline (a
+                              * time-sliced engine writes one per slice: ~32 s of 1 ms slices) */
+#define SIMGPU_UTIL_SCAN 4096u /* ... the newest of them NVML's utilisation looks at */
 #define SIMGPU_ENTRIES 4096u /* timed engine: work queued per device, all processes */
 #define SIMGPU_QUEUES 256u   /* timed engine: queues (streams, or contexts) per device */
 #define SIMGPU_NIL 0xffffffffu

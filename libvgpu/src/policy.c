@@ -431,10 +431,51 @@ static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail, uint64_
     b->late_from = from + tail;
     b->late_lost = 0;
     b->late_began = from;
+    b->late_start = s0->start;
+    b->late_ready = 0;
     b->late_next_seq = p->nseg > 1 ? p->seg[1].seq : 0;
     b->late_next = p->nseg > 1 ? p->seg[1].slice : -1;
     b->late_next_first = b->late_next_end = 0;
+    uint64_t used = b->used;
     settle(p, from, now);
+    b->late_paid = b->used > used ? b->used - used : 0;
+}
+
+/* A late tail that drained at `end` ran ahead of the hold after it in GPU order. Where
+ * that hold's work did not run alongside it (no start claim before `end`: a GPU that runs
+ * contexts one after the other), the hold could start only at `end`: one still queued is
+ * charged from there, and one whose own tail was settled late pays, when it drains, from
+ * there (a chain of launches longer than the broker's wait, each queued behind the one
+ * before: the time each waited was charged to it and to the tail ahead, twice). */
+static void late_ran_ahead(struct vg_pol *p, const struct vg_pol_slice *b, uint64_t end,
+                           struct vg_pol_seg *next)
+{
+    if (next) {
+        if (next == &p->seg[0] && next->start && next->start < end)
+            next->start = end;
+        return;
+    }
+    if (b->late_next < 0 || !p->sl[b->late_next].in_use)
+        return;
+    struct vg_pol_slice *n = &p->sl[b->late_next];
+    if (n->late_seq == b->late_next_seq && n->late_ready < end)
+        n->late_ready = end;
+}
+
+/* What a late tail that drained at `end` still owes, less what it paid for time before
+ * its work could run (late_ready): in all it pays from the later of its hold's start and
+ * late_ready to `end`. */
+static void charge_late(struct vg_pol *p, int i, uint64_t end, uint64_t half)
+{
+    const struct vg_pol_slice *b = &p->sl[i];
+    uint64_t ready = b->late_ready, from = b->late_from > ready ? b->late_from : ready;
+    uint64_t early = 0;
+    if (ready > b->late_start) {
+        early = (ready < b->late_from ? ready : b->late_from) - b->late_start;
+        if (early > b->late_paid)
+            early = b->late_paid;
+    }
+    charge_net(p, i, end > from ? end - from : 0, half + early, 0);
 }
 
 /* A late tail drained at end; what of [late_began, end) the hold after it ran alongside
@@ -709,11 +750,13 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
                 b->credit += (int64_t)b->late_lost;
                 struct vg_pol_seg *next;
                 uint64_t half = late_shared(p, b, end, now, &next);
-                charge_net(p, (int)i, end - b->late_from, half, 0);
+                charge_late(p, (int)i, end, half);
                 if (half && next)
                     next->refund += half; /* (from its charge when it settles) */
                 else if (half && p->sl[b->late_next].in_use)
                     uncharge(p, b->late_next, half);
+                else if (!half)
+                    late_ran_ahead(p, b, end, next);
             }
             b->late_seq = 0;
             b->late_lost = 0;

@@ -83,6 +83,10 @@ struct vg_pol_slice {
     uint64_t late_from;    /* ... charged until then: a later drain report pays the rest */
     uint64_t late_lost;    /* ... and gets back what the credit cap took meanwhile */
     uint64_t late_began;   /* ... its tail began then (the hold's end) */
+    uint64_t late_start;   /* ... its hold was charged from then ... */
+    uint64_t late_paid;    /* ... this much in all, when it was settled */
+    uint64_t late_ready;   /* ... and its work could not run before then: a late tail ahead
+                            * of it in GPU order drained then (0: none known) */
     uint32_t late_next_seq; /* ... the hold after it, which may have run alongside the tail */
     int late_next;         /* ... (its slice) */
     uint64_t late_next_first, late_next_end; /* ... its start claim and end, once settled */

@@ -715,8 +715,12 @@ static uint64_t sync_back(const struct sdev *d)
 static unsigned depth(const struct sdev *d, int contended)
 {
     uint64_t q = contended ? QUEUE_CONTENDED_NS : QUEUE_NS;
+    /* A launch of unknown length may be as long as any (a 1 s kernel): one at a time until
+     * the ledger has a length (the first launch's events give one as it completes), or the
+     * first hold of a slice of long kernels queues several and its tail, charged to it,
+     * outlasts the broker's wait many times over. */
     if (!d->led.per_ns)
-        return 4;
+        return 1;
     uint64_t n = q / d->led.per_ns;
     /* Long launches (a big graph): one at a time once two would make a revoked hold's
      * tail longer than the broker waits for a drain report (VGPU_TAIL_MAX_NS). */

@@ -195,6 +195,21 @@ def test_a_holder_in_a_long_kernel_keeps_its_lease(tmp_path: Path) -> None:
     assert snap.revocations == 0, f"a live holder lost the token {snap.revocations} times"
 
 
+def test_a_launch_of_unknown_length_is_queued_alone(tmp_path: Path) -> None:
+    """Until the ledger has learnt a kernel length, a throttled process queues one launch at
+    a time: the first may be as long as any. (Before, it queued 4 launches of unknown length:
+    a fixed 30 % slice of 1 s kernels queued 2 s in its first hold, a tail it paid for with
+    the next 7 s of its share.) The second launch waits for the first kernel's end."""
+    r = run_loads(tmp_path, [Load(burst(50), kernel="busy_200000us", args=["--queue", "4"])],
+                  0.6)
+    (t,) = r.traces
+    assert t.summary["returncode"] == 0, t.stderr
+    first, second = sorted(t.t)[:2]
+    assert second - first >= 200_000_000, (
+        f"the second launch came {(second - first) / 1e6:.3f} ms after the first, "
+        "before the first 200 ms kernel could end")
+
+
 def _thread_cpu_s(pid: int, name: str) -> float:
     """CPU seconds (user + system) the threads of pid called `name` have used."""
     tasks = Path(f"/proc/{pid}/task")

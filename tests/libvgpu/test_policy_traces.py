@@ -385,6 +385,49 @@ def test_a_late_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     assert used["a"]["used"] + used["b"]["used"] == pytest.approx(75.0, abs=0.01)
 
 
+def test_a_hold_queued_behind_a_late_tail_is_charged_from_its_drain() -> None:
+    """late tail ahead: b's tail of one long launch is settled unreported at 55 (charged
+    the 50 ms wait) and reported drained at 500. a's hold, granted at 5 and queued behind
+    it, could run only from 500 and is charged from there, as behind a tail reported in
+    time (without this it paid 595 for 100 of work: b's tail twice)."""
+    trace = """
+        0 a settings share=50 policy=burst
+        0 b settings share=50 policy=burst
+        0 b want
+        5 a want
+        510 b drain at=500
+        600 a release
+        700 - end
+    """
+    assert play(trace) == ["0.000 grant b", "5.000 end b owes", "5.000 grant a",
+                           "55.000 charge b 55.000", "510.000 charge b 445.000",
+                           "600.000 end a released", "600.000 charge a 100.000"]
+
+
+def test_a_chain_of_late_tails_is_charged_in_gpu_order() -> None:
+    """late tail ahead: a fixed 30 % asks while b's 1 s launch runs; b is revoked, a granted,
+    and a's hold ends on credit (3 ms, its own 1 s launch queued behind b's). Both tails
+    outlast the broker's wait and are settled unreported. b reports its drain at 700; a's
+    launch ran from there to 1700, and a pays 1000 in all, what it paid when its tail was
+    settled included (without this it paid 1600: a 1 s kernel of a fixed 30 % beside a
+    greedy burst got 20-25 %)."""
+    trace = """
+        0 a settings share=30
+        0 b settings share=70 policy=burst
+        0 b want
+        100 a want
+        700 b drain at=700
+        1700 a drain at=1700
+        1800 - end
+    """
+    assert play(trace) == ["0.000 grant b", "100.000 end b owes", "100.000 grant a",
+                           "128.591 end a credit", "150.000 charge b 150.000",
+                           "178.591 charge a 78.591", "700.000 charge b 550.000",
+                           "1700.000 charge a 921.409"]
+    used = accounts(trace)
+    assert (used["a"]["used"], used["b"]["used"]) == (1000.0, 700.0)
+
+
 def test_a_start_claim_is_deducted_within_the_idle_cap() -> None:
     """start claim, cap: a start claimed at the hold's very end while another slice waited
     deducts no more than idle could: a quarter of the contended span."""

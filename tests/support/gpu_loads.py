@@ -161,8 +161,9 @@ def run_loads(tmp: Path, loads: Sequence[Load], seconds: float, devices: str = "
 
 def timeline_shares(tmp: Path, run: Run, a: int, b: int) -> list[float]:
     """Percent of [a, b) each load's kernels ran on simgpu's engine, from the engine's own
-    timeline (build/tests/simgpu_timeline: its last 4096 kernels, so for long kernels),
-    not from launch times: a 1 s kernel launched before the window runs in it."""
+    timeline (build/tests/simgpu_timeline: its last 32768 pieces of kernels, one per time
+    slice in the time-sliced engine), not from launch times: a 1 s kernel launched before
+    the window runs in it."""
     out = subprocess.run([str(TEST_BIN / "simgpu_timeline"), str(tmp / "simgpu.state")],
                          check=True, capture_output=True, text=True).stdout
     busy: dict[int, int] = {}
