@@ -342,14 +342,18 @@ static void charge_net(struct vg_pol *p, int i, uint64_t due, uint64_t back, int
         uncharge(p, i, back - due);
 }
 
-/* The hold after a late tail, settled now: what it claimed is kept for the drain report. */
+/* The hold after a late tail, settled now: what it claimed and when it ended are kept for
+ * the drain report. A hold given back ended with its work; a revoked one's work ran on as
+ * its own tail (0: ended no earlier than the late tail before it; its drain report is its
+ * own claim and must not move charge onto that tail's slice). */
 static void note_next_of_late(struct vg_pol *p, const struct vg_pol_seg *s0)
 {
     for (unsigned i = 0; i < VG_POL_SLICES; i++) {
         struct vg_pol_slice *b = &p->sl[i];
         if (b->in_use && b->late_seq && b->late_next_seq == s0->seq && b->late_next == s0->slice) {
+            b->late_next_settled = 1;
             b->late_next_first = s0->first;
-            b->late_next_end = s0->end;
+            b->late_next_end = s0->revoked ? 0 : s0->end;
         }
     }
 }
@@ -433,8 +437,10 @@ static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail, uint64_
     b->late_began = from;
     b->late_start = s0->start;
     b->late_ready = 0;
+    b->late_back = 0;
     b->late_next_seq = p->nseg > 1 ? p->seg[1].seq : 0;
     b->late_next = p->nseg > 1 ? p->seg[1].slice : -1;
+    b->late_next_settled = 0;
     b->late_next_first = b->late_next_end = 0;
     uint64_t used = b->used;
     settle(p, from, now);
@@ -463,8 +469,9 @@ static void late_ran_ahead(struct vg_pol *p, const struct vg_pol_slice *b, uint6
 }
 
 /* What a late tail that drained at `end` still owes, less what it paid for time before
- * its work could run (late_ready): in all it pays from the later of its hold's start and
- * late_ready to `end`. */
+ * its work could run (late_ready: in all it pays from the later of its hold's start and
+ * late_ready to `end`), less its halves of the overlaps with the late tail before it
+ * (late_back) and the hold after it (half). */
 static void charge_late(struct vg_pol *p, int i, uint64_t end, uint64_t half)
 {
     const struct vg_pol_slice *b = &p->sl[i];
@@ -475,12 +482,13 @@ static void charge_late(struct vg_pol *p, int i, uint64_t end, uint64_t half)
         if (early > b->late_paid)
             early = b->late_paid;
     }
-    charge_net(p, i, end > from ? end - from : 0, half + early, 0);
+    charge_net(p, i, end > from ? end - from : 0, half + early + b->late_back, 0);
 }
 
 /* A late tail drained at end; what of [late_began, end) the hold after it ran alongside
- * (from its start claim to its end or the tail's, whichever came first) both were charged
- * in full: each gets half of it back (shared tail, for a tail past the broker's wait). */
+ * (from its start claim to its end, or to the tail's end when it was revoked: its work ran
+ * on as its own tail) both were charged in full: each gets half of it back (shared tail,
+ * for a tail past the broker's wait). */
 static uint64_t late_shared(struct vg_pol *p, const struct vg_pol_slice *b, uint64_t end, uint64_t now,
                             struct vg_pol_seg **unsettled_next)
 {
@@ -488,13 +496,14 @@ static uint64_t late_shared(struct vg_pol *p, const struct vg_pol_slice *b, uint
     if (!b->late_next_seq || b->late_next < 0)
         return 0;
     uint64_t first = b->late_next_first, to = b->late_next_end;
-    if (!first && !to) { /* not settled yet: still queued, or the current hold */
+    if (!b->late_next_settled) { /* still queued, or the current hold */
+        first = to = 0;
         for (int k = 0; k < p->nseg; k++) {
             struct vg_pol_seg *c = &p->seg[k];
             if (c->seq != b->late_next_seq || c->slice != b->late_next)
                 continue;
             first = seg_first(p, k, now);
-            to = c->end;
+            to = c->end && !c->revoked ? c->end : 0;
             *unsettled_next = c;
         }
     }
@@ -753,6 +762,8 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
                 charge_late(p, (int)i, end, half);
                 if (half && next)
                     next->refund += half; /* (from its charge when it settles) */
+                else if (half && p->sl[b->late_next].in_use && p->sl[b->late_next].late_seq == b->late_next_seq)
+                    p->sl[b->late_next].late_back += half; /* (from its own late charge) */
                 else if (half && p->sl[b->late_next].in_use)
                     uncharge(p, b->late_next, half);
                 else if (!half)

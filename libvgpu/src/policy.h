@@ -87,9 +87,13 @@ struct vg_pol_slice {
     uint64_t late_paid;    /* ... this much in all, when it was settled */
     uint64_t late_ready;   /* ... and its work could not run before then: a late tail ahead
                             * of it in GPU order drained then (0: none known) */
+    uint64_t late_back;    /* ... or it ran alongside that tail: half of the overlap, taken
+                            * off what its drain report charges */
     uint32_t late_next_seq; /* ... the hold after it, which may have run alongside the tail */
     int late_next;         /* ... (its slice) */
-    uint64_t late_next_first, late_next_end; /* ... its start claim and end, once settled */
+    int late_next_settled; /* ... once settled: */
+    uint64_t late_next_first, late_next_end; /* ... its start claim, and its end if it gave
+                            * the hold back (0: revoked, its work ran on as a tail) */
     int waiting;           /* it waits for the token (a believed, renewed request) */
 };
 

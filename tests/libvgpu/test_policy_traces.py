@@ -428,6 +428,30 @@ def test_a_chain_of_late_tails_is_charged_in_gpu_order() -> None:
     assert (used["a"]["used"], used["b"]["used"]) == (1000.0, 700.0)
 
 
+def test_a_late_tail_and_the_late_tail_alongside_it_pay_half_each() -> None:
+    """shared tail, both late: b's tail of one long launch and a's, time-sliced together from
+    a's start claim at 100.5, both outlast the broker's wait. The overlap runs until b's
+    tail drained (300), not until a's hold ended (128.6): a's work ran on as its own tail.
+    Each pays half of [100.5, 300), and the two add up to the 350 ms of wall time (without
+    this they paid 521: a 50 ms kernel of a fixed 30 % beside a greedy burst, time-sliced,
+    got 23 %)."""
+    trace = """
+        0 a settings share=30
+        0 b settings share=70 policy=burst
+        0 b want
+        100 a want
+        101 a claim start_seq=1 start_ns=100.5
+        300 b drain at=300
+        350 a drain at=350
+        400 - end
+    """
+    assert play(trace)[3:] == ["128.573 end a credit", "150.000 charge b 150.000",
+                               "178.573 charge a 78.073", "300.000 charge b 50.250",
+                               "350.000 charge a 71.677"]
+    used = accounts(trace)
+    assert (used["a"]["used"], used["b"]["used"]) == (149.75, 200.25)
+
+
 def test_a_start_claim_is_deducted_within_the_idle_cap() -> None:
     """start claim, cap: a start claimed at the hold's very end while another slice waited
     deducts no more than idle could: a quarter of the contended span."""
