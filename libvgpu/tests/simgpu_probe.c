@@ -171,7 +171,8 @@ static int cmd_events(unsigned long us)
     CUresult pending = cuEventElapsedTime(&ms, idle, e[2]);
     CUresult untimed_rc = cuEventElapsedTime(&ms, idle, untimed);
     CUresult unrecorded_rc = cuEventElapsedTime(&ms, unrecorded, idle);
-    CUresult query_pending = cuEventQuery(e[0]);
+    CUresult query_pending = cuEventQuery(e[2]);
+    uint64_t pending_asked = now_ns(); /* both asked before then: pending if e[2] ended later */
 
     /* When did the first event turn complete? Between the last NOT_READY and the first SUCCESS. */
     uint64_t last_not_ready = 0, first_ready = 0;
@@ -195,10 +196,11 @@ static int cmd_events(unsigned long us)
     printf("\"record_idle\": [%" PRIu64 ", %" PRIu64 "], \"idle_to\": [%.6f, %.6f, %.6f], "
            "\"between\": [%.6f, %.6f], \"back\": %.6f, \"first_last_not_ready\": %" PRIu64
            ", \"first_ready\": %" PRIu64 ", \"pending\": \"%s\", \"untimed\": \"%s\", \"untimed_done\": \"%s\", "
-           "\"unrecorded\": \"%s\", \"query_pending\": \"%s\"}\n",
+           "\"unrecorded\": \"%s\", \"query_pending\": \"%s\", \"pending_asked\": %" PRIu64 "}\n",
            rec0, rec1, elapsed(idle, e[0]), elapsed(idle, e[1]), elapsed(idle, e[2]),
            elapsed(e[0], e[1]), elapsed(e[1], e[2]), elapsed(e[2], e[0]), last_not_ready, first_ready,
-           rname(pending), rname(untimed_rc), rname(untimed_done), rname(unrecorded_rc), rname(query_pending));
+           rname(pending), rname(untimed_rc), rname(untimed_done), rname(unrecorded_rc), rname(query_pending),
+           pending_asked);
     return 0;
 }
 

@@ -113,7 +113,11 @@ def test_events_are_dated_by_the_engine(mode_env: dict[str, str]) -> None:
     # record), not before.
     done0 = max(ends[0], r["recorded"][0][0])
     assert r["first_last_not_ready"] < done0 <= r["first_ready"]
-    assert r["query_pending"] == r["pending"] == "CUDA_ERROR_NOT_READY"
+    # The last event is pending while its kernel runs: asked before that kernel's end, a
+    # query and an elapsed time answer NOT_READY. (Asked after it, the probe was kept off
+    # its CPU for the three kernels' length by a loaded host: nothing was pending.)
+    if r["pending_asked"] < ends[2]:
+        assert r["query_pending"] == r["pending"] == "CUDA_ERROR_NOT_READY"
     # As the driver: no timing from an event made without it, nor from one never recorded.
     assert r["untimed"] == r["untimed_done"] == r["unrecorded"] == "CUDA_ERROR_INVALID_HANDLE"
 
