@@ -447,25 +447,35 @@ static void give_up_tail(struct vg_pol *p, uint64_t from, uint64_t tail, uint64_
     b->late_paid = b->used > used ? b->used - used : 0;
 }
 
-/* A late tail that drained at `end` ran ahead of the hold after it in GPU order. Where
- * that hold's work did not run alongside it (no start claim before `end`: a GPU that runs
- * contexts one after the other), the hold could start only at `end`: one still queued is
- * charged from there, and one whose own tail was settled late pays, when it drains, from
- * there (a chain of launches longer than the broker's wait, each queued behind the one
- * before: the time each waited was charged to it and to the tail ahead, twice). */
-static void late_ran_ahead(struct vg_pol *p, const struct vg_pol_slice *b, uint64_t end,
+/* A late tail that drained at `end`: the hold after it in GPU order gets its part. Where
+ * it ran alongside the tail (half > 0, from its start claim), half of the overlap back:
+ * one still queued when it settles, one whose own tail was settled late from its drain
+ * report's charge, one settled at once. Where it did not (a GPU that runs contexts one
+ * after the other), it could start only at `end`: one still queued is charged from there,
+ * and one whose own tail was settled late pays, when it drains, from there (a chain of
+ * launches longer than the broker's wait, each queued behind the one before: the time
+ * each waited was charged to it and to the tail ahead, twice). */
+static void late_next_part(struct vg_pol *p, const struct vg_pol_slice *b, uint64_t end, uint64_t half,
                            struct vg_pol_seg *next)
 {
     if (next) {
-        if (next == &p->seg[0] && next->start && next->start < end)
+        if (half)
+            next->refund += half; /* (from its charge when it settles) */
+        else if (next == &p->seg[0] && next->start && next->start < end)
             next->start = end;
         return;
     }
     if (b->late_next < 0 || !p->sl[b->late_next].in_use)
         return;
     struct vg_pol_slice *n = &p->sl[b->late_next];
-    if (n->late_seq == b->late_next_seq && n->late_ready < end)
+    if (n->late_seq != b->late_next_seq) {
+        if (half)
+            uncharge(p, b->late_next, half);
+    } else if (half) {
+        n->late_back += half; /* (from its own late charge) */
+    } else if (n->late_ready < end) {
         n->late_ready = end;
+    }
 }
 
 /* What a late tail that drained at `end` still owes, less what it paid for time before
@@ -496,8 +506,7 @@ static uint64_t late_shared(struct vg_pol *p, const struct vg_pol_slice *b, uint
     if (!b->late_next_seq || b->late_next < 0)
         return 0;
     uint64_t first = b->late_next_first, to = b->late_next_end;
-    if (!b->late_next_settled) { /* still queued, or the current hold */
-        first = to = 0;
+    if (!b->late_next_settled) { /* still queued, or the current hold (both 0 until then) */
         for (int k = 0; k < p->nseg; k++) {
             struct vg_pol_seg *c = &p->seg[k];
             if (c->seq != b->late_next_seq || c->slice != b->late_next)
@@ -760,14 +769,7 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
                 struct vg_pol_seg *next;
                 uint64_t half = late_shared(p, b, end, now, &next);
                 charge_late(p, (int)i, end, half);
-                if (half && next)
-                    next->refund += half; /* (from its charge when it settles) */
-                else if (half && p->sl[b->late_next].in_use && p->sl[b->late_next].late_seq == b->late_next_seq)
-                    p->sl[b->late_next].late_back += half; /* (from its own late charge) */
-                else if (half && p->sl[b->late_next].in_use)
-                    uncharge(p, b->late_next, half);
-                else if (!half)
-                    late_ran_ahead(p, b, end, next);
+                late_next_part(p, b, end, half, next);
             }
             b->late_seq = 0;
             b->late_lost = 0;
