@@ -103,10 +103,10 @@ static int64_t add_capped(int64_t *b, int64_t add, int64_t cap)
  * to credit net of what is charged but not settled yet (unsettled): a long hold
  * earns while it runs and pays at its end, and must not lose what it earned. A slice
  * that waited for another's hold meanwhile (waiting: as of the last step) banks up to
- * VG_POL_WAIT_BANK_NS more: what it earns while that hold runs to its end is its share,
+ * `bank` more, that hold's quantum: what it earns while the hold runs to its end is its share,
  * not idle time's (at the bare cap a step loop beside a greedy neighbour lost part of
  * every wait, and the more, the later the hand-overs a loaded host made). */
-static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled, int waited)
+static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled, uint64_t bank)
 {
     if (now <= b->credit_ts)
         return;
@@ -114,9 +114,8 @@ static void refill(struct vg_pol_slice *b, uint64_t now, int64_t unsettled, int 
     b->credit_ts = now;
     if (dt > 10 * VG_POL_CREDIT_CAP_NS)
         dt = 10 * VG_POL_CREDIT_CAP_NS;
-    int64_t bank = waited ? (int64_t)VG_POL_WAIT_BANK_NS : 0;
     int64_t lost = add_capped(&b->credit, (int64_t)(dt * b->set.share / 100),
-                              (int64_t)VG_POL_CREDIT_CAP_NS + unsettled + bank);
+                              (int64_t)VG_POL_CREDIT_CAP_NS + unsettled + (int64_t)bank);
     if (b->late_seq)
         b->late_lost += (uint64_t)lost; /* (its tail runs on: given back when it drains) */
     if (b->set.floor)
@@ -141,6 +140,28 @@ static void charge(struct vg_pol *p, int i, uint64_t dt, int on_floor)
 
 /* ---- who goes next ---- */
 
+/* The longest slice b holds the token while a better waiter of equal claim waits: the
+ * quantum, or VG_POL_HOLDS_PER_TAIL times its tail when that is longer. Each hand-over
+ * costs what its revoked tail costs the GPU: a GPU that time-slices contexts switches
+ * between that tail and the next holder's work until the tail ends (2 ms kernels ran
+ * interleaved half of the time with a 10 ms quantum, losing a switch per time slice), so
+ * the longer a slice's tails, the fewer hand-overs it should cost. A slice that reports
+ * its drains late to hold longer pays for its tail and holds at most
+ * VG_POL_QUANTUM_MAX_NS; the waiter banks what it earns meanwhile (refill). */
+static uint64_t quantum_of(const struct vg_pol_slice *b)
+{
+    uint64_t q = b->tail_ns * VG_POL_HOLDS_PER_TAIL;
+    return q < VG_POL_QUANTUM_NS ? VG_POL_QUANTUM_NS : q > VG_POL_QUANTUM_MAX_NS ? VG_POL_QUANTUM_MAX_NS : q;
+}
+
+/* A revoked hold of slice b drained `tail` after it ended: a running average, weighted
+ * 1/4 to the newest (a tail is the launch running at the revocation, at any point of
+ * it, and those queued behind), the first one taken as it is. */
+static void note_tail(struct vg_pol_slice *b, uint64_t tail)
+{
+    b->tail_ns = b->tail_ns ? (3 * b->tail_ns + tail) / 4 : tail;
+}
+
 struct standing {
     int eligible, on_floor, floor_due, credit;
     uint32_t prio;
@@ -157,12 +178,19 @@ static int higher_active(const struct vg_pol *p, uint32_t prio, uint64_t now)
     return 0;
 }
 
-/* The credit a fixed slice needs to take the token: enough for a worthwhile hold when
- * other slices use the GPU too, a little when it is alone on it (its CPU work between
- * steps then overlaps the time it earns credit in). */
-static int64_t min_hold(const struct vg_pol *p)
+/* The credit fixed slice b needs to take the token: a little when it is alone on the GPU
+ * (its CPU work between steps then overlaps the time it earns credit in); beside other
+ * slices, enough for a hold of VG_POL_HOLDS_PER_TAIL of its tails (quantum_of: a hold on c
+ * of credit lasts c / (1 - share), as it earns while it holds), at least
+ * VG_POL_MIN_HOLD_NS and at most a quantum, so a small share still gets a turn every
+ * quantum / share. */
+static int64_t min_hold(const struct vg_pol *p, const struct vg_pol_slice *b)
 {
-    return p->active > 1 ? (int64_t)VG_POL_MIN_HOLD_NS : (int64_t)VG_POL_MIN_HOLD_ALONE_NS;
+    if (p->active <= 1)
+        return (int64_t)VG_POL_MIN_HOLD_ALONE_NS;
+    uint64_t q = b->tail_ns * VG_POL_HOLDS_PER_TAIL * (100 - b->set.share) / 100;
+    uint64_t hi = VG_POL_QUANTUM_NS;
+    return (int64_t)(q < VG_POL_MIN_HOLD_NS ? VG_POL_MIN_HOLD_NS : q > hi ? hi : q);
 }
 
 static struct standing standing_of(const struct vg_pol *p, const struct vg_pol_slice *b, int64_t credit, uint64_t now)
@@ -175,7 +203,7 @@ static struct standing standing_of(const struct vg_pol *p, const struct vg_pol_s
         st.on_floor = 1;
         st.eligible = st.floor_due = b->set.floor && b->floor_credit >= (int64_t)VG_POL_MIN_HOLD_NS;
     } else if (b->set.policy == VGPU_POLICY_FIXED) {
-        st.eligible = credit >= min_hold(p);
+        st.eligible = credit >= min_hold(p, b);
     } else {
         st.eligible = 1;
     }
@@ -539,9 +567,11 @@ static void settle_ready(struct vg_pol *p, uint64_t now)
                     fin = from; /* an impossible date: nothing was queued */
                 else if (fin < s0->end)
                     fin = s0->end; /* it held the token until then */
+                note_tail(&p->sl[s0->slice], fin > from ? fin - from : 0);
             } else if (now >= from + VGPU_TAIL_MAX_NS) {
                 /* Never reported (a waiter that died, or a tenant that scrambles its
                  * reports): it pays the longest tail. */
+                note_tail(&p->sl[s0->slice], VGPU_TAIL_MAX_NS);
                 give_up_tail(p, from, VGPU_TAIL_MAX_NS, now);
                 continue;
             } else {
@@ -619,7 +649,7 @@ static enum vg_pol_end should_revoke(const struct vg_pol *p, uint64_t now)
         return VG_POL_FLOOR_SPENT;
     if (b->set.policy == VGPU_POLICY_FIXED && live <= 0)
         return VG_POL_NO_CREDIT;
-    int quantum = now - p->granted >= VG_POL_QUANTUM_NS;
+    int quantum = now - p->granted >= quantum_of(b);
     uint64_t beat = believed(b->req.active_ns, p->granted, now);
     if ((beat ? beat : p->granted) + VGPU_LEASE_NS < now)
         return VG_POL_LEASE; /* its processes died or stopped: the lease lapsed */
@@ -709,8 +739,8 @@ static uint64_t next_look(const struct vg_pol *p, uint64_t now)
         if (!b->in_use || !b->waiting || (int)i == p->holder)
             continue;
         waiters = 1;
-        if (b->set.policy == VGPU_POLICY_FIXED && b->credit < min_hold(p)) {
-            uint64_t t = (uint64_t)(min_hold(p) - b->credit) * 100 / b->set.share;
+        if (b->set.policy == VGPU_POLICY_FIXED && b->credit < min_hold(p, b)) {
+            uint64_t t = (uint64_t)(min_hold(p, b) - b->credit) * 100 / b->set.share;
             if (t < sleep)
                 sleep = t;
         }
@@ -739,7 +769,8 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
         struct vg_pol_slice *b = &p->sl[i];
         if (!b->in_use)
             continue;
-        refill(b, now, (int64_t)unsettled(p, (int)i, now), b->waiting && (int)i != p->holder);
+        uint64_t bank = p->holder >= 0 ? quantum_of(&p->sl[p->holder]) : VG_POL_QUANTUM_NS;
+        refill(b, now, (int64_t)unsettled(p, (int)i, now), b->waiting && (int)i != p->holder ? bank : 0);
         const struct vg_pol_claims *r = &b->req;
         b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, ago(now, VGPU_ACTIVE_NS), now);
         /* Active: waiting, or renewing its lease or its 100% activity (a lapsed

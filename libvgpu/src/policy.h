@@ -23,13 +23,14 @@
 #define VG_POL_SLICES 128u                 /* = VGPU_SCHED_ENTRIES */
 #define VG_POL_SEG_MAX 8                   /* holds whose GPU time is not settled yet */
 
-#define VG_POL_QUANTUM_NS (10 * VGPU_MS)   /* longest hold while another slice with equal claim waits */
+#define VG_POL_QUANTUM_NS (10 * VGPU_MS)   /* longest hold while another slice with equal claim waits ... */
+#define VG_POL_HOLDS_PER_TAIL 4            /* ... unless its slice's tails are longer than a quarter of it */
+#define VG_POL_QUANTUM_MAX_NS VGPU_TAIL_MAX_NS /* ... up to the longest tail the broker waits for */
 #define VG_POL_START_CREDIT_NS (2 * VGPU_MS) /* a slice new on the GPU may start at once */
 #define VG_POL_MIN_HOLD_NS (2 * VGPU_MS)   /* a fixed slice waits for this much credit: fewer hand-overs */
 #define VG_POL_MIN_HOLD_ALONE_NS (1 * VGPU_MS) /* ... or this much while it is the only active slice */
 #define VG_POL_CREDIT_CAP_NS (20 * VGPU_MS) /* the most credit an idle slice keeps */
 #define VG_POL_CAP_MARGIN_NS (2 * VGPU_MS) /* ... and a waiter this close to it loses credit: it goes next */
-#define VG_POL_WAIT_BANK_NS VG_POL_QUANTUM_NS /* ... a waiter banks this much more while it waits */
 #define VG_POL_DEBT_CAP_NS (20 * VGPU_MS)  /* burst: idle time used beyond the share is not owed past this */
 #define VG_POL_FIXED_DEBT_CAP_NS (60000 * VGPU_MS) /* fixed: owes what it ran (a launch may run for
                                                      * seconds), bounded so no stall starves it long */
@@ -79,6 +80,7 @@ struct vg_pol_slice {
     uint64_t registered;
     uint64_t used;         /* GPU time charged in total */
     uint32_t holds;        /* grants made to it */
+    uint64_t tail_ns;      /* its revoked holds' tails (drain less end), a running average */
     uint32_t late_seq;     /* a hold whose tail was settled unreported ... */
     uint64_t late_from;    /* ... charged until then: a later drain report pays the rest */
     uint64_t late_lost;    /* ... and gets back what the credit cap took meanwhile */

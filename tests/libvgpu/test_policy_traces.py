@@ -99,6 +99,38 @@ def test_a_fixed_slice_waits_for_2ms_of_credit_beside_an_active_slice() -> None:
     ]
 
 
+def test_a_fixed_slice_with_long_tails_waits_for_credit_worth_them() -> None:
+    """min hold, scaled by the tail: a fixed slice whose revoked holds drained 3 ms late waits
+    for 4 x 3 ms x (1 - its 50 %) = 6 ms of credit, not 2, so its holds last 12 ms instead of
+    8 and cost half the hand-overs (each revoked tail runs alongside the next holder's work on
+    a GPU that time-slices contexts, which loses a switch per time slice)."""
+    trace = """
+        0 a settings share=50 policy=burst
+        0 b settings share=50
+        0 b greedy tail={tail}
+        0.5 a greedy tail=0
+        40 - end
+    """
+    assert play(trace.format(tail=0))[3:10] == [
+        "4.017 charge b 4.017",
+        "12.037 end a owes",
+        "12.037 grant b",       # on 2 ms of credit
+        "12.037 charge a 8.020",
+        "20.049 end b credit",  # an 8 ms hold
+        "20.049 grant a",
+        "20.049 charge b 8.012",
+    ]
+    assert play(trace.format(tail=3))[3:10] == [
+        "7.017 charge b 7.017",  # its 3 ms tail
+        "22.037 end a owes",
+        "22.037 grant b",        # on 6 ms of credit
+        "22.037 charge a 15.020",
+        "34.049 end b credit",   # a 12 ms hold
+        "34.049 grant a",
+        "37.049 charge b 15.012",
+    ]
+
+
 def test_credit_is_capped_at_20ms() -> None:
     """credit cap: an idle slice banks at most 20 ms; a fixed slice then holds alone until
     it has spent them and what it earns meanwhile (20 / (1 - 50 %) = 40 ms)."""
@@ -226,6 +258,42 @@ def test_a_holder_yields_to_an_equal_claim_after_the_quantum() -> None:
     ]
 
 
+QUANTUM_AFTER_A_TAIL = """
+    0 a settings share={share} policy=burst
+    0 b settings share={other}
+    0 a want tail={tail}
+    0 b want tail=0
+    {again} a want
+    {again} b want
+    {till} - end
+"""
+
+
+def test_a_slice_with_long_tails_keeps_the_token_four_tails_long() -> None:
+    """quantum, scaled by the tail: once a's revoked hold drained 4 ms after it ended, a
+    keeps the token 4 x 4 = 16 ms beside an equal waiter, not 10 (its hand-overs cost the GPU
+    its tails: fewer of them); with 6 ms tails the cap margin ends its hold first."""
+    def hold_end(tail: int) -> str:
+        out = play(QUANTUM_AFTER_A_TAIL.format(share=90, other=10, tail=tail, again=300, till=400))
+        return next(line for line in out if line.startswith("3") and " end a " in line)
+    assert hold_end(0) == "310.000 end a quantum"
+    assert hold_end(4) == "316.000 end a quantum"
+    assert hold_end(6) == "321.000 end a cap"
+
+
+def test_the_quantum_a_tail_buys_is_at_most_the_longest_tail() -> None:
+    """quantum bound: a slice whose tail was 15 ms (or that reports its drains 15 ms late)
+    holds at most 50 ms, the longest tail the broker waits for, not 60; the waiter banks
+    what it earns meanwhile (here a 2 % slice: 21.75 ms charged, not 20.62)."""
+    def hold(tail: int) -> list[str]:
+        out = play(QUANTUM_AFTER_A_TAIL.format(share=98, other=2, tail=tail, again=2000, till=2200))
+        return [line for line in out if line.startswith("20")]
+    assert hold(0)[:2] == ["2000.000 grant a", "2010.000 end a quantum"]
+    assert hold(15)[:2] == ["2000.000 grant a", "2050.000 end a quantum"]
+    assert hold(15)[-1] == "2086.754 charge b 21.754"
+    assert hold(0)[-1] == "2030.620 charge b 20.620"
+
+
 def test_a_waiter_losing_credit_to_the_cap_goes_first() -> None:
     """cap margin: a waiter whose credit is within 2 ms of the 20 ms cap takes the token from a
     holder whose credit is not, at once instead of at the quantum (it would lose what it
@@ -258,7 +326,7 @@ def test_a_waiter_keeps_what_it_earns_while_a_capped_holder_runs_down() -> None:
 
 def test_what_a_waiter_banks_is_bounded_by_a_quantum() -> None:
     """wait bank: a waiter that cannot get the token for long (a higher priority holds it)
-    banks at most the cap plus a quantum, 30 ms."""
+    banks at most the cap plus the holder's quantum, 30 ms."""
     trace = """
         0 h settings share=50 prio=high policy=burst
         0 l settings share=50
