@@ -166,6 +166,8 @@ struct vg_ticket {
     uint64_t idle_to; /* the launch ends an empty spell claimed to this time: the GPU is idle
                        * until the driver has it, so the rest up to vg_sched_done is claimed too */
     uint64_t nth;     /* ... if no other launch came meanwhile: this was launch number nth */
+    uint64_t start_serial; /* ... unless this is the hold's first launch, after its start event
+                            * (this serial): the GPU may be running another slice's tail */
 };
 struct vg_ticket vg_sched_admit(CUstream s);
 /* After the launch: rc is what the driver returned. */
