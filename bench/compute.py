@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from support.gpu_loads import (  # noqa: E402
     Load,
     StealClock,
+    engine_timeline,
     load_env,
     run_loads,
     step_loop,
@@ -337,9 +338,7 @@ def handover_table(window: float) -> list[str]:
         for i, t in enumerate(r.traces):
             if t.summary.get("returncode") != 0:
                 sys.exit(f"bench: hand-over load {i} failed: {t.stderr.strip()}")
-        out = subprocess.run([str(TEST_BIN / "simgpu_timeline"), str(Path(tmp) / "simgpu.state")],
-                             check=True, capture_output=True, text=True).stdout
-    kernels = [tuple(map(int, line.split())) for line in out.splitlines()]
+        kernels = engine_timeline(Path(tmp))
     gaps: dict[str, list[float]] = {"step loop -> waiting neighbour (release)": [],
                                     "neighbour -> step loop (revocation)": []}
     step_pid = None

@@ -50,7 +50,12 @@ static void sample(struct vg_ledger *l, uint64_t per)
     l->per_ns = v[n / 2];
 }
 
-int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t launches)
+int vg_ledger_at_record(uint64_t ran, uint64_t ret)
+{
+    return ran <= ret + VG_LEDGER_AT_RECORD_NS;
+}
+
+int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t ret, uint64_t launches)
 {
     int first = !l->mapped;
     note_map(l, gpu, rec);
@@ -62,7 +67,7 @@ int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t
     }
     /* Completed as it was recorded: its stream was idle, its launches ended before. (The
      * first event of all makes the map and so cannot tell.) */
-    int at_record = !first && (uint64_t)(gpu + map_base(l)) <= rec + VG_LEDGER_AT_RECORD_NS;
+    int at_record = !first && vg_ledger_at_record(vg_ledger_cpu(l, gpu), ret > rec ? ret : rec);
     int64_t from = l->have_end ? l->last_end : l->gap_since ? l->restart : gpu;
     if (l->gap_since && l->restart > from)
         from = l->restart;

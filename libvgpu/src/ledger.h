@@ -4,8 +4,8 @@
  *
  * libvgpu records timing events in the streams it launches into (sched.c); the
  * holder thread reaps them in the order they were recorded and hands each one
- * here as (the GPU time it completed, the CPU time it was recorded, the launches
- * it closes). From those alone the ledger knows when the process's work ended
+ * here as (the GPU time it completed, the CPU times its record call began and
+ * returned, the launches it closes). From those alone the ledger knows when the process's work ended
  * (last_end), how long its kernels run (per_ns) and the CPU time of any GPU time
  * (clock map). No CPU thread's wake-up enters any of it: a holder that looks late
  * sees the same times as one that looks at once.
@@ -19,7 +19,8 @@
  *               recorded on an idle stream completes as it is recorded and makes
  *               it exact; the window lets the GPU's and the CPU's clocks drift).
  *   at record   an event that completed within VG_LEDGER_AT_RECORD_NS of its
- *               recording found its stream idle: the launches it closes had
+ *               record call's return found its stream idle (a call slowed by a
+ *               lock or a preempted thread is not lateness): the launches it closes had
  *               ended earlier, at an unknown time. They are dated from the last
  *               known end (or the launch that ended a gap, if later) plus their
  *               learnt length, never later than the event.
@@ -64,9 +65,14 @@ struct vg_ledger {
 void vg_ledger_init(struct vg_ledger *l);
 
 /* An event completed at GPU time gpu (ns, any origin, the same for every event),
- * recorded at CPU time rec, closing `launches` launches. Events are handed in the
- * order they were recorded. Returns the GPU time the closed launches ended. */
-int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t launches);
+ * recorded by a call at CPU times [rec, ret], closing `launches` launches. Events are
+ * handed in the order they were recorded. Returns the GPU time the closed launches
+ * ended. */
+int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t ret, uint64_t launches);
+
+/* Whether an event that completed at CPU time `ran`, recorded by a call that returned
+ * at `ret`, completed as it was recorded (rule "at record"). */
+int vg_ledger_at_record(uint64_t ran, uint64_t ret);
 
 /* The queue was empty and a launch came at CPU time at: the next event's launches
  * ran from then, not back to back with the last ones. */

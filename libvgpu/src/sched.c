@@ -70,7 +70,9 @@ struct ev {
     unsigned launches; /* launches this event closes (0: a start, recorded before a launch
                         * on an empty queue: it dates the work's return on the GPU's clock) */
     uint64_t serial;   /* events are numbered in the order they were recorded */
-    uint64_t recorded; /* when (CLOCK_MONOTONIC, read just before the record) */
+    uint64_t recorded; /* when (CLOCK_MONOTONIC, read just before the record) ... */
+    uint64_t returned; /* ... and the record call returned (a lock or a preemption between
+                        * the two is not the event's lateness) */
 };
 
 struct sdev {
@@ -539,7 +541,8 @@ static void free_event(struct sdev *d, const struct ev *e)
         p_event_destroy(e->ev);
 }
 
-/* The hold's first start event, recorded at `rec`, completed at CPU time `ran`. Our
+/* The hold's first start event, recorded by a call that returned at `rec`, completed at
+ * CPU time `ran`. Our
  * claim of the first gap, from the grant to the launch, goes (idle_ns first: a broker
  * that reads in between overcharges us for a step, never our neighbours): only the
  * broker knows where our hold's span begins, at the grant or when the previous holder's
@@ -563,7 +566,7 @@ static void claim_start(struct sdev *d, uint64_t ran, uint64_t rec)
         return;
     d->idle_total -= gap < d->idle_total ? gap : d->idle_total;
     atomic_store(&d->q->idle_ns, d->idle_total);
-    if (ran > rec + VG_LEDGER_AT_RECORD_NS) {
+    if (!vg_ledger_at_record(ran, rec)) {
         atomic_store(&d->q->start_ns, ran);
         atomic_store(&d->q->start_seq, d->seq);
     } else {
@@ -588,9 +591,9 @@ static void reap(struct sdev *d)
             continue; /* its context is gone, and the event with it */
         int64_t gpu = 0;
         int ref = gpu_time(d, e, &gpu);
-        vg_ledger_event(&d->led, gpu, e->recorded, e->launches);
+        vg_ledger_event(&d->led, gpu, e->recorded, e->returned, e->launches);
         if (e->serial == d->first_start)
-            claim_start(d, vg_ledger_cpu(&d->led, gpu), e->recorded);
+            claim_start(d, vg_ledger_cpu(&d->led, gpu), e->returned);
         if (ref == 1) {
             if (d->have_ref)
                 free_event(d, &d->ref);
@@ -651,6 +654,7 @@ static int record_event(struct sdev *d, CUstream stream, int start)
         p_event_destroy(ev.ev); /* e.g. a stream of another context: the hold still covers it */
         return -1;
     }
+    ev.returned = vg_broker_now();
     d->pend[d->npend] = ev;
     if (!start) {
         __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);

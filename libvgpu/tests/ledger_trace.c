@@ -5,8 +5,10 @@
  * Reads lines on stdin, times in microseconds (GPU times on any origin, CPU times
  * on CLOCK_MONOTONIC's), and prints one line per input line:
  *
- *   ev GPU REC N    an event completed at GPU time GPU, recorded at CPU time REC,
- *                   closing N launches (0: a start)
+ *   ev GPU REC N [RET]
+ *                   an event completed at GPU time GPU, recorded by a call at CPU
+ *                   time REC that returned at RET (default REC), closing N launches
+ *                   (0: a start)
  *   gap AT          the queue was empty and a launch came at CPU time AT
  *   cpu GPU         the CPU time of GPU time GPU
  *
@@ -26,12 +28,13 @@ int main(void)
     char line[256];
     while (fgets(line, sizeof(line), stdin)) {
         char op[16];
-        double a = 0, b = 0, c = 0;
-        int n = sscanf(line, "%15s %lf %lf %lf", op, &a, &b, &c);
+        double a = 0, b = 0, c = 0, r = -1;
+        int n = sscanf(line, "%15s %lf %lf %lf %lf", op, &a, &b, &c, &r);
         if (n < 1 || op[0] == '#')
             continue;
-        if (!strcmp(op, "ev") && n == 4) {
-            vg_ledger_event(&l, (int64_t)(a * 1000), (uint64_t)(b * 1000), (uint64_t)c);
+        if (!strcmp(op, "ev") && (n == 4 || n == 5)) {
+            vg_ledger_event(&l, (int64_t)(a * 1000), (uint64_t)(b * 1000), (uint64_t)((n == 5 ? r : b) * 1000),
+                            (uint64_t)c);
         } else if (!strcmp(op, "gap") && n == 2) {
             vg_ledger_gap(&l, (uint64_t)(a * 1000));
         } else if (!strcmp(op, "cpu") && n == 2) {

@@ -18,9 +18,16 @@ import time
 from pathlib import Path
 
 import pytest
-from support.gpu_loads import Load, Run, run_loads, step_loop, use_alone, wear_sched_file
+from support.gpu_loads import (
+    Load,
+    Run,
+    engine_timeline,
+    run_loads,
+    step_loop,
+    use_alone,
+    wear_sched_file,
+)
 from support.measure import TOL, WARM, burst, fixed, timing
-from support.paths import TEST_BIN
 
 from arbiter.sched import open_sched
 
@@ -51,13 +58,6 @@ def shares(tmp: Path, loads: list[Load], seconds: float = SECONDS,
     for i, t in enumerate(r.traces):
         assert t.summary["returncode"] == 0, f"load {i}: {t.stderr}"
     return [t.share(r.at(WARM), r.at(seconds)) for t in r.traces]
-
-
-def timeline(tmp: Path) -> list[tuple[int, int, int]]:
-    """simgpu's engine timeline of the run in tmp: (start ns, end ns, pid) per kernel."""
-    out = subprocess.run([str(TEST_BIN / "simgpu_timeline"), str(tmp / "simgpu.state")],
-                         check=True, capture_output=True, text=True).stdout
-    return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in out.splitlines())]
 
 
 def slice_of(load: Load, env: dict[str, str]) -> Load:
@@ -171,7 +171,7 @@ def test_a_slice_is_charged_what_its_kernels_ran(tmp_path: Path) -> None:
                              Load(fixed(90), kernel=kernel, args=args)], seconds, on_started=sample)
     for i, t in enumerate(r.traces):
         assert t.summary["returncode"] == 0, f"load {i}: {t.stderr}"
-    kernels = sorted(timeline(tmp_path))
+    kernels = sorted(engine_timeline(tmp_path))
     mine = [(a, b) for a, b, pid in kernels if pid == r.traces[0].summary["pid"]]
     # Between two of its holds on the engine (the 90 % ran > 1 ms): read from 0.5 ms after the
     # last kernel of one (its drain reported by then, so it is settled) to just before the
@@ -232,7 +232,7 @@ def test_a_step_loop_hands_the_token_over_with_no_idle_gpu(tmp_path: Path) -> No
     r = run_loads(tmp_path, [step, Load(burst(50))], 2.5)
     for i, t in enumerate(r.traces):
         assert t.summary["returncode"] == 0, f"load {i}: {t.stderr}"
-    kernels = timeline(tmp_path)
+    kernels = engine_timeline(tmp_path)
     step_pid = next(pid for start, end, pid in kernels if end - start == 500_000)
     gaps = [max(0, b[0] - a[1]) for a, b in itertools.pairwise(kernels)
             if a[2] == step_pid and b[2] != step_pid]

@@ -159,16 +159,20 @@ def run_loads(tmp: Path, loads: Sequence[Load], seconds: float, devices: str = "
     return run
 
 
-def timeline_shares(tmp: Path, run: Run, a: int, b: int) -> list[float]:
-    """Percent of [a, b) each load's kernels ran on simgpu's engine, from the engine's own
-    timeline (build/tests/simgpu_timeline: its last 32768 pieces of kernels, one per time
-    slice in the time-sliced engine), not from launch times: a 1 s kernel launched before
-    the window runs in it."""
+def engine_timeline(tmp: Path) -> list[tuple[int, int, int]]:
+    """simgpu's engine timeline of the run in tmp (build/tests/simgpu_timeline: its last
+    32768 pieces of kernels, one per time slice in the time-sliced engine): (start ns,
+    end ns, pid) each, CLOCK_MONOTONIC."""
     out = subprocess.run([str(TEST_BIN / "simgpu_timeline"), str(tmp / "simgpu.state")],
                          check=True, capture_output=True, text=True).stdout
+    return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in out.splitlines())]
+
+
+def timeline_shares(tmp: Path, run: Run, a: int, b: int) -> list[float]:
+    """Percent of [a, b) each load's kernels ran on simgpu's engine, from the engine's own
+    timeline, not from launch times: a 1 s kernel launched before the window runs in it."""
     busy: dict[int, int] = {}
-    for line in out.splitlines():
-        start, end, pid = (int(v) for v in line.split())
+    for start, end, pid in engine_timeline(tmp):
         busy[pid] = busy.get(pid, 0) + max(0, min(end, b) - max(start, a))
     return [busy.get(int(t.summary.get("pid", -1)), 0) / (b - a) * 100 for t in run.traces]
 
