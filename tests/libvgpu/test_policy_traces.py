@@ -472,6 +472,41 @@ def test_a_hold_queued_behind_a_late_tail_is_charged_from_its_drain() -> None:
                            "600.000 end a released", "600.000 charge a 100.000"]
 
 
+LATE_TAIL_AHEAD = """
+    0 a settings share=50 policy=burst
+    0 b settings share=50 policy=burst
+    0 b want
+    5 a want
+    {claims}
+    510 b drain at={drain}
+    600 a release
+    700 - end
+"""
+
+
+@pytest.mark.parametrize("drain", [56, 300, 500, 9000], ids=lambda v: f"drain-at-{v}")
+def test_a_late_tails_drain_date_moves_no_more_onto_the_next_holder_than_silence(
+        drain: int) -> None:
+    """hostile, late tail ahead: b's one long launch ran from 0 to 500, a's work from 500 to
+    600. Whatever b's drain report says (56, just past the broker's wait; 300; the truth;
+    the future, not believed), a pays at most what it pays when b never reports (595, from
+    its grant), b at least the 50 ms wait, and the 600 ms the GPU ran are all paid: a false
+    date only takes back from a what the truth would have given it."""
+    used = accounts(LATE_TAIL_AHEAD.format(claims="", drain=drain))
+    a, b = used["a"]["used"], used["b"]["used"]
+    assert a <= 595 and b >= 55 and a + b >= 600, (a, b)
+    if drain == 500:
+        assert (a, b) == (100.0, 500.0)
+
+
+def test_a_false_start_claim_behind_a_late_tail_costs_only_its_maker() -> None:
+    """hostile, shared tail: a claims its work first ran at 6, alongside b's late tail,
+    though it ran only once that drained at 500. It pays half of the overlap on top of its
+    100 and b half less: a start claim moves charge only onto the slice that makes it."""
+    used = accounts(LATE_TAIL_AHEAD.format(claims="6 a claim start_seq=1 start_ns=6", drain=500))
+    assert (used["a"]["used"], used["b"]["used"]) == (347.0, 253.0)
+
+
 def test_a_chain_of_late_tails_is_charged_in_gpu_order() -> None:
     """late tail ahead: a fixed 30 % asks while b's 1 s launch runs; b is revoked, a granted,
     and a's hold ends on credit (3 ms, its own 1 s launch queued behind b's). Both tails
