@@ -5,10 +5,10 @@
  * libvgpu records timing events in the streams it launches into (sched.c); the
  * holder thread reaps them in the order they were recorded and hands each one
  * here as (the GPU time it completed, the CPU times its record call began and
- * returned, the launches it closes). From those alone the ledger knows when the process's work ended
- * (last_end), how long its kernels run (per_ns) and the CPU time of any GPU time
- * (clock map). No CPU thread's wake-up enters any of it: a holder that looks late
- * sees the same times as one that looks at once.
+ * returned, the launches it closes). From those alone the ledger knows when the
+ * process's work ended (last_end), how long its kernels run (per_ns) and the CPU
+ * time of any GPU time (clock map). No CPU thread's wake-up enters any of it: a
+ * holder that looks late sees the same times as one that looks at once.
  *
  * Pure: no clock reads, no driver calls, no syscalls, no atomics, no globals.
  * The rules, each with its trace test (tests/libvgpu/test_ledger_traces.py):
@@ -20,8 +20,8 @@
  *               it exact; the window lets the GPU's and the CPU's clocks drift).
  *   at record   an event that completed within VG_LEDGER_AT_RECORD_NS of its
  *               record call's return found its stream idle (a call slowed by a
- *               lock or a preempted thread is not lateness): the launches it closes had
- *               ended earlier, at an unknown time. They are dated from the last
+ *               lock or a preempted thread is not lateness): the launches it
+ *               closes had ended earlier, at an unknown time. They are dated from the last
  *               known end (or the launch that ended a gap, if later) plus their
  *               learnt length, never later than the event.
  *   busy        the GPU time of closed launches: from the later of the last end

@@ -148,10 +148,14 @@ static void charge(struct vg_pol *p, int i, uint64_t dt, int on_floor)
  * the longer a slice's tails, the fewer hand-overs it should cost. A slice that reports
  * its drains late to hold longer pays for its tail and holds at most
  * VG_POL_QUANTUM_MAX_NS; the waiter banks what it earns meanwhile (refill). */
+static uint64_t clamp(uint64_t v, uint64_t lo, uint64_t hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
 static uint64_t quantum_of(const struct vg_pol_slice *b)
 {
-    uint64_t q = b->tail_ns * VG_POL_HOLDS_PER_TAIL;
-    return q < VG_POL_QUANTUM_NS ? VG_POL_QUANTUM_NS : q > VG_POL_QUANTUM_MAX_NS ? VG_POL_QUANTUM_MAX_NS : q;
+    return clamp(b->tail_ns * VG_POL_HOLDS_PER_TAIL, VG_POL_QUANTUM_NS, VG_POL_QUANTUM_MAX_NS);
 }
 
 /* A revoked hold of slice b drained `tail` after it ended: a running average, weighted
@@ -189,8 +193,7 @@ static int64_t min_hold(const struct vg_pol *p, const struct vg_pol_slice *b)
     if (p->active <= 1)
         return (int64_t)VG_POL_MIN_HOLD_ALONE_NS;
     uint64_t q = b->tail_ns * VG_POL_HOLDS_PER_TAIL * (100 - b->set.share) / 100;
-    uint64_t hi = VG_POL_QUANTUM_NS;
-    return (int64_t)(q < VG_POL_MIN_HOLD_NS ? VG_POL_MIN_HOLD_NS : q > hi ? hi : q);
+    return (int64_t)clamp(q, VG_POL_MIN_HOLD_NS, VG_POL_QUANTUM_NS);
 }
 
 static struct standing standing_of(const struct vg_pol *p, const struct vg_pol_slice *b, int64_t credit, uint64_t now)
@@ -765,11 +768,11 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
 {
     memset(d, 0, sizeof(*d));
     int others_wait = 0;
+    uint64_t bank = p->holder >= 0 ? quantum_of(&p->sl[p->holder]) : VG_POL_QUANTUM_NS;
     for (unsigned i = 0; i < VG_POL_SLICES; i++) {
         struct vg_pol_slice *b = &p->sl[i];
         if (!b->in_use)
             continue;
-        uint64_t bank = p->holder >= 0 ? quantum_of(&p->sl[p->holder]) : VG_POL_QUANTUM_NS;
         refill(b, now, (int64_t)unsettled(p, (int)i, now), b->waiting && (int)i != p->holder ? bank : 0);
         const struct vg_pol_claims *r = &b->req;
         b->waiting = r->want > 0 && r->want < (1u << 20) && believed(r->want_ns, ago(now, VGPU_ACTIVE_NS), now);

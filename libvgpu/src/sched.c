@@ -541,13 +541,13 @@ static void free_event(struct sdev *d, const struct ev *e)
         p_event_destroy(e->ev);
 }
 
-/* The hold's first start event, recorded by a call that returned at `rec`, completed at
- * CPU time `ran`. Our
- * claim of the first gap, from the grant to the launch, goes (idle_ns first: a broker
- * that reads in between overcharges us for a step, never our neighbours): only the
- * broker knows where our hold's span begins, at the grant or when the previous holder's
- * queued work ended, and a gap claimed from the grant deducted from us again a tail that
- * the previous holder pays (a fixed 10 % beside a fixed 90 % got 10.3 %). Instead:
+/* The hold's first start event, recorded by a call that returned at `ret`, completed at
+ * CPU time `ran`. Our claim of the first gap, from the grant to the launch, goes (idle_ns
+ * first: a broker that reads in between overcharges us for a step, never our
+ * neighbours): only the broker knows where our hold's span begins, at the grant or when
+ * the previous holder's queued work ended, and a gap claimed from the grant deducted from
+ * us again a tail that the previous holder pays (a fixed 10 % beside a fixed 90 % got
+ * 10.3 %). Instead:
  *   - it ran after it was recorded: the GPU got to our work only then, after the previous
  *     tail or the GPU's switch to our context (~150 us on an H200): start_ns;
  *   - it completed as it was recorded: our queue was empty and our work ran no earlier
@@ -558,7 +558,7 @@ static void free_event(struct sdev *d, const struct ev *e)
  * here, more on a slower host or a preempted thread) was deducted from every such hold
  * of a fixed 10 % beside a fixed 90 %; on an idle GPU it is the few us until the driver
  * has the kernel. */
-static void claim_start(struct sdev *d, uint64_t ran, uint64_t rec)
+static void claim_start(struct sdev *d, uint64_t ran, uint64_t ret)
 {
     uint64_t gap = d->first_gap - 1;
     d->first_start = 0;
@@ -566,7 +566,7 @@ static void claim_start(struct sdev *d, uint64_t ran, uint64_t rec)
         return;
     d->idle_total -= gap < d->idle_total ? gap : d->idle_total;
     atomic_store(&d->q->idle_ns, d->idle_total);
-    if (!vg_ledger_at_record(ran, rec)) {
+    if (!vg_ledger_at_record(ran, ret)) {
         atomic_store(&d->q->start_ns, ran);
         atomic_store(&d->q->start_seq, d->seq);
     } else {

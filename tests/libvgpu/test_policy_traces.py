@@ -453,25 +453,6 @@ def test_a_late_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     assert used["a"]["used"] + used["b"]["used"] == pytest.approx(75.0, abs=0.01)
 
 
-def test_a_hold_queued_behind_a_late_tail_is_charged_from_its_drain() -> None:
-    """late tail ahead: b's tail of one long launch is settled unreported at 55 (charged
-    the 50 ms wait) and reported drained at 500. a's hold, granted at 5 and queued behind
-    it, could run only from 500 and is charged from there, as behind a tail reported in
-    time (without this it paid 595 for 100 of work: b's tail twice)."""
-    trace = """
-        0 a settings share=50 policy=burst
-        0 b settings share=50 policy=burst
-        0 b want
-        5 a want
-        510 b drain at=500
-        600 a release
-        700 - end
-    """
-    assert play(trace) == ["0.000 grant b", "5.000 end b owes", "5.000 grant a",
-                           "55.000 charge b 55.000", "510.000 charge b 445.000",
-                           "600.000 end a released", "600.000 charge a 100.000"]
-
-
 LATE_TAIL_AHEAD = """
     0 a settings share=50 policy=burst
     0 b settings share=50 policy=burst
@@ -482,6 +463,16 @@ LATE_TAIL_AHEAD = """
     600 a release
     700 - end
 """
+
+
+def test_a_hold_queued_behind_a_late_tail_is_charged_from_its_drain() -> None:
+    """late tail ahead: b's tail of one long launch is settled unreported at 55 (charged
+    the 50 ms wait) and reported drained at 500. a's hold, granted at 5 and queued behind
+    it, could run only from 500 and is charged from there, as behind a tail reported in
+    time (without this it paid 595 for 100 of work: b's tail twice)."""
+    assert play(LATE_TAIL_AHEAD.format(claims="", drain=500)) == [
+        "0.000 grant b", "5.000 end b owes", "5.000 grant a", "55.000 charge b 55.000",
+        "510.000 charge b 445.000", "600.000 end a released", "600.000 charge a 100.000"]
 
 
 @pytest.mark.parametrize("drain", [56, 300, 500, 9000], ids=lambda v: f"drain-at-{v}")
