@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent
 LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
 PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
 PROGRAM_DIR = ("arbiter", "native", "bin")      # where arbiter.native.program_path looks
-CONFIG_DIR = ("arbiter", "configs")             # where arbiter.shipped.shipped_file looks
+CONFIG_DIR = ("arbiter", "configs")             # where arbiter.install.shipped.shipped_file looks
 
 
 def _tuple(module: str, name: str) -> tuple[str, ...]:
@@ -34,7 +34,7 @@ def _tuple(module: str, name: str) -> tuple[str, ...]:
 
 
 PROGRAMS = _tuple("arbiter/native/__init__.py", "PROGRAMS")  # e.g. vgpu-hook, shim/runc
-CONFIGS = _tuple("arbiter/shipped.py", "CONFIGS")            # e.g. oci-hooks.d/vgpu.json
+CONFIGS = _tuple("arbiter/install/shipped.py", "CONFIGS")            # e.g. oci-hooks.d/vgpu.json
 
 
 def make() -> None:

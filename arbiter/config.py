@@ -36,8 +36,8 @@ from arbiter.defaults import (
     SOCKET_NAME,
 )
 from arbiter.errors import ConfigError, QuantityError
+from arbiter.install.shipped import shipped_file
 from arbiter.quantity import MEMORY_FORMS, parse_memory
-from arbiter.shipped import shipped_file
 
 if TYPE_CHECKING:
     import jsonschema
@@ -98,7 +98,7 @@ class Config:
     #: files (<event_log>.1 ...): at most (generations + 1) x max bytes on disk.
     event_log_max_bytes: int = 10 << 20
     event_log_generations: int = 3
-    #: Versioned installs of libvgpu.so and the programs (arbiter.installs).
+    #: Versioned installs of libvgpu.so and the programs (arbiter.install.versions).
     lib_dir: Path = Path("/var/lib/vgpu/lib")
     placement_policy: str = "binpack"
     allow_preemption: bool = False
@@ -109,14 +109,14 @@ class Config:
     context_reserve: int = 0                       # bytes
     reconcile_interval_s: float = 10.0
     drift_action: str = "flag"
-    guard_action: str = "throttle"                 # flag | kill | throttle (arbiter.guard)
+    guard_action: str = "throttle"                 # flag | kill | throttle (compute_guard)
     guard_margin: int = 10                         # percentage points above the share
     guard_interval_s: float = 0.5
-    guard_memory_action: str = "kill"              # flag | kill | throttle (arbiter.memguard)
+    guard_memory_action: str = "kill"              # flag | kill | throttle (memory_guard)
     guard_memory_margin: int = 128 << 20           # bytes per slice above the memory limit
     guard_memory_escalate_after: int = 3           # memory findings that stop the slice (0: never)
     guard_memory_escalate_window_s: float = 60.0   # ... within this many seconds
-    guard_memory_escalate_action: str = "kill"     # freeze | kill (arbiter.memguard)
+    guard_memory_escalate_action: str = "kill"     # freeze | kill (arbiter.compute.memory_guard)
     cgroup_root: Path | None = None                # None: find the cgroup v2 mount
     metrics_address: str = "127.0.0.1:9400"        # '' disables the endpoint
     devices_include: tuple[int | str, ...] | None = None   # None: every GPU NVML reports
@@ -183,7 +183,7 @@ def schema_path() -> Path:
 
 
 class Accepted(Protocol):
-    """Digests of documents the schema accepted before (arbiter.configmemo keeps vgpud's):
+    """Digests of documents the schema accepted before (arbiter.daemon.configmemo keeps vgpud's):
     load_config skips jsonschema for those."""
 
     def __contains__(self, digest: object) -> bool: ...

@@ -41,7 +41,8 @@ class RegionError(VgpuError):
         self.path = Path(path)
         self.verb = verb
         self.reason = reason
-        #: A tenant's file lease held the file (arbiter.leases): not opened now, worth a retry.
+        #: A tenant's file lease held the file (arbiter.files.leases): not opened now, worth a
+        #: retry.
         self.busy = busy
         super().__init__(f"failed to {verb} {self.noun} {self.path}: {reason}")
 
@@ -123,7 +124,7 @@ class NotFoundError(VgpuError, LookupError):
         super().__init__(f"failed to {verb}: no slice {what}")
 
 
-# --- placement and state errors (arbiter/placement.py, arbiter/state.py) ---------------------
+# --- placement and state errors (arbiter/slices/placement.py, arbiter/slices/store.py) ---
 
 __all__ += ["BadPinError", "CountError", "NoCapacityError", "StateError"]
 

@@ -2,7 +2,7 @@
 """The typed request/slice model shared by the arbiter, the CLI, the hook and the shim.
 
 Pure data: no I/O. Priorities and policies reuse the region file's enums
-(arbiter.region.Priority/Policy) so a slice's values are written to its region
+(arbiter.files.region_file.Priority/Policy) so a slice's values are written to its region
 files unchanged. Conversions to and from the gRPC messages live in
 arbiter.convert.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from arbiter.region import Policy, Priority
+from arbiter.files.region_file import Policy, Priority
 
 __all__ = ["WORKLOAD_LABELS", "Gpu", "Grant", "OwnerKind", "Policy", "Priority", "Request",
            "Slice", "User", "VGpuAsk"]
@@ -106,12 +106,12 @@ class Slice:
     owner_pid: int = 0               # container init (0: not started yet) or the process
     created_ms: int = 0
     labels: tuple[tuple[str, str], ...] = field(default=())
-    # Who holds it, as the host saw at prestart (arbiter.identity): the owner pid's
+    # Who holds it, as the host saw at prestart (arbiter.slices.identity): the owner pid's
     # /proc start time, the init's cgroup (`<controllers>:<path>`), the OCI bundle.
     owner_start: int = 0
     owner_cgroup: str = ""
     owner_bundle: str = ""
-    # The versioned install (arbiter.installs, `<version>-<hash>`) whose libvgpu.so the
+    # The versioned install (arbiter.install.versions, `<version>-<hash>`) whose libvgpu.so the
     # container mapped, recorded at prestart; "" when an older vgpud made the slice.
     libvgpu_version: str = ""
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from arbiter.region import USAGE_SUFFIX, usage_path_of
-from arbiter.sched import SCHED_DIR_NAME, slice_key_of
+from arbiter.files.region_file import USAGE_SUFFIX, usage_path_of
+from arbiter.files.sched_files import SCHED_DIR_NAME, slice_key_of
 from oci_hook.errors import MountError
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arbiter.errors import QuantityError
+from arbiter.install.shipped import shipped_file
 from arbiter.quantity import COMPUTE_FORMS, MEMORY_FORMS, parse_compute, parse_memory
-from arbiter.shipped import shipped_file
 from oci_hook.errors import RequestError, StateError
 
 if TYPE_CHECKING:

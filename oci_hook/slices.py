@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The domain as the container path sees it: a small interface, and the slice as mounts need it.
 
-The lifecycle service runs inside vgpud and calls the domain directly (arbiter.core.Arbiter
-satisfies `Slices`), never through a gRPC stub of itself: the container code decides what
-to ask, the domain keeps the slices.
+The lifecycle service runs inside vgpud and calls the domain directly
+(arbiter.slices.arbiter.Arbiter satisfies `Slices`), never through a gRPC stub of itself:
+the container code decides what to ask, the domain keeps the slices.
 """
 from __future__ import annotations
 

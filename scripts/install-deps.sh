@@ -7,7 +7,7 @@
 #                    is on PATH, however it was installed: docker-ce's dockerd will do);
 #                    prometheus for tests/e2e/test_prometheus.py (a real server scraping vgpud),
 #                    debootstrap for the node image's test base (tests/e2e/test_node_image.py),
-#                    systemd for systemd-socket-activate (tests/arbiter/test_restart.py: vgpud
+#                    systemd for systemd-socket-activate (tests/arbiter/daemon/test_restart.py: vgpud
 #                    under systemd's own socket activation; every Debian host but a minimal
 #                    image has it)
 #   When it installs crun: a containers.conf drop-in that keeps Podman on runc (below)
@@ -56,7 +56,7 @@ if ! deb_installed busybox-static && ! { [[ -x /bin/busybox ]] && file -L /bin/b
 fi
 # Podman (and Buildah) run containers with crun rather than runc once crun is installed,
 # unless a containers.conf names the runtime; and Debian 12's crun refuses hosts with hybrid
-# cgroups. crun is here for tests/arbiter/test_liveness.py only (the tests that run podman
+# cgroups. crun is here for tests/arbiter/slices/test_liveness.py only (the tests that run podman
 # name runc), so installing it must not change what a plain `podman run` uses: the runtime
 # Podman had before, runc, is pinned in a drop-in (later drop-ins and ~/.config ones still
 # override it; /etc/containers/containers.conf does not). Written only when this script

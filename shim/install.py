@@ -9,10 +9,10 @@ write, prints a unified diff instead with --dry-run, and says which service to r
 
 What is written comes from the shipped snippets (configs/docker/daemon.json,
 configs/containerd/vgpu.toml, configs/oci-hooks.d/vgpu.json, found by
-arbiter.shipped) with the stable paths of the compiled programs:
+arbiter.install.shipped) with the stable paths of the compiled programs:
 `<lib dir>/current/bin/<program>` (paths.lib_dir of the config, or --lib-dir). First this
 installation's native files are installed under `<lib dir>/<version>-<hash>/` (once,
-arbiter.installs) and `current` is switched to them atomically, so a `pip install` over
+arbiter.install.versions) and `current` is switched to them atomically, so a `pip install` over
 the package never changes what engines exec, and `vgpu upgrade` switches every engine at
 once without rewriting its config. A program path given explicitly (--runtime-path,
 --hook-path, --shim-path) is registered as it is:
@@ -51,10 +51,10 @@ from typing import Any, Protocol
 
 import tomli_w
 
-from arbiter import installs
 from arbiter.errors import ShippedFileNotFoundError, VgpuError
+from arbiter.install import versions
+from arbiter.install.shipped import shipped_file
 from arbiter.native import program_path
-from arbiter.shipped import shipped_file
 from shim.containerd_cri import (
     CRI_PLUGIN,
     RUNTIME_NAME,
@@ -99,7 +99,7 @@ RESTART = {
               "(CRI-O: systemctl restart crio)",
 }
 BACKUP_SUFFIX = ".vgpu.bak"
-#: The shipped snippet of each target (arbiter.shipped.CONFIGS lists them).
+#: The shipped snippet of each target (arbiter.install.shipped.CONFIGS lists them).
 SNIPPETS = {
     "docker": "docker/daemon.json",
     "containerd": "containerd/vgpu.toml",
@@ -212,13 +212,13 @@ class Switch:
     @property
     def path(self) -> Path:
         """The link engines exec through."""
-        return self.lib_dir / installs.CURRENT
+        return self.lib_dir / versions.CURRENT
 
     @property
     def changed(self) -> bool:
         """True when current names another install, or its install is missing."""
         return self.old != self.name or \
-            not (self.lib_dir / self.name / installs.MANIFEST).is_file()
+            not (self.lib_dir / self.name / versions.MANIFEST).is_file()
 
     def preview(self) -> str:
         """The install and the link as they would be."""
@@ -229,9 +229,9 @@ class Switch:
     def write(self) -> str:
         """Install (made once) and switch atomically."""
         try:
-            inst = installs.install(self.lib_dir, self.version, self.files)
-            installs.switch_current(self.lib_dir, inst)
-        except installs.InstallError as e:
+            inst = versions.install(self.lib_dir, self.version, self.files)
+            versions.switch_current(self.lib_dir, inst)
+        except versions.InstallError as e:
             raise InstallError(e.path, e.reason) from e
         return f"vgpu: engines run the programs of {self.path} -> {inst.name}"
 
@@ -243,18 +243,18 @@ def switch_step(lib_dir: Path) -> Switch:
 
     try:
         files = own_files()
-        digest = installs.content_hash(files)
+        digest = versions.content_hash(files)
     except VgpuError as e:
         raise InstallError(lib_dir, str(e)) from e
     except OSError as e:
         raise InstallError(Path(e.filename or lib_dir),
                            f"cannot read it: {e.strerror or e}") from e
     try:
-        old: str | None = os.readlink(lib_dir / installs.CURRENT)
+        old: str | None = os.readlink(lib_dir / versions.CURRENT)
     except FileNotFoundError:
         old = None
     except OSError as e:
-        raise InstallError(lib_dir / installs.CURRENT, e.strerror or str(e)) from e
+        raise InstallError(lib_dir / versions.CURRENT, e.strerror or str(e)) from e
     return Switch(lib_dir, old, version(), f"{version()}-{digest}", files)
 
 
@@ -515,7 +515,7 @@ def _program(name: str, explicit: str | None, flag: str, lib_dir: Path | None) -
     if explicit:
         return str(Path(explicit).absolute())
     if lib_dir is not None:
-        return str(installs.stable_program(lib_dir.absolute(), name))
+        return str(versions.stable_program(lib_dir.absolute(), name))
     found = program_path(name)
     if found is None:
         raise InstallError(Path(name), f"this installation has no compiled {name} (run `make` "

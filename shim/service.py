@@ -36,7 +36,7 @@ from shim.spec import FileSpec
 
 if TYPE_CHECKING:
     from arbiter.config import Config
-    from arbiter.installs import Install
+    from arbiter.install.versions import Install
     from oci_hook.slices import Slices
 
 __all__ = ["LifecycleOps", "serve"]
@@ -146,7 +146,7 @@ def _one_line(op: Op) -> Op:
 def serve(slices: Slices, config: Config, install: Install | None = None) -> LifecycleServer:
     """The lifecycle socket of the vgpud serving gRPC on config.socket (not started).
 
-    With `install` (vgpud's versioned install, arbiter.installs) containers get its
+    With `install` (vgpud's versioned install, arbiter.install.versions) containers get its
     libvgpu.so and vgpu-hook, never the package's files a later install may replace."""
     if install is None:
         ops = LifecycleOps(slices, config, cdi_dirs=config.cdi_spec_dirs)

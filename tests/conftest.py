@@ -18,18 +18,18 @@ from support.paths import ROOT, SIMGPU_DIR
 from support.process import clean_env
 from support.vgpud_harness import unmount_under
 
-from arbiter.freezer import find_root
+from arbiter.compute.freezer import find_root
 
 # `make test` hands whole files to pytest-xdist's workers in collection order
 # (--dist loadfile --no-loadscope-reorder). These files take 25 s or more in its parallel
 # phase (measured with --durations), so they go first, longest first: the workers then end
 # together instead of one running a long file alone at the end.
 SLOW_FIRST = (
-    "arbiter/test_daemon.py", "vgpu_k8s/test_dra_plugin.py", "e2e/test_node_image.py",
+    "arbiter/daemon/test_server.py", "vgpu_k8s/test_dra_plugin.py", "e2e/test_node_image.py",
     "project/test_bench_against.py", "shim/test_lifecycle.py", "e2e/test_upgrade_drill.py",
-    "e2e/test_hostile_broker.py", "arbiter/test_liveness.py", "e2e/test_e2e_runc.py",
+    "e2e/test_hostile_broker.py", "arbiter/slices/test_liveness.py", "e2e/test_e2e_runc.py",
     "vgpu_k8s/test_device_plugin.py", "libvgpu/test_gpucheck.py",
-    "arbiter/test_memory_guard.py", "libvgpu/test_compute.py",
+    "arbiter/compute/test_memory_guard.py", "libvgpu/test_compute.py",
     "libvgpu/test_compute_accuracy.py",
 )
 
@@ -61,7 +61,7 @@ def built() -> None:
 
 @pytest.fixture(autouse=True)
 def _unmount_slice_fs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Unmount the slices' own tmpfs (arbiter.slicefs) a test's vgpud or Regions left under
+    """Unmount the slices' own tmpfs (arbiter.files.slicefs) a test's vgpud or Regions left under
     the test's directories: the mounts would outlive it (and its temporary directory)."""
     yield
     unmount_under(tmp_path_factory.getbasetemp())

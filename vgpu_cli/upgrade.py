@@ -4,7 +4,7 @@
 The steps (docs/upgrading.md), each undone in reverse order when a later one fails:
 
 1. install this version's native files under `<lib dir>/<version>-<hash>/` (once;
-   arbiter.installs), beside the one vgpud serves;
+   arbiter.install.versions), beside the one vgpud serves;
 2. switch `<lib dir>/current` to it (atomic: engines exec through it);
 3. re-register each engine that is registered and whose registration would change
    (`vgpu install`'s plan: an older registration that named other paths);
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from arbiter import installs
 from arbiter.errors import VgpuError
+from arbiter.install import versions
 from arbiter.version import version
 from vgpu_cli.client import connect, messages
 from vgpu_cli.errors import CliError
@@ -107,7 +107,7 @@ class Upgrade:
 
     sock: str
     lib_dir: Path
-    target: installs.Install
+    target: versions.Install
     files: Mapping[str, Path]
     restart: Sequence[str] | str
     rollback: Sequence[str] | str
@@ -122,23 +122,23 @@ class Upgrade:
 
     def install(self) -> None:
         """Step 1: the versioned install (made once)."""
-        made = installs.install(self.lib_dir, self.target.version, self.files)
+        made = versions.install(self.lib_dir, self.target.version, self.files)
         if made.name != self.target.name:   # files changed under us: install what is there
             self.target = made
 
     def switch(self) -> None:
         """Step 2: current -> the new install; its undo switches back (or removes it)."""
-        before = installs.switch_current(self.lib_dir, self.target)
-        link = self.lib_dir / installs.CURRENT
+        before = versions.switch_current(self.lib_dir, self.target)
+        link = self.lib_dir / versions.CURRENT
 
         def back() -> None:
             if before is None:
                 link.unlink(missing_ok=True)
                 return
-            old = next((i for i in installs.installed(self.lib_dir) if i.name == before), None)
+            old = next((i for i in versions.installed(self.lib_dir) if i.name == before), None)
             if old is None:
                 raise CliError(f"cannot switch {link} back: {before} is gone")
-            installs.switch_current(self.lib_dir, old)
+            versions.switch_current(self.lib_dir, old)
         self.undo.append((f"switch {link} back to {before or '(none)'}", back))
 
     def register(self) -> None:
@@ -162,7 +162,7 @@ class Upgrade:
                 self.undo.append((f"{target}: restore {s.path}", back))
                 apply([s], dry_run=False, out=self.out)
 
-    def restart_vgpud(self, command: Sequence[str] | str, served: installs.Install | None,
+    def restart_vgpud(self, command: Sequence[str] | str, served: versions.Install | None,
                       version_: str) -> None:
         """Step 4 (and the rollback's): run the restart command."""
         env = dict(os.environ, VGPU_UPGRADE_VERSION=version_,
@@ -232,7 +232,7 @@ class Upgrade:
         old = self.before
         served = "vgpud was not restarted"
         if self.restarted and old is not None:
-            old_install = next((i for i in installs.installed(self.lib_dir)
+            old_install = next((i for i in versions.installed(self.lib_dir)
                                 if i.name == old.install), None)
             t0 = time.monotonic()
             try:
@@ -242,8 +242,8 @@ class Upgrade:
             except VgpuError as e:
                 problems.append(f"restart on {old.version}: {e}")
                 served = "vgpud did not come back on the old version"
-        current = installs.current(self.lib_dir)
-        state = (f"rolled back: {self.lib_dir / installs.CURRENT} -> "
+        current = versions.current(self.lib_dir)
+        state = (f"rolled back: {self.lib_dir / versions.CURRENT} -> "
                  f"{current.name if current else '(none)'}, {served}")
         return state + ("; rollback problems: " + "; ".join(problems) if problems else "")
 
@@ -288,15 +288,15 @@ def cmd_upgrade(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
     lib_dir = config_lib_dir(args)
     files = own_files()
     new_version = version()
-    name = f"{new_version}-{installs.content_hash(files)}"
-    target = installs.Install(lib_dir / name, new_version, name.rsplit("-", 1)[1])
+    name = f"{new_version}-{versions.content_hash(files)}"
+    target = versions.Install(lib_dir / name, new_version, name.rsplit("-", 1)[1])
     before = _health(sock, args.timeout)
     restart: Sequence[str] | str | None = args.restart_command or systemd_restart()
     if restart is None:
         raise CliError(f"vgpud does not run as systemd's {UNIT} here: pass "
                        "--restart-command CMD (how to restart it)")
     rollback = args.rollback_command or restart
-    current = installs.current(lib_dir)
+    current = versions.current(lib_dir)
     engines = _engines(args, lib_dir)
     changed = [(t, [s for s in steps if s.changed]) for t, steps in engines]
     if (before.version == new_version and before.install == name
@@ -305,9 +305,9 @@ def cmd_upgrade(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
         out(f"vgpu: already at {new_version}: vgpud serves {name} and engines run it")
         return 0
     steps = [
-        f"install {target.path}" + (" (there already)" if (target.path / installs.MANIFEST)
+        f"install {target.path}" + (" (there already)" if (target.path / versions.MANIFEST)
                                     .is_file() else ""),
-        f"switch {lib_dir / installs.CURRENT}: "
+        f"switch {lib_dir / versions.CURRENT}: "
         f"{current.name if current else '(none)'} -> {name}",
         *(f"re-register {t}: {s.path}" for t, steps_ in changed for s in steps_),
         f"restart vgpud ({before.version}, serving {before.install or before.libvgpu}): "
@@ -324,7 +324,7 @@ def cmd_upgrade(args: argparse.Namespace, env: Mapping[str, str], out: Out) -> i
                  engines=engines, before=before)
     up.run()
     out(f"vgpu: upgraded {before.version} -> {new_version}: vgpud serves {up.target.name}, "
-        f"engines run {lib_dir / installs.CURRENT} -> {up.target.name}")
+        f"engines run {lib_dir / versions.CURRENT} -> {up.target.name}")
     if changed and any(s for _, s in changed):
         from shim.install import RESTART
         for t, s in changed:

@@ -19,7 +19,7 @@ def run() -> NoReturn:
     """Run vgpud with the command line's flags; exit with its status."""
     gc.disable()
     try:
-        from arbiter.daemon import exit_process
+        from arbiter.daemon.server import exit_process
         from vgpud.main import main
     finally:
         gc.enable()

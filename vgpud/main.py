@@ -6,10 +6,10 @@ reaches the domain only through oci_hook.slices.Slices. This module joins the tw
 """
 from __future__ import annotations
 
-from arbiter import daemon
 from arbiter.config import Config
-from arbiter.core import Arbiter
-from arbiter.installs import Keeper, own_install
+from arbiter.daemon import server
+from arbiter.install.versions import Keeper, own_install
+from arbiter.slices.arbiter import Arbiter
 from oci_hook.mounts import CONTAINER_LIBVGPU
 from shim.lifecycle import LifecycleServer
 from shim.service import serve
@@ -33,13 +33,13 @@ def container_lifecycle(arbiter: Arbiter, config: Config) -> LifecycleServer:
 
 
 #: What vgpud serves besides the domain's gRPC API.
-ATTACHMENTS: tuple[daemon.AttachmentFactory, ...] = (native_installs, container_lifecycle)
+ATTACHMENTS: tuple[server.AttachmentFactory, ...] = (native_installs, container_lifecycle)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run vgpud with everything attached; the flags are arbiter.daemon's."""
-    return daemon.main(argv, attachments=ATTACHMENTS)
+    """Run vgpud with everything attached; the flags are arbiter.daemon.server's."""
+    return server.main(argv, attachments=ATTACHMENTS)
 
 
 if __name__ == "__main__":
-    daemon.exit_process(main())
+    server.exit_process(main())

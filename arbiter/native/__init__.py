@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where the native parts are: libvgpu.so and the compiled programs, shipped inside the
 package or built in a source checkout; `own_files` lists them for a versioned install
-(arbiter.installs), which is what vgpud mounts into containers and engines run."""
+(arbiter.install.versions), which is what vgpud mounts into containers and engines run."""
 from __future__ import annotations
 
 import os
@@ -53,7 +53,7 @@ def program_path(name: str, package_dir: Path = _PACKAGE_DIR,
 def own_files(package_dir: Path = _PACKAGE_DIR,
               checkout_root: Path = _CHECKOUT_ROOT) -> dict[str, Path]:
     """This installation's native files by their path inside a versioned install:
-    libvgpu.so and bin/<program> for each program that is built (arbiter.installs)."""
+    libvgpu.so and bin/<program> for each program that is built (arbiter.install.versions)."""
     files = {LIBRARY_NAME: libvgpu_path(package_dir, checkout_root)}
     for name in PROGRAMS:
         found = program_path(name, package_dir, checkout_root)

@@ -11,8 +11,8 @@
  * running processes read them on every check. Standalone, libvgpu creates
  * both files in <VGPU_REGION_DIR> itself from the environment.
  *
- * This layout is a contract: arbiter/region.py mirrors it with ctypes and
- * tests/test_region_layout.py proves that sizes and offsets agree. Any change
+ * This layout is a contract: arbiter/files/region_file.py mirrors it with ctypes and
+ * tests/arbiter/files/test_region_file.py proves that sizes and offsets agree. Any change
  * bumps VGPU_REGION_VERSION.
  */
 #ifndef VGPU_REGION_H
@@ -32,7 +32,7 @@ enum vgpu_priority { VGPU_PRIORITY_LOW = 0, VGPU_PRIORITY_NORMAL = 1, VGPU_PRIOR
 enum vgpu_policy { VGPU_POLICY_FIXED = 0, VGPU_POLICY_BURST = 1 };
 
 /* A slice's files, vgpu<i> and vgpu<i>.usage, in its region dir (the hook mounts them
- * as /dev/vgpu<i>): arbiter.regions.region_name and arbiter.region.USAGE_SUFFIX are the
+ * as /dev/vgpu<i>): arbiter.files.slice_dirs.region_name and arbiter.files.region_file.USAGE_SUFFIX are the
  * Python twins (tests/test_constants.py). */
 #define VGPU_REGION_FILE_PREFIX "vgpu"
 #define VGPU_USAGE_SUFFIX ".usage"

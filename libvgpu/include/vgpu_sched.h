@@ -41,8 +41,8 @@
  * back (its queue drained), when the broker revokes it (quantum, credit,
  * priority) or when its lease lapses.
  *
- * This layout is a contract: arbiter/sched.py mirrors it with ctypes and
- * tests/test_sched_layout.py proves that sizes and offsets agree. Any change
+ * This layout is a contract: arbiter/files/sched_files.py mirrors it with ctypes and
+ * tests/arbiter/files/test_sched_files.py proves that sizes and offsets agree. Any change
  * bumps VGPU_SCHED_VERSION.
  */
 #ifndef VGPU_SCHED_H
@@ -62,7 +62,7 @@
 /* Outside a container: the directory of the GPUs' scheduling files (`vgpu run` sets it;
  * arbiter.defaults.ENV_SCHED_DIR). */
 #define VGPU_ENV_SCHED_DIR "VGPU_SCHED_DIR"
-/* Beside the GPU files: the brokers' lock (arbiter.sched.BROKER_LOCK_NAME). */
+/* Beside the GPU files: the brokers' lock (arbiter.files.sched_files.BROKER_LOCK_NAME). */
 #define VGPU_BROKER_LOCK_NAME ".broker.lock"
 
 /* The broker's accounting of one slice on this GPU (128 bytes); read-only. */

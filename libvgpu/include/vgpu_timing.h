@@ -19,7 +19,7 @@
  * (broker_beat_ns) each time. */
 #define VGPU_BEAT_NS (10 * VGPU_MS)
 /* A heartbeat older than this: no broker serves the GPU (libvgpu standalone elects
- * another; vgpud reports none, arbiter.sched.BROKER_DEAD_NS). */
+ * another; vgpud reports none, arbiter.files.sched_files.BROKER_DEAD_NS). */
 #define VGPU_BROKER_DEAD_NS (50 * VGPU_MS)
 /* Standalone: a broker that holds the lock but has not beaten this long (stopped) is
  * replaced even though its process lives. */

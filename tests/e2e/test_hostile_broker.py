@@ -36,7 +36,7 @@ import pytest
 from support.hostile import SCRIBBLE, Host
 from support.process import pids_running
 
-from arbiter.sched import open_sched
+from arbiter.files.sched_files import open_sched
 
 pytestmark = pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
                                 reason="needs runc and root (real containers)")

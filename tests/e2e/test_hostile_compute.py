@@ -30,7 +30,7 @@ from support.gpu_loads import read_trace
 from support.hostile import REFUSED, SCRIBBLE, Host
 from support.measure import timing
 
-from arbiter.sched import BROKER_LOCK_NAME, open_sched, slice_key_of
+from arbiter.files.sched_files import BROKER_LOCK_NAME, open_sched, slice_key_of
 
 pytestmark = [pytest.mark.skipif(shutil.which("runc") is None or os.geteuid() != 0,
                                  reason="needs runc and root (real containers)"),

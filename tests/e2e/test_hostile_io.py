@@ -27,9 +27,9 @@ from support.prereq import require
 from support.vgpud_harness import pb
 
 from arbiter.errors import RegionError
-from arbiter.region import REGION_SIZE, USAGE_SIZE, open_region, usage_path_of
-from arbiter.sched import REQ_SIZE
-from arbiter.slicefs import slice_fs_bytes
+from arbiter.files.region_file import REGION_SIZE, USAGE_SIZE, open_region, usage_path_of
+from arbiter.files.sched_files import REQ_SIZE
+from arbiter.files.slicefs import slice_fs_bytes
 
 LEASER = TEST_BIN / "leaser"
 require(LEASER.exists(), "make builds build/tests/leaser")
@@ -152,7 +152,7 @@ def _used(path: Path) -> int:
 def test_a_gib_written_past_its_files_costs_the_host_at_most_the_slices_bound(host):
     """The container's root writes 1 GiB past the end of each file it may write (its usage
     file and its .req). Each slice's directory is a tmpfs of its own sized to its files
-    (arbiter.slicefs): the writes stop there (ENOSPC), the run dir's filesystem does not
+    (arbiter.files.slicefs): the writes stop there (ENOSPC), the run dir's filesystem does not
     grow, and vgpud and the slice go on: scrapes, `vgpu ls`, an Update, an allocation."""
     script = (
         "for f in /dev/vgpu0.usage /run/vgpu/sched/*.req; do "

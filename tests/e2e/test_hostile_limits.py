@@ -23,7 +23,7 @@ from support.hostile import REFUSED, SCRIBBLE, Host
 from support.prereq import require
 from support.vgpud_harness import pb
 
-from arbiter.region import open_region, usage_path_of
+from arbiter.files.region_file import open_region, usage_path_of
 
 require(SCRIBBLE.exists(), "make builds build/tests/scribble")
 

@@ -22,7 +22,7 @@ from support.paths import SIMGPU_DIR, TEST_BIN
 from support.prereq import require
 from support.process import clean_env
 
-from arbiter.freezer import Freezer, find_root
+from arbiter.compute.freezer import Freezer, find_root
 
 LOAD = TEST_BIN / "dlmopen_load"
 require(LOAD.exists(), "make builds build/tests/dlmopen_load")

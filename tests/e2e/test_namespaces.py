@@ -69,7 +69,7 @@ def test_simgpu_counts_pid_1_of_two_namespaces_as_two_processes(simgpu_env):
 
 
 def test_host_sees_a_containers_slice_usage_by_host_pid(simgpu_env, tmp_path):
-    from arbiter.region import create_region, open_region
+    from arbiter.files.region_file import create_region, open_region
 
     slice_dir = tmp_path / "slice"
     slice_dir.mkdir()

@@ -41,7 +41,7 @@ from support.paths import ROOT, SIMGPU_DIR
 from support.process import clean_env
 from support.runc_host import MiB, probe_lines
 
-from arbiter.events import read_events
+from arbiter.daemon.events import read_events
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.proto import vgpu_pb2_grpc
 

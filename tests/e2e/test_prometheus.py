@@ -26,7 +26,7 @@ from support.paths import ROOT, SIMGPU_DIR
 from support.prereq import require
 from support.vgpud_harness import Vgpud, simgpu_vgpud
 
-from arbiter.metrics import SNAPSHOT_REUSE_S
+from arbiter.daemon.metrics import SNAPSHOT_REUSE_S
 
 MONITORING = ROOT / "configs" / "kubernetes" / "monitoring"
 DASHBOARD = MONITORING / "grafana-dashboard.json"

@@ -4,7 +4,7 @@
 Release N-1 (arbiter.version.RELEASES: the commit 0.1.0 was cut from) is built from its
 sources (`git archive` of that commit: a clone without tags has it too; cached under
 build/upgrade-drill/<commit>/) and laid out as an installed 0.1.0 package whose libvgpu.so
-lives in a versioned install (arbiter.installs). Its vgpud and programs start three
+lives in a versioned install (arbiter.install.versions). Its vgpud and programs start three
 containers running allocation and kernel loops with shares 20/30/40. Then vgpud N (this
 tree) takes over through socket activation (the listening sockets stay, connections queue)
 and is restarted ten times while 100 more containers start and stop, half with N-1's
@@ -36,7 +36,7 @@ from support.runc_host import MiB, probe_lines
 from support.socket_activation import SocketActivation
 from support.vgpud_harness import Vgpud, pb
 
-from arbiter.installs import install, installed
+from arbiter.install.versions import install, installed
 from arbiter.version import RELEASES, previous_release, version
 
 require(shutil.which("runc") is not None and os.geteuid() == 0, "the drill needs runc and root")

@@ -20,8 +20,8 @@ from support.gpu_loads import GPU_LOAD, Load, engine_timeline, load_env, run_loa
 from support.measure import TOL, WARM, burst, fixed, shares, timing
 from support.process import run
 
+from arbiter.files.sched_files import open_sched
 from arbiter.proc import stat_fields
-from arbiter.sched import open_sched
 
 
 @timing
@@ -138,7 +138,7 @@ def test_priority_floor_keeps_low_running(tmp_path: Path) -> None:
 @timing
 def test_a_share_changed_in_the_region_applies_to_running_processes(tmp_path: Path) -> None:
     """The arbiter's Update rewrites compute_share in place; running processes follow."""
-    from arbiter.region import open_region
+    from arbiter.files.region_file import open_region
 
     region_dir = tmp_path / "slice"
     seconds, change = 4.0, 2.0
@@ -295,7 +295,7 @@ def test_bad_compute_settings_fail_closed_with_one_line(tmp_path: Path, key: str
 @timing
 def test_full_share_alone_takes_no_token(tmp_path: Path) -> None:
     """A 100% slice with nobody of higher priority skips the scheduler entirely."""
-    from arbiter.sched import open_sched
+    from arbiter.files.sched_files import open_sched
 
     (got,) = shares(tmp_path, [Load({"VGPU_COMPUTE_LIMIT": "100"})])
     assert got >= 95
@@ -308,7 +308,7 @@ def test_full_share_alone_takes_no_token(tmp_path: Path) -> None:
 def test_a_damaged_scheduling_file_fails_closed_with_one_line(tmp_path: Path,
                                                               damage: str) -> None:
     """Never open: a GPU whose scheduling file cannot be trusted gets no kernels from us."""
-    from arbiter.sched import VgpuSched
+    from arbiter.files.sched_files import VgpuSched
 
     env = {**load_env(tmp_path, "1Gi"), **fixed(30)}
     (tmp_path / "sched").mkdir()

@@ -29,7 +29,7 @@ from support.gpu_loads import (
 )
 from support.measure import TOL, WARM, burst, fixed, timing
 
-from arbiter.sched import open_sched
+from arbiter.files.sched_files import open_sched
 
 SECONDS = 3.0
 

@@ -235,7 +235,7 @@ def test_sigkill_in_allocation_loops_never_hangs_or_leaks(vgpu_env, tmp_path):
         assert info["free"] == 64 * MiB, f"round {round_}: {info}"
     fill = last(probe(vgpu_env, f"fill:mem:{4 * MiB}", "freeall"), "fill")
     assert fill["count"] == 16
-    from arbiter.region import open_region
+    from arbiter.files.region_file import open_region
     with open_region(tmp_path / "slice" / "vgpu0") as region:
         assert region.used_bytes(live_only=False) == 0  # exactly zero, nothing left to reap
 
@@ -280,7 +280,7 @@ def test_forked_child_gets_its_own_accounting(vgpu_env, tmp_path):
 # ---- slices made by the arbiter (region files written from Python) -------------
 
 def test_arbiter_made_slice_ignores_env_and_reports_usage(vgpu_env, tmp_path):
-    from arbiter.region import create_region, open_region
+    from arbiter.files.region_file import create_region, open_region
 
     slice_dir = tmp_path / "slice"
     slice_dir.mkdir()
@@ -299,7 +299,7 @@ def test_arbiter_made_slice_ignores_env_and_reports_usage(vgpu_env, tmp_path):
 
 
 def test_limit_changed_in_place_reaches_a_running_process(vgpu_env, tmp_path):
-    from arbiter.region import create_region, open_region
+    from arbiter.files.region_file import create_region, open_region
 
     slice_dir = tmp_path / "slice"
     slice_dir.mkdir()
@@ -343,7 +343,7 @@ def test_dlsym_rtld_next_is_relative_to_the_caller(limit, vgpu_env):
 
 
 def test_arbiter_made_slice_covers_only_its_devices(simgpu_env, vgpu_env, tmp_path):
-    from arbiter.region import create_region
+    from arbiter.files.region_file import create_region
 
     simgpu_env["SIMGPU_DEVICES"] = vgpu_env["SIMGPU_DEVICES"] = "1Gi,1Gi"
     slice_dir = tmp_path / "slice"
@@ -358,7 +358,7 @@ def test_arbiter_made_slice_covers_only_its_devices(simgpu_env, vgpu_env, tmp_pa
 
 
 def test_slice_for_another_gpu_fails_closed(vgpu_env, tmp_path):
-    from arbiter.region import create_region
+    from arbiter.files.region_file import create_region
 
     slice_dir = tmp_path / "slice"
     slice_dir.mkdir()

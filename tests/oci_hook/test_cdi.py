@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from arbiter.files.sched_files import slice_key_of
 from arbiter.proto import vgpu_pb2 as pb
-from arbiter.sched import slice_key_of
 from oci_hook import cdi, request
 from oci_hook.errors import MountError, StateError
 from oci_hook.mounts import CONTAINER_PRELOAD, plan_mounts

@@ -22,7 +22,7 @@ import pytest
 from support.paths import LIBVGPU, NATIVE_BIN
 from support.prereq import require
 
-from arbiter.sched import slice_key_of
+from arbiter.files.sched_files import slice_key_of
 from oci_hook.errors import MountError
 from oci_hook.mounts import CONTAINER_LIBVGPU, CONTAINER_SCHED_DIR, plan_mounts
 from oci_hook.slices import SliceView, VGpuView

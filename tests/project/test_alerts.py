@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The shipped alerts (configs/kubernetes/monitoring/prometheusrule.yaml), run by Prometheus'
 own rule engine: `promtool check rules` on the file as shipped, and `promtool test rules`
-with series as vgpud exports them (arbiter/metrics.py) and the scrape configs label them
+with series as vgpud exports them (arbiter/daemon/metrics.py) and the scrape configs label them
 (job, instance, node). Each alert fires where it should and stays quiet beside it.
 """
 from __future__ import annotations

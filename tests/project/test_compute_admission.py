@@ -23,7 +23,7 @@ from support.paths import ROOT
 from arbiter.config import load_config
 from arbiter.errors import NoCapacityError
 from arbiter.model import Gpu, Slice
-from arbiter.placement import place
+from arbiter.slices.placement import place
 from oci_hook.request import find_request, parse_request
 from vgpu_k8s.deviceplugin.allocate import container_annotations
 from vgpu_k8s.deviceplugin.ids import COMPUTE, MEMORY

@@ -6,7 +6,8 @@ compiler sees it; each is compared with its one Python definition. Every macro o
 shim/native/vg_defaults.h (the C side's one place for them) must have a Python twin
 below: a value added there without one fails here. The region and sched layouts and
 their constants (VG_SLOTS_MAX too) are pinned field by field in
-tests/test_region_layout.py and tests/test_sched_layout.py.
+tests/arbiter/files/test_region_file.py and
+tests/arbiter/files/test_sched_files.py.
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
-from arbiter import defaults, sched
-from arbiter import region as rg
+from arbiter import defaults
 from arbiter.config import Config
+from arbiter.files import region_file as rg
+from arbiter.files import sched_files as sched
+from arbiter.files.slice_dirs import region_name
 from arbiter.native import PROGRAMS
-from arbiter.regions import region_name
 from oci_hook import cdi
 from oci_hook.mounts import CONTAINER_SCHED_DIR
 from oci_hook.request import ANNOTATION_PREFIX, CONTAINER_TYPE_KEYS, ENV_KEYS, SANDBOX

@@ -268,8 +268,8 @@ def test_each_command_is_real(page: str, command: str) -> None:
             error = parses(argv)
             assert error is None, f"{where}: vgpu {' '.join(argv)}: {error}"
     elif program == "vgpud":
-        # vgpud's flags are arbiter.daemon's (vgpud/ composes it with the container side).
-        daemon = "".join(f.read_text() for f in [ROOT / "arbiter" / "daemon.py",
+        # vgpud's flags are arbiter.daemon.server's (vgpud/ composes it with the container side).
+        daemon = "".join(f.read_text() for f in [ROOT / "arbiter" / "daemon" / "server.py",
                                                  *(ROOT / "vgpud").glob("*.py")])
         for flag in flags_of(command):
             assert f'"{flag}"' in daemon, f"{where}: vgpud has no {flag}"

@@ -16,6 +16,13 @@ run), so a lazy import inside a function counts as much as one at the top. The r
   writes a claim's CDI spec with oci_hook.cdi (the container edits are the hook's);
 - no package imports, or reads as an attribute, a `_name` of another package.
 
+Inside arbiter, its packages are layered too (ARBITER_LAYERS): files/ (the files a slice
+is made of) and install/ (versioned installs) import none of the others; slices/
+(placement, the store, identity) builds on files/; compute/ (the broker's supervisor, the
+guards) on slices/; daemon/ (vgpud: service, loops, metrics) puts them all together. The
+modules directly in arbiter/ (errors, model, config, ...) are shared by every layer and
+import only files/ and install/.
+
 Standard library and third-party imports are free. A failure lists every violation
 as `file:line: what`.
 """
@@ -42,6 +49,17 @@ ALLOWED: Mapping[str, frozenset[str]] = {
 #: Top-level first-party names no package may import at all (they do not ship).
 NOT_SHIPPED = frozenset({"tests", "conftest", "bench", "scripts", "tools", "setup"})
 FIRST_PARTY = frozenset(ALLOWED) | NOT_SHIPPED
+
+#: arbiter's packages -> the ones each may import ("" is the modules directly in arbiter/,
+#: proto/ and native/ among them, which every layer may import).
+ARBITER_LAYERS: Mapping[str, frozenset[str]] = {
+    "": frozenset({"files", "install"}),  # model's enums are region_file's; config's shipped
+    "files": frozenset(),
+    "install": frozenset(),
+    "slices": frozenset({"files", "install"}),
+    "compute": frozenset({"slices", "files", "install"}),
+    "daemon": frozenset({"slices", "files", "compute", "install"}),
+}
 
 
 def _private(name: str) -> bool:
@@ -205,17 +223,81 @@ def test_package_imports_follow_the_layering(package: str):
                        + "\n".join(map(str, found)))
 
 
+def arbiter_layer(module: str) -> str:
+    """The arbiter layer a dotted arbiter module belongs to ("" for arbiter's own modules)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ARBITER_LAYERS else ""
+
+
+def arbiter_layer_violations(module: str, source: str, file: str = "<source>",
+                             is_package: bool = False) -> list[Violation]:
+    """The imports in one arbiter file that reach a layer its own may not import."""
+    checker = _Checker("arbiter", module, is_package, file)
+    layer = arbiter_layer(module)
+    found = []
+    for node in ast.walk(ast.parse(source, filename=file)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = checker._absolute(node)
+            names = [f"{base}.{a.name}" for a in node.names] if base == "arbiter" else [base]
+        else:
+            continue
+        for name in names:
+            if not name.startswith("arbiter."):
+                continue
+            other = arbiter_layer(name)
+            if other and other != layer and other not in ARBITER_LAYERS[layer]:
+                allowed = ", ".join(sorted(ARBITER_LAYERS[layer])) or "no other layer"
+                found.append(Violation(file, node.lineno,
+                                       f"imports {name}: arbiter/{layer or '*.py'} may import "
+                                       f"{allowed}"))
+    return found
+
+
+def test_arbiter_layers_cover_its_packages():
+    packages = {p.name for p in (ROOT / "arbiter").iterdir() if (p / "__init__.py").is_file()}
+    assert packages - {"proto", "native"} == set(ARBITER_LAYERS) - {""}, (
+        f"arbiter's packages {sorted(packages)}: give each a layer in ARBITER_LAYERS")
+
+
+def test_arbiter_packages_follow_their_layers():
+    found: list[Violation] = []
+    for path in package_files("arbiter"):
+        found += arbiter_layer_violations(_module_of(path, ROOT), path.read_text(),
+                                          str(path.relative_to(ROOT)),
+                                          path.name == "__init__.py")
+    assert not found, (f"{len(found)} layer violation(s) in arbiter/:\n"
+                       + "\n".join(map(str, found)))
+
+
+@pytest.mark.parametrize(("module", "source", "expected"), [
+    ("arbiter.files.slicefs", "from arbiter.slices.store import Store\n",
+     ["imports arbiter.slices.store: arbiter/files may import no other layer"]),
+    ("arbiter.slices.placement", "from arbiter import compute\n",
+     ["imports arbiter.compute: arbiter/slices may import files, install"]),
+    ("arbiter.model", "import arbiter.daemon.server\n",
+     ["imports arbiter.daemon.server: arbiter/*.py may import files, install"]),
+    ("arbiter.daemon.server", "from arbiter.compute.guardian import Guardian\n"
+                              "from arbiter.errors import VgpuError\n", []),
+    ("arbiter.compute.guardian", "from ..slices.arbiter import Arbiter\n"
+                                 "from .freezer import Freezer\n", []),
+])
+def test_the_layer_checker(module: str, source: str, expected: list[str]):
+    assert [v.what for v in arbiter_layer_violations(module, source)] == expected
+
+
 # ---- the checker itself, on synthetic sources ------------------------------------
 
 @pytest.mark.parametrize(("package", "module", "source", "expected"), [
-    ("arbiter", "arbiter.daemon", "import shim.runtime\n",
+    ("arbiter", "arbiter.daemon.server", "import shim.runtime\n",
      ["1: imports shim.runtime: arbiter may import no first-party package"]),
-    ("arbiter", "arbiter.daemon", "from shim.fastpath import Service\n",
+    ("arbiter", "arbiter.daemon.server", "from shim.fastpath import Service\n",
      ["1: imports shim.fastpath: arbiter may import no first-party package"]),
-    ("arbiter", "arbiter.daemon",
+    ("arbiter", "arbiter.daemon.server",
      "import os\n\ndef f():\n    from vgpud import main\n    return main\n",
      ["4: imports vgpud: arbiter may import no first-party package"]),
-    ("arbiter", "arbiter.daemon",
+    ("arbiter", "arbiter.daemon.server",
      "import importlib\nm = importlib.import_module('oci_hook.request')\n",
      ["2: imports oci_hook.request: arbiter may import no first-party package"]),
     ("oci_hook", "oci_hook.phases", "from tests.support import x\n",
@@ -244,9 +326,10 @@ def test_checker_catches(package: str, module: str, source: str, expected: list[
 
 
 @pytest.mark.parametrize(("package", "module", "source"), [
-    ("arbiter", "arbiter.core", "import os, sys\nos._exit\nsys._getframe()\n"),
-    ("arbiter", "arbiter.core", "from arbiter.region import _field\nimport arbiter.x\n"
-                                "arbiter.x._private\n"),
+    ("arbiter", "arbiter.slices.arbiter", "import os, sys\nos._exit\nsys._getframe()\n"),
+    ("arbiter", "arbiter.slices.arbiter",
+     "from arbiter.files.region_file import _field\nimport arbiter.x\n"
+     "arbiter.x._private\n"),
     ("arbiter", "arbiter.proto.vgpu_pb2_grpc", "from . import vgpu_pb2\nfrom .. import core\n"),
     ("shim", "shim.service", "from oci_hook.request import find_request\n"
                              "from arbiter import __version__\n"),

@@ -7,7 +7,7 @@ checked against the few fields of its schema it uses (SERVICEMONITOR below). The
 manifests are compared with the code: paths and names with arbiter.defaults and vgpud's
 config, the metrics port with the config they ship, the RuntimeClass handler with what
 `vgpu install containerd` writes, every flag with the program's own parser, and every
-dashboard query with the metrics and labels arbiter/metrics.py exports.
+dashboard query with the metrics and labels arbiter/daemon/metrics.py exports.
 
 dra/ (the DRA driver: DeviceClass, vgpu-dra-plugin's DaemonSet, its RBAC and admission
 policy) and examples/ (a ResourceClaimTemplate and a pod) need resource.k8s.io/v1 with
@@ -38,7 +38,7 @@ from support.paths import ROOT
 
 from arbiter import defaults
 from arbiter.config import Config, load_config
-from arbiter.metrics import Metrics, Snapshot, parse_address
+from arbiter.daemon.metrics import Metrics, Snapshot, parse_address
 from arbiter.model import Gpu, Grant, Slice
 from arbiter.version import version
 from shim.containerd_cri import RUNTIME_NAME
@@ -294,7 +294,7 @@ def test_vgpud_runs_with_the_default_paths_and_the_shipped_config(tmp_path):
     roots = {str(r) for r in config.runtime_state_roots}
     assert any(mounts.get(r) == r for r in roots), "no runtime state root is mounted"
     # Every flag is one vgpud's own parser takes.
-    from arbiter.daemon import parse_args
+    from arbiter.daemon.server import parse_args
     parse_args(argv[1:])
     # The shipped config is valid for vgpud, and the metrics port is the one exposed.
     shipped = shipped_config(tmp_path)
@@ -330,7 +330,7 @@ def test_an_update_starts_the_new_pod_first_and_its_vgpud_waits_for_the_old_one(
     assert strategy == {"type": "RollingUpdate",
                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     vgpud = containers(ds)["vgpud"]
-    from arbiter.daemon import parse_args
+    from arbiter.daemon.server import parse_args
     wait = parse_args(vgpud["command"][1:]).wait_lock
     grace = ds["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
     assert wait > grace, "the new vgpud must outwait the old pod's stop"
@@ -698,7 +698,7 @@ def test_the_example_claim_asks_for_what_the_plugin_publishes():
 # ---- the dashboard -----------------------------------------------------------------------
 
 def exported() -> dict[str, set[str]]:
-    """Every series name arbiter/metrics.py exports, with its label names (one GPU, one
+    """Every series name arbiter/daemon/metrics.py exports, with its label names (one GPU, one
     slice, every measurement present, every counter touched once)."""
     m = Metrics()
     gpu = Gpu(index=0, uuid="GPU-0", name="sim", memory=1 << 30, minor=0)
@@ -772,7 +772,7 @@ def test_each_dashboard_query_names_only_exported_metrics_and_labels(expr):
     metrics = set(re.findall(r"\bvgpu_\w+", code))
     assert metrics, f"no vgpu metric in {expr}"
     unknown = metrics - series.keys()
-    assert not unknown, f"{expr}: arbiter/metrics.py exports no {sorted(unknown)}"
+    assert not unknown, f"{expr}: arbiter/daemon/metrics.py exports no {sorted(unknown)}"
     labels = set(re.findall(r"(\w+)\s*=~?", code))
     for group in re.findall(r"\b(?:by|on|ignoring|without)\s*\(([^)]*)\)", code):
         labels |= {w.strip() for w in group.split(",") if w.strip()}

@@ -16,7 +16,7 @@ import pytest
 from support import hand_broker
 from support.paths import ROOT
 
-from arbiter import sched
+from arbiter.files import sched_files as sched
 
 HEADER = ROOT / "libvgpu" / "include" / "vgpu_timing.h"
 _DEFINE = re.compile(r"^#define[ \t]+(VGPU_[A-Z0-9_]+)[ \t]+\S", re.MULTILINE)

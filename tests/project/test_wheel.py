@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
+from arbiter.install.shipped import CONFIGS
 from arbiter.native import PROGRAMS
-from arbiter.shipped import CONFIGS
 
 ELF = b"\x7fELF"
 
@@ -113,7 +113,7 @@ def test_wheel_ships_the_native_parts_the_configs_and_types(wheel: Path) -> None
 
 def test_the_venv_uses_its_own_copy(venv: Path, tmp_path: Path) -> None:
     p = in_venv(venv, tmp_path, "python", "-c",
-                "import arbiter, shim, vgpu_cli; from arbiter.shipped import shipped_file; "
+                "import arbiter, shim, vgpu_cli; from arbiter.install.shipped import shipped_file; "
                 "print(arbiter.__file__, shim.__file__, vgpu_cli.__file__, "
                 "shipped_file('oci-hooks.d/vgpu.json'))")
     assert p.returncode == 0, p.stderr

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from arbiter.core import Arbiter
-from arbiter.events import EventLog
+from arbiter.daemon.events import EventLog
+from arbiter.files.slice_dirs import Regions
 from arbiter.model import Gpu
-from arbiter.regions import Regions
-from arbiter.state import Store
+from arbiter.slices.arbiter import Arbiter
+from arbiter.slices.store import Store
 
 
 @pytest.fixture
 def domain(tmp_path: Path) -> Iterator[Arbiter]:
-    """arbiter.core.Arbiter on one simulated GPU (real SQLite and region files): the
+    """arbiter.slices.arbiter.Arbiter on one simulated GPU (real SQLite and region files): the
     domain vgpud's lifecycle ops are given, in process."""
     store = Store(tmp_path / "state")
     arbiter = Arbiter(gpus=[Gpu(0, "GPU-0", "sim", 16 << 30, 0, ("/dev/null",))], store=store,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
-from arbiter.installs import install, installed, switch_current
+from arbiter.install.versions import install, installed, switch_current
 from arbiter.version import version
 
 RUNTIME = "/opt/vgpu/bin/vgpu-runtime"

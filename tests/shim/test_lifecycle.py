@@ -18,7 +18,7 @@ from support.vgpud_harness import Vgpud, pb
 
 from arbiter.config import Config
 from arbiter.errors import LibraryNotFoundError
-from arbiter.installs import installed
+from arbiter.install.versions import installed
 from arbiter.version import version
 from shim import lifecycle
 from shim.lifecycle import (
@@ -257,12 +257,12 @@ def test_socket_is_beside_the_grpc_socket_root_only(vgpud):
 
 
 def test_the_domain_daemon_alone_serves_no_lifecycle_socket(tmp_path, simgpu_env):
-    """arbiter.daemon knows nothing of containers: vgpud (vgpud.main) attaches the socket."""
+    """arbiter.daemon.server knows nothing of containers: vgpud (vgpud.main) attaches the socket."""
     (tmp_path / "d").mkdir()
     d = Vgpud(tmp_path / "d", simgpu_env)
     plain = d.command()
     assert plain[1:3] == ["-m", "vgpud"]
-    d.command = lambda: [plain[0], "-m", "arbiter.daemon", *plain[3:]]  # type: ignore[method-assign]
+    d.command = lambda: [plain[0], "-m", "arbiter.daemon.server", *plain[3:]]  # type: ignore[method-assign]
     d.start()
     try:
         health = d.stub.Health(pb.HealthRequest(), timeout=5)

@@ -4,7 +4,7 @@ runtime-create op): a claim's CDI device goes only to a container of the claim's
 namespace; any other container's create is refused with one line and its config.json is
 left as it was (no hook, so the claim never records it as a user).
 
-A real domain (arbiter.core.Arbiter on a simulated GPU, its region files), real CDI spec
+A real domain (arbiter.slices.arbiter.Arbiter on a simulated GPU, its region files), real CDI spec
 files, the op as vgpud serves it; the same through containerd itself is
 tests/e2e/test_e2e_cri_cdi.py, the decision's table tests/oci_hook/test_cdi_claim_use.py.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from arbiter.config import Config
-from arbiter.core import Arbiter
 from arbiter.model import Request, VGpuAsk
+from arbiter.slices.arbiter import Arbiter
 from oci_hook import cdi
 from oci_hook.request import CONTAINER_TYPE_KEYS
 from oci_hook.slices import view_of

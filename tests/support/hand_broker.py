@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A real vgpu-broker serving a scheduling directory, and slices played by hand through
-their .req files (the layout arbiter.sched mirrors), as their processes would write them
+their .req files (the layout arbiter.files.sched_files mirrors), as their processes would write them
 (sched.c): for tests that must be the tenant libvgpu would never be."""
 from __future__ import annotations
 
@@ -13,7 +13,13 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from arbiter.sched import VgpuSched, VgpuSchedReq, create_sched, open_sched, write_slice_files
+from arbiter.files.sched_files import (
+    VgpuSched,
+    VgpuSchedReq,
+    create_sched,
+    open_sched,
+    write_slice_files,
+)
 from support.paths import BUILD
 
 BROKER = BUILD / "bin" / "vgpu-broker"

@@ -21,7 +21,7 @@ or wrap one you made: `act = SocketActivation(Vgpud(tmp, env, config)); act.star
 `act.down()` stops vgpud and leaves the sockets listening (connections queue);
 `act.up()` starts it again. `act.paths` are the two socket paths; `act.starts` counts
 the starts. The real protocol is proven by `systemd-socket-activate` in
-tests/arbiter/test_restart.py.
+tests/arbiter/daemon/test_restart.py.
 """
 from __future__ import annotations
 

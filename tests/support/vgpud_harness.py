@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import yaml
 
-from arbiter.events import read_events
+from arbiter.daemon.events import read_events
 from arbiter.proto import vgpu_pb2 as pb
 from arbiter.proto import vgpu_pb2_grpc
 from support.paths import ROOT

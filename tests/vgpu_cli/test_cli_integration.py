@@ -22,7 +22,7 @@ import pytest
 from support.paths import ROOT, TEST_BIN
 from support.process import run
 
-from arbiter.sched import BROKER_LOCK_NAME
+from arbiter.files.sched_files import BROKER_LOCK_NAME
 
 MiB = 1 << 20
 PROBE = str(TEST_BIN / "vgpu_probe")
@@ -48,7 +48,7 @@ class Vgpud:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "arbiter.daemon", "--config", str(self.config),
+                [sys.executable, "-m", "arbiter.daemon.server", "--config", str(self.config),
                  "--socket", str(self.socket), "--state-dir", str(self.tmp / "state"),
                  "--run-dir", str(self.tmp / "run")],
                 cwd=ROOT, env=self.env, stdout=log, stderr=log)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.paths import ROOT
 
-from arbiter.freezer import DutyCycle, Freezer
+from arbiter.compute.freezer import DutyCycle, Freezer
 
 # What `vgpu run` does around its child CMD, without the slice: block, spawn, supervise.
 SUPERVISOR = """

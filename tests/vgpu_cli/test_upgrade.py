@@ -24,7 +24,7 @@ from support.process import clean_env
 from support.socket_activation import SocketActivation
 from support.vgpud_harness import Vgpud, pb
 
-from arbiter.installs import current, installed
+from arbiter.install.versions import current, installed
 from arbiter.version import version
 from vgpu_cli.upgrade import systemd_restart
 
