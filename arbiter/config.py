@@ -209,7 +209,7 @@ def _validator() -> jsonschema.protocols.Validator:
         schema = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ConfigError(path, f"cannot read the config schema: {e}") from e
-    # The schema itself is checked by tests/test_config.py, not on every load:
+    # The schema itself is checked by tests/arbiter/test_config.py, not on every load:
     # check_schema costs ~30 ms, paid by every container start (runtime and hook).
     cls = jsonschema.validators.validator_for(schema)
     validator: jsonschema.protocols.Validator = cls(schema)

@@ -2,7 +2,7 @@
 """The built-in values vgpu's Python shares with its compiled programs and the CLI.
 
 Each is defined here once; shim/native/vg_defaults.h holds the C twins and
-tests/test_constants.py compares every one. Plain constants on purpose: importing this
+tests/project/test_constants.py compares every one. Plain constants on purpose: importing this
 costs nothing (the CLI needs the defaults before deciding whether to load a config).
 """
 from __future__ import annotations

@@ -16,7 +16,7 @@ __all__ = [
     "parse_memory",
 ]
 
-#: Same words as VG_QUANTITY_FORMS in vg_quantity.h (tests/test_quantity.py checks).
+#: Same words as VG_QUANTITY_FORMS in vg_quantity.h (tests/arbiter/test_quantity.py checks).
 MEMORY_FORMS = (
     "an integer with an optional suffix Ki, Mi, Gi, Ti, K, M, G or T (no suffix = MiB)"
 )

@@ -3,7 +3,7 @@
 """Compute isolation on simgpu: achieved shares, idle time, priority, launch overhead.
 
 Every point runs greedy gpu_load processes side by side on one simulated GPU under
-libvgpu (tests/gpu_loads.py) and measures each one's GPU time over a 5 s window
+libvgpu (tests/support/gpu_loads.py) and measures each one's GPU time over a 5 s window
 after 0.5 s of warm-up:
 
 - target shares 2..70 % (policy fixed) against a greedy neighbour that holds the

@@ -14,7 +14,7 @@ from arbiter.errors import ShippedFileNotFoundError
 __all__ = ["CONFIGS", "shipped_file"]
 
 #: The files under configs/ that the code reads at run time; setup.py ships each of
-#: them (tests/test_wheel.py checks the wheel has every one).
+#: them (tests/project/test_wheel.py checks the wheel has every one).
 CONFIGS = (
     "vgpu.yaml",
     "vgpud.schema.json",

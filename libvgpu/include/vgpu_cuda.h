@@ -4,7 +4,7 @@
  *
  * vgpu builds without a CUDA toolkit, so it declares the types, constants and
  * prototypes it needs itself. Names, values and layouts follow the published
- * driver ABI; tests/test_abi.py compiles this header against the real cuda.h
+ * driver ABI; tests/libvgpu/test_abi.py compiles this header against the real cuda.h
  * when one is installed to prove that they match.
  */
 #ifndef VGPU_CUDA_H

@@ -32,8 +32,9 @@ enum vgpu_priority { VGPU_PRIORITY_LOW = 0, VGPU_PRIORITY_NORMAL = 1, VGPU_PRIOR
 enum vgpu_policy { VGPU_POLICY_FIXED = 0, VGPU_POLICY_BURST = 1 };
 
 /* A slice's files, vgpu<i> and vgpu<i>.usage, in its region dir (the hook mounts them
- * as /dev/vgpu<i>): arbiter.files.slice_dirs.region_name and arbiter.files.region_file.USAGE_SUFFIX are the
- * Python twins (tests/test_constants.py). */
+ * as /dev/vgpu<i>): arbiter.files.slice_dirs.region_name and
+ * arbiter.files.region_file.USAGE_SUFFIX are the Python twins
+ * (tests/project/test_constants.py). */
 #define VGPU_REGION_FILE_PREFIX "vgpu"
 #define VGPU_USAGE_SUFFIX ".usage"
 /* Standalone (no arbiter): the directory of shared region files (`vgpu run` sets it;

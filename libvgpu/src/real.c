@@ -57,7 +57,7 @@ int vg_hook_lookup(const char *name)
     return -1;
 }
 
-/* For tests/gpu/gpucheck's coverage check: the driver API names libvgpu hooks and its
+/* For tests/gpu/gpucheck.c's coverage check: the driver API names libvgpu hooks and its
  * hooks, from hooks.def (NVML's are not reached through cuGetProcAddress). */
 VG_EXPORT int vgpu_hooked_entry_points(const char *const **names, void *const **hooks)
 {

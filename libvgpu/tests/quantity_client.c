@@ -2,7 +2,7 @@
 /*
  * quantity_client - print what vg_parse_quantity makes of each argument, one
  * line each: the byte count, or "error". `quantity_client --forms` prints
- * VG_QUANTITY_FORMS. tests/test_quantity.py runs it against arbiter/quantity.py.
+ * VG_QUANTITY_FORMS. tests/arbiter/test_quantity.py runs it against arbiter/quantity.py.
  */
 #include <inttypes.h>
 #include <stdio.h>

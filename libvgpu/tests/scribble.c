@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * scribble.c - a hostile tenant for the compute tests (tests/test_hostile_compute.py).
+ * scribble.c - a hostile tenant for the compute tests (tests/e2e/test_hostile_compute.py).
  *
  *   scribble MODE SECONDS [--from NS] [--until NS] [--seed N] [--gap-us U] [--nice N]
  *

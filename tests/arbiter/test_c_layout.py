@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""tests/c_layout.py reads every member and constant a header declares (the layout tests
+"""tests/support/c_layout.py reads every member and constant a header declares (the layout tests
 rely on it to catch a field or constant without a Python twin)."""
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 
 One containerd (temporary root, state and socket) and one vgpud on two simulated
 GPUs serve the whole module; containerd's PATH holds containerd-shim-vgpu-v2 (this
-checkout). Inside, vgpu_probe (tests/images.py) sees the slice through libvgpu.
+checkout). Inside, vgpu_probe (tests/support/images.py) sees the slice through libvgpu.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 One dockerd (temporary data root, exec root and socket, on its own containerd)
 with `runtimes: {vgpu: {path: vgpu-runtime}}` in its daemon.json, and one vgpud
 on two simulated GPUs, serve the whole module. The image is `docker import`ed
-from tests/images.py's tarball.
+from tests/support/images.py's tarball.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ cgroupfs, runc (crun refuses this VM's hybrid cgroup layout) and --hooks-dir poi
 the installed file. An engine runs a hook with the environment its definition lists and
 nothing else, so the test adds VGPU_CONFIG/VGPU_SOCKET there to reach its own vgpud (an
 operator with the default /etc/vgpu/config.yaml adds nothing). The image is `podman
-import`ed from tests/images.py's tarball. Raising rlimits is not allowed on this VM:
+import`ed from tests/support/images.py's tarball. Raising rlimits is not allowed on this VM:
 every container gets --ulimit at 1024.
 """
 from __future__ import annotations

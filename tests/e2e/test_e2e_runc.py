@@ -49,7 +49,7 @@ def test_limits_inside_and_slice_released_after_exit(host):
 @pytest.mark.timing
 def test_two_containers_share_the_gpu_by_their_compute_shares(host):
     """Each container finds its GPU's scheduling region and gets its share of GPU time
-    (measured again, as tests/test_compute.py's timing tests are, while a failure comes
+    (measured again, as tests/libvgpu/test_compute.py's timing tests are, while a failure comes
     with CPU time the VM's host took)."""
     measured(lambda attempt: _two_containers_share(host))
 

@@ -42,7 +42,7 @@ SECONDS = 8.0      # the neighbours' load window: a calm half, then the attack
 WARM_S = 1.0       # the calm half is measured from here (every slice has settled) ...
 ATTACK_S = 4.0     # ... to here, when scribble starts
 SETTLE_S = 0.5     # the attacked half is measured from ATTACK_S + SETTLE_S to the end
-TOL = 4.0          # percentage points (as tests/test_compute.py): the attack costs a
+TOL = 4.0          # percentage points (as tests/support/measure.py's): the attack costs a
                    # neighbour no more than this against its own calm half
 COST = 1.5 * TOL   # what the attack may cost a neighbour against its calm half: the
                    # scribbler's CPU use alone (mode "none" of scribble) moves a neighbour
@@ -58,8 +58,9 @@ FLOOR = 0.5        # and leaves it at least this part of its share (a stall show
                    # Not tighter: the calm half itself is short of the share beside greedy
                    # fixed neighbours on a loaded 2-core VM (step loop fixed 30: 19-26 %,
                    # greedy fixed 40: 33-39 %; host processes without containers show the
-                   # same), an accuracy matter of the scheduler (tests/test_compute_accuracy),
-                   # which the calm-versus-attacked comparison does not depend on.
+                   # same), an accuracy matter of the scheduler
+                   # (tests/libvgpu/test_compute_accuracy.py), which the calm-versus-attacked
+                   # comparison does not depend on.
 
 GREEDY = ("greedy", 40, "--kernel busy_1000us")
 STEP = ("step", 30, "--kernel busy_500us --sync-every 8 --cpu-gap-us 2000")
@@ -96,7 +97,7 @@ def broker_beat(gpu: Path) -> tuple[int, int]:
 @timing
 def test_hostile_tenant_cannot_touch_neighbours_compute(tmp_path, mode):
     """Runs again (a fresh vgpud, fresh containers) if a run fails, as the timing tests of
-    tests/test_compute.py do: on the 2-core VM nine busy threads contend (three loads,
+    tests/libvgpu/test_compute.py do: on the 2-core VM nine busy threads contend (three loads,
     their holder threads, the broker, vgpud, the attacker), and a holder whose process
     waits for a CPU holds the token with the GPU idle. What the attack does fails twice."""
     host = Host(tmp_path)

@@ -4,8 +4,8 @@
 # tests/gpu/gpucheck-shares.sh [OUTDIR] - compute shares under libvgpu, read from the GPU's
 # own timeline (issue 24, part 2; about 70 s on an H200 for rows 1-9, about 2.5 min for rows 1-21).
 #
-# Each row starts its loads together (tests/gpu/gpucheck load: spin kernels that stamp
-# %globaltimer), each under LD_PRELOAD=$LIBVGPU (default build/libvgpu.so) with its own
+# Each row starts its loads together (`gpucheck load`, tests/gpu/gpucheck.c: spin kernels
+# that stamp %globaltimer), each under LD_PRELOAD=$LIBVGPU (default build/libvgpu.so) with its own
 # VGPU_COMPUTE_LIMIT and VGPU_POLICY, all in one fresh VGPU_SCHED_DIR per row (libvgpu runs
 # its broker standalone: nothing else of vgpu is needed). `gpucheck shares` then merges
 # the stamps and prints, over a window that starts 0.5 s after the row's first kernel,

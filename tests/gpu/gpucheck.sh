@@ -3,7 +3,7 @@
 #
 # tests/gpu/gpucheck.sh [OUTDIR] - measure the GPU itself, without libvgpu (about 12 s on an H200).
 #
-# Runs tests/gpu/gpucheck (source: tests/gpu/gpucheck.c) and leaves in OUTDIR
+# Runs gpucheck (built from tests/gpu/gpucheck.c, see below) and leaves in OUTDIR
 # (default ./gpucheck-out): gpucheck.json, gpucheck.txt (the tables and anything the
 # program said), nvidia-smi.txt when nvidia-smi exists.
 #

@@ -2,7 +2,7 @@
 """Compute shares, burst, priority and robustness of the scheduler (libvgpu/src/sched.c).
 
 Real processes (build/tests/gpu_load) share one simulated GPU through libvgpu;
-their GPU time comes from their launch traces (tests/gpu_loads.py). Tolerances
+their GPU time comes from their launch traces (tests/support/gpu_loads.py). Tolerances
 are wide enough for a loaded 2-core CI machine; bench/compute.py measures the
 accuracy itself.
 """

@@ -5,7 +5,7 @@ A slice of share S whose load could use U of the GPU alone gets min(S, U): for
 step loops with CPU gaps, 50 us kernels synced every few launches, mixed kernel
 lengths across slices; and a fixed slice started after others used the same
 scheduling file never exceeds its share. U is measured in the same test, with
-the load alone and no libvgpu. Tolerances are those of tests/test_compute.py
+the load alone and no libvgpu. Tolerances are tests/support/measure.py's
 (a loaded 2-core CI machine); bench/compute.py measures the accuracy itself.
 """
 from __future__ import annotations

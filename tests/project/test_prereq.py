@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""tests/prereq.py and the ABI suite's rule: a missing prerequisite skips, in CI it fails."""
+"""tests/support/prereq.py and the ABI suite's rule: a missing prerequisite skips, in CI it
+fails."""
 from __future__ import annotations
 
 import pytest

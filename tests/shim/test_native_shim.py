@@ -44,7 +44,7 @@ def test_it_execs_containerds_runc_shim_with_the_private_dir_first(runc_shim, pa
 
 
 def test_through_a_link_elsewhere_it_finds_its_own_private_dir(runc_shim, tmp_path):
-    """Engines find the shim through a link on their PATH (tests/engines.py does that)."""
+    """Engines find the shim through a link on their PATH (tests/support/engines.py does that)."""
     links = tmp_path / "links"
     links.mkdir()
     (links / "containerd-shim-vgpu-v2").symlink_to(SHIM)

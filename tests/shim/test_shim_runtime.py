@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """vgpu-runtime as a process: config.json changes, the exec of the lower runtime, refusals.
 
-The compiled vgpu-runtime (build/bin) asks a real vgpud (tests/vgpud_harness.Vgpud on
+The compiled vgpu-runtime (build/bin) asks a real vgpud (tests/support/vgpud_harness.Vgpud on
 simgpu) over its lifecycle socket; vgpud decides (shim.runtime.give_vgpu) and modifies
 config.json. The lower runtime is a recording script (argv, and config.json as runc
 would read it).

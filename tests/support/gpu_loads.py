@@ -230,7 +230,7 @@ class StealClock:
     """Whether the VM's host took a noticeable part of its CPU time since this was made.
 
     A timing test that fails then is measured again: the measurement, not the
-    scheduler, failed (tests/test_compute.py's `timing`)."""
+    scheduler, failed (tests/support/measure.py's `timing`)."""
 
     #: The part of the VM's CPU time taken that makes a measurement unfit.
     STOLEN = 0.01

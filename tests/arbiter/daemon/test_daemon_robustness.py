@@ -239,7 +239,8 @@ def test_run_dir_is_closed_to_other_users_even_from_a_0755_one_and_umask_0(daemo
     assert os.stat(v.run_dir).st_uid == os.geteuid()
     for sock in (v.socket, lifecycle_socket(v.socket)):
         assert stat.S_IMODE(os.stat(sock).st_mode) == 0o600, sock
-    # slices/ and the slices' own directories are Regions' (tests/arbiter/files/test_slice_dirs.py).
+    # slices/ and the slices' own directories are Regions'
+    # (tests/arbiter/files/test_slice_dirs.py).
     assert writable_by_others(v.run_dir, skip=("slices",)) == []
     lock = v.state_dir / "vgpud.lock"
     assert stat.S_IMODE(lock.stat().st_mode) == 0o600
