@@ -6,8 +6,8 @@
  * A throttled slice submits work only while the broker has granted it its
  * GPU's token. This process asks by writing into its slice's own .req file
  * and waits on the grant word of the GPU's file, which it can only read.
- * While it holds the token it records a timing event every ~100 us of launched
- * work (EVENT_EVERY_NS; not one per launch: a launch costs two atomic adds),
+ * While it holds the token it records a timing event per EVENT_EVERY_NS of
+ * launched work (`every`; not one per launch: a launch costs two atomic adds),
  * one before a launch on an empty queue, and one when the app waits for a
  * stream or its context; the events' GPU times (ledger.h) say when its work
  * ran, so the time its queue sat empty within the hold, which it reports, is
