@@ -176,26 +176,6 @@ def test_the_link_check_catches_what_it_should() -> None:
     assert slug("Start it") == "start-it" and slug("`vgpu` CLI & more") == "vgpu-cli--more"
 
 
-#: Inline `paths` into the tree that the pages name; `arbiter/native/...` holds build
-#: outputs that exist only in an installed package.
-TREE_PATH = re.compile(r"`((?:arbiter|oci_hook|shim|vgpud|vgpu_cli|libvgpu|configs|tests|bench|"
-                       r"scripts|tools|docs)/[\w./-]*)`")
-BUILT_ONLY = ("arbiter/native/",)
-
-
-@pytest.mark.parametrize("page", PAGES, ids=ids(PAGES))
-def test_the_paths_a_page_names_exist(page: Path) -> None:
-    named = TREE_PATH.findall(page.read_text())
-    missing = [p for p in named
-               if not p.startswith(BUILT_ONLY) and not (ROOT / p.rstrip("/")).exists()]
-    assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {missing}"
-
-
-def test_the_path_check_sees_paths() -> None:
-    assert TREE_PATH.findall("`tests/e2e/x.py` and `shim/native/`, not `vgpu.io/memory`") == [
-        "tests/e2e/x.py", "shim/native/"]
-
-
 # ---- commands ---------------------------------------------------------------------------
 
 ALL_COMMANDS = shell_commands(PAGES)
