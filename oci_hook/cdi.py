@@ -34,18 +34,17 @@ Pure but for write_spec / remove_spec / find_edits (files) and the stat of devic
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from arbiter.config import DEFAULT_CDI_SPEC_DIRS
+from arbiter.files.atomic import write_whole
 from oci_hook.errors import HookError
 from oci_hook.mounts import Mount, slice_env, slice_mounts
 from oci_hook.request import COMPUTE as COMPUTE_KEY
@@ -286,25 +285,15 @@ def spec_bytes(spec: Mapping[str, Any]) -> bytes:
 def write_spec(cdi_dir: Path, name: str, spec: Mapping[str, Any]) -> Path:
     """Write `spec` as the file of device `name` in `cdi_dir` (made if missing), atomically:
     an engine that reads the directory sees the old file or the new one, never a part
-    (a temporary file in the same directory, fsync, rename; mode 0644). The file is named
+    (arbiter.files.atomic, durable; mode 0644). The file is named
     by the spec's kind."""
     path = spec_path(cdi_dir, name, str(spec.get("kind", KIND)))
     data = spec_bytes(spec)
-    tmp = ""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        # A name that does not end in .json: engines that watch the directory skip it.
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        # The temporary name ends in .tmp: engines that watch the directory skip it.
+        write_whole(path, data, 0o644, durable=True)
     except OSError as e:
-        if tmp:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
         raise CdiError("write", str(path), e.strerror or str(e)) from e
     return path
 

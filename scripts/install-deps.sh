@@ -31,11 +31,12 @@ fi
 
 # command -> Debian package, for the container engines the end-to-end tests drive
 # (and the Prometheus server that scrapes vgpud in one of them, and debootstrap, which
-# makes the Debian 12 base of the node image in tests/e2e/test_node_image.py).
+# makes the Debian 12 base of the node image in tests/e2e/test_node_image.py; and strace,
+# which shows tests/arbiter/files/test_atomic.py the fsyncs a durable write makes).
 ENGINE_PACKAGES=(runc:runc crun:crun containerd:containerd ctr:containerd
                  containerd-shim-runc-v2:containerd dockerd:docker.io docker:docker.io
                  podman:podman prometheus:prometheus systemd-socket-activate:systemd
-                 debootstrap:debootstrap)
+                 debootstrap:debootstrap strace:strace)
 
 deb_installed() {
     dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"
@@ -92,7 +93,7 @@ if ((${#missing[@]})); then
         keep_podman_on_runc
     fi
 else
-    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman prometheus systemd busybox-static)"
+    echo "install-deps: Debian packages present (${DEB_PACKAGES[*]} runc crun containerd docker.io podman prometheus systemd debootstrap strace busybox-static)"
 fi
 
 if ((USE_VENV)); then

@@ -36,13 +36,11 @@ once without rewriting its config. A program path given explicitly (--runtime-pa
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import json
 import os
 import re
 import shutil
-import tempfile
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +50,7 @@ from typing import Any, Protocol
 import tomli_w
 
 from arbiter.errors import ShippedFileNotFoundError, VgpuError
+from arbiter.files.atomic import replace_link, write_whole
 from arbiter.install import versions
 from arbiter.install.shipped import shipped_file
 from arbiter.native import program_path
@@ -185,16 +184,7 @@ class Link:
     def write(self) -> str:
         """Make the link atomically (a temporary link renamed over the old one)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.vgpu.tmp")
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        os.symlink(self.target, tmp)
-        try:
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        replace_link(self.path, self.target, durable=True)
         return f"vgpu: linked {self.path} -> {self.target}"
 
 
@@ -480,18 +470,7 @@ def _write(path: Path, text: str) -> None:
         mode = path.stat().st_mode & 0o7777
     except FileNotFoundError:
         mode = 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_whole(path, text.encode(), mode, durable=True)
 
 
 def apply(steps: Sequence[Step], *, dry_run: bool, out: Callable[[str], None]) -> bool:

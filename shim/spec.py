@@ -9,13 +9,11 @@ callers that build one. Unknown keys are kept as they are.
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
+from arbiter.files.atomic import write_whole
 from shim.errors import SpecError
 
 __all__ = ["FileSpec", "MemorySpec", "Spec", "SpecStore"]
@@ -86,17 +84,6 @@ class FileSpec:
             mode = 0o644
         data = json.dumps(spec, separators=(",", ":")).encode()
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".config.json.", dir=self.path.parent)
+            write_whole(self.path, data, mode, durable=True)
         except OSError as e:
-            raise SpecError(self.path, "write", e.strerror or str(e)) from e
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fchmod(f.fileno(), mode)
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise SpecError(self.path, "write", e.strerror or str(e)) from e

@@ -34,6 +34,7 @@ import threading
 import time
 from pathlib import Path
 
+from arbiter.files.atomic import write_whole
 from arbiter.proc import stat_fields
 
 __all__ = ["BROKER_PIDFILE", "OWNER_PIDFILE", "BrokerSupervisor"]
@@ -239,6 +240,4 @@ def _alive(pid: int) -> bool:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_whole(path, text.encode(), 0o644)  # the run dir: no fsync (arbiter.files.atomic)

@@ -72,6 +72,7 @@ from typing import Any
 
 from arbiter.compute import compute_guard, memory_guard
 from arbiter.compute.freezer import DutyCycle, Freezer, cgroup_of, strangers
+from arbiter.files.atomic import write_whole
 from arbiter.model import Policy, Slice
 from arbiter.slices.arbiter import Arbiter
 from arbiter.slices.attribution import SlicePids
@@ -494,9 +495,8 @@ class Guardian:
         if self.ledger is None:
             return
         try:
-            tmp = self.ledger.with_name(self.ledger.name + ".tmp")
-            tmp.write_text("".join(f"{cg}\n" for cg in sorted(self._throttles)))
-            os.replace(tmp, self.ledger)
+            text = "".join(f"{cg}\n" for cg in sorted(self._throttles))
+            write_whole(self.ledger, text.encode(), 0o644)  # the run dir: no fsync
         except OSError as e:
             log.warning("guard: cannot write %s: %s", self.ledger, e.strerror or e)
 

@@ -13,11 +13,12 @@ The record is trusted only when it belongs to vgpud's uid and nobody else can wr
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
 from pathlib import Path
+
+from arbiter.files.atomic import write_whole
 
 __all__ = ["NAME", "AcceptedConfigs"]
 
@@ -66,16 +67,9 @@ class AcceptedConfigs:
         if not self._added:
             return
         keep = [*[d for d in self._known if d not in self._added], *self._added][-_KEEP:]
-        tmp = self.path.with_name(f".{NAME}.{os.getpid()}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write("".join(f"{d}\n" for d in keep))
-            os.replace(tmp, self.path)
+        try:  # the run dir: no fsync (arbiter.files.atomic)
+            write_whole(self.path, "".join(f"{d}\n" for d in keep).encode(), 0o600)
         except OSError as e:
             log.debug("cannot record the accepted config in %s: %s", self.path, e)
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             return
         self._known, self._added = keep, []

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from arbiter.errors import VgpuError
+from arbiter.files.atomic import replace_link
 
 if TYPE_CHECKING:
     from arbiter.model import Slice
@@ -298,20 +299,9 @@ def switch_current(root: Path, inst: Install) -> str | None:
         before = None
     except OSError as e:
         raise InstallError(link, f"cannot read it: {e.strerror or e}") from e
-    tmp = root / f"{_TMP_PREFIX}{CURRENT}.{os.getpid()}.{threading.get_ident()}"
-    try:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        os.symlink(inst.name, tmp)   # relative: the lib dir may be mounted elsewhere
-        os.replace(tmp, link)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    try:  # relative: the lib dir may be mounted elsewhere
+        replace_link(link, inst.name, durable=True)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise InstallError(link, e.strerror or str(e)) from e
     if before != inst.name:
         log.info("switched %s -> %s (was %s)", link, inst.name, before)

@@ -11,14 +11,12 @@ a crash leaves the old checkpoint or the new one. Layout:
 """
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arbiter.files.atomic import write_whole
 from vgpu_k8s.dra.claims import AnsweredDevice, ClaimRef
 from vgpu_k8s.dra.vgpud import VGpuAsk
 
@@ -85,14 +83,4 @@ def save(path: Path, entries: dict[str, Entry]) -> None:
                        "claims": {uid: e.to_json() for uid, e in sorted(entries.items())}},
                       separators=(",", ":")).encode()   # no indent: the C encoder
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_whole(path, data, 0o600, durable=True)

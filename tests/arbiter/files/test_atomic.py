@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""arbiter.files.atomic: a new file beside its final name, never one that is there."""
+"""arbiter.files.atomic: a new file beside its final name, never one that is there, and the
+fsync policy."""
 from __future__ import annotations
 
 import os
@@ -73,3 +74,59 @@ def test_write_whole_fresh_writes_at_the_name_and_leaves_nothing_on_failure(tmp_
     with pytest.raises(OSError):
         write_whole(tmp_path / "g", b"x", 0o600, last=((1 << 63) - 1, b"M"), how="fresh")
     assert sorted(os.listdir(tmp_path)) == ["f"]
+
+
+def test_write_whole_replaces_whole_and_keeps_no_temporary_name(tmp_path):
+    from arbiter.files.atomic import write_whole
+    (tmp_path / "f").write_bytes(b"old, and longer than the new")
+    before = os.stat(tmp_path / "f").st_ino
+    write_whole(tmp_path / "f", b"new", 0o644)
+    assert (tmp_path / "f").read_bytes() == b"new"
+    assert os.stat(tmp_path / "f").st_ino != before  # a new file renamed over, not rewritten
+    assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == 0o644
+    assert sorted(os.listdir(tmp_path)) == ["f"]
+
+
+def test_replace_link_points_the_name_at_the_new_target(tmp_path):
+    from arbiter.files.atomic import replace_link
+    replace_link(tmp_path / "current", "v1")
+    assert os.readlink(tmp_path / "current") == "v1"
+    replace_link(tmp_path / "current", "v2", durable=True)
+    assert os.readlink(tmp_path / "current") == "v2"
+    assert sorted(os.listdir(tmp_path)) == ["current"]
+
+
+# The fsync policy, seen from the kernel's side: strace counts each process's fsyncs.
+SYNCS = {"fsync", "fdatasync", "syncfs", "sync"}
+_WRITES = """
+import sys
+from arbiter.files.atomic import replace_link, write_whole
+durable = sys.argv[1] == "durable"
+d = sys.argv[2]
+write_whole(d + "/file", b"data", 0o644, durable=durable)
+replace_link(d + "/link", "file", durable=durable)
+"""
+
+
+@pytest.mark.parametrize(("how", "fsyncs"), [("durable", 3), ("run-dir", 0)])
+def test_only_a_durable_write_fsyncs_the_file_and_its_directory(tmp_path, how, fsyncs):
+    """durable: the file before its rename, then the directory after each of the two
+    renames (file and link); the default: none (the run dir is a tmpfs)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from support.paths import ROOT
+    from support.prereq import require
+    require(shutil.which("strace") is not None, "needs strace (scripts/install-deps.sh)")
+    log = tmp_path / "strace.log"
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run(["strace", "-f", "-e", "trace=fsync,fdatasync,syncfs,sync", "-o", str(log),
+                    sys.executable, "-c", _WRITES, how, str(out)],
+                   cwd=ROOT, check=True, capture_output=True)
+    calls = [line for line in log.read_text().splitlines()
+             if "(" in line and line.split("(")[0].split()[-1] in SYNCS]
+    assert len(calls) == fsyncs, calls
+    assert all(line.rstrip().endswith("= 0") for line in calls), calls
+    assert (out / "file").read_bytes() == b"data" and os.readlink(out / "link") == "file"
