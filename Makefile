@@ -135,14 +135,18 @@ lint:
 	ruff check .
 	mypy
 
-# The compiled container-path programs (shim/native/): vgpu-runtime, vgpu-hook and
-# containerd-shim-vgpu-v2, with the shim's private bin dir (build/bin/shim, whose runc is
-# a copy of vgpu-runtime). They hold the mechanisms; vgpud decides over its lifecycle socket.
+# The compiled container-path programs, each beside the package it serves: vgpu-hook
+# (oci_hook/native/, with the helpers both sides share: the lifecycle client, the spec walk,
+# the defaults) and vgpu-runtime and containerd-shim-vgpu-v2 (shim/native/, which builds on
+# oci_hook's), with the shim's private bin dir (build/bin/shim, whose runc is a copy of
+# vgpu-runtime). They hold the mechanisms; vgpud decides over its lifecycle socket.
+HOOK_DIR      := oci_hook/native
 NATIVE_DIR    := shim/native
-NATIVE_COMMON := $(NATIVE_DIR)/vg_common.c
-NATIVE_CLIENT := $(NATIVE_COMMON) $(NATIVE_DIR)/vg_msg.c $(NATIVE_DIR)/vg_spec.c
-NATIVE_HDRS   := $(wildcard $(NATIVE_DIR)/*.h) Makefile
+NATIVE_COMMON := $(HOOK_DIR)/vg_common.c
+NATIVE_CLIENT := $(NATIVE_COMMON) $(HOOK_DIR)/vg_msg.c $(HOOK_DIR)/vg_spec.c
+NATIVE_HDRS   := $(wildcard $(HOOK_DIR)/*.h) $(wildcard $(NATIVE_DIR)/*.h) Makefile
 NATIVE_CFLAGS := -O2 -g -std=gnu11 -Wall -Wextra -D_GNU_SOURCE
+NATIVE_INCS   := -I$(HOOK_DIR)
 # Static: they run on the node, whatever its glibc (the image's build is Debian 12's); they
 # use nothing of glibc that needs it dynamic (no NSS, no dlopen).
 NATIVE_LDFLAGS := -static
@@ -155,15 +159,15 @@ native: $(NATIVE_BIN)
 
 $(B)/bin/vgpu-runtime: $(NATIVE_DIR)/vgpu_runtime.c $(NATIVE_DIR)/vg_runc.c $(NATIVE_DIR)/vg_exec.c $(NATIVE_CLIENT) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
+	$(CC) $(NATIVE_CFLAGS) $(NATIVE_INCS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
 
-$(B)/bin/vgpu-hook: $(NATIVE_DIR)/vgpu_hook.c $(NATIVE_DIR)/vg_mount.c $(NATIVE_CLIENT) $(NATIVE_HDRS)
+$(B)/bin/vgpu-hook: $(HOOK_DIR)/vgpu_hook.c $(HOOK_DIR)/vg_mount.c $(NATIVE_CLIENT) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
+	$(CC) $(NATIVE_CFLAGS) $(NATIVE_INCS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
 
 $(B)/bin/containerd-shim-vgpu-v2: $(NATIVE_DIR)/containerd_shim.c $(NATIVE_DIR)/vg_exec.c $(NATIVE_COMMON) $(NATIVE_HDRS)
 	@mkdir -p $(@D)
-	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
+	$(CC) $(NATIVE_CFLAGS) $(NATIVE_INCS) $(NATIVE_LDFLAGS) -o $@ $(filter %.c,$^) -lm
 
 # A copy, not a link: it survives packaging as it is, and vgpu-runtime skips it (as
 # its own file, and as $$VGPU_SHIM_BIN) when it looks for the real runc.

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The built-in values vgpu's Python shares with its compiled programs and the CLI.
 
-Each is defined here once; shim/native/vg_defaults.h holds the C twins and
+Each is defined here once; oci_hook/native/vg_defaults.h holds the C twins and
 tests/project/test_constants.py compares every one. Plain constants on purpose: importing this
 costs nothing (the CLI needs the defaults before deciding whether to load a config).
 """

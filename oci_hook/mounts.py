@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The mount plan: what gives a container its slice, decided inside vgpud (pure).
 
-The compiled vgpu-hook (shim/native/vg_mount.c) applies it: it enters the container's
+The compiled vgpu-hook (oci_hook/native/vg_mount.c) applies it: it enters the container's
 mount namespace and resolves every target inside the rootfs with openat2
 (RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), so a symlink the image planted never leads
 out of it. Here is only the decision: which host file goes where, read-only or not.

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
 """The container side inside vgpud: vgpu-runtime's decisions (the spec modifiers), the
-lifecycle socket the compiled programs (shim/native/) ask, and `vgpu install`."""
+lifecycle socket the compiled programs (oci_hook/native/, shim/native/) ask, and `vgpu install`."""
 
 __all__: list[str] = []

@@ -61,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger("vgpud")
 
-#: The lifecycle protocol this vgpud speaks (shim/native/vg_defaults.h says the same).
+#: The lifecycle protocol this vgpud speaks (oci_hook/native/vg_defaults.h says the same).
 VERSION = "2"
 #: The version the previous release's programs speak (0.1.0: v2; frames unchanged since).
 PREVIOUS = "2"

@@ -13,7 +13,7 @@ the container has the files, not the mount). The .req the broker reads in the
 scheduling directory is bind-mounted there from the slice's tmpfs.
 
 Containers see mounts made after their mount namespace was copied because vgpu-hook
-takes its sources with open_tree in the host's namespace (shim/native/vg_mount.c). The
+takes its sources with open_tree in the host's namespace (oci_hook/native/vg_mount.c). The
 previous release's hook opens them by path inside the container's namespace: for it the
 run dir is made a mount point with shared propagation (share), so a slice's tmpfs made
 later reaches the namespaces of containers (runc's default rootfs propagation is rslave).

@@ -12,7 +12,8 @@ from arbiter.errors import LibraryNotFoundError
 __all__ = ["LIBRARY_NAME", "PROGRAMS", "libvgpu_path", "own_files", "program_path"]
 
 LIBRARY_NAME = "libvgpu.so"
-#: The compiled programs (shim/native/, libvgpu/): `make` builds them into build/bin/.
+#: The compiled programs (oci_hook/native/, shim/native/, libvgpu/): `make` builds them
+#: into build/bin/.
 #: shim/runc is containerd-shim-vgpu-v2's private `runc` (it runs vgpu-runtime).
 PROGRAMS = ("vgpu-runtime", "vgpu-hook", "vgpu-broker", "containerd-shim-vgpu-v2", "shim/runc")
 _PACKAGE_DIR = Path(__file__).resolve().parent

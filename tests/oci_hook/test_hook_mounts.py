@@ -2,7 +2,7 @@
 """Mounting a slice against hostile images: every target stays inside the rootfs.
 
 The plan is oci_hook.mounts.plan_mounts' (the decision vgpud makes); the compiled
-vgpu-hook (shim/native/vg_mount.c) gets it from a lifecycle socket (a LifecycleServer
+vgpu-hook (oci_hook/native/vg_mount.c) gets it from a lifecycle socket (a LifecycleServer
 that answers it, as vgpud does) and mounts it itself.
 The mounts are made for real, in the mount namespace of a process started with
 `unshare --mount` (what runc's init is during prestart); the assertions look at the

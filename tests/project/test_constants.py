@@ -3,7 +3,7 @@
 
 A tiny C program, compiled against the real headers, prints each shared macro as the
 compiler sees it; each is compared with its one Python definition. Every macro of
-shim/native/vg_defaults.h (the C side's one place for them) must have a Python twin
+oci_hook/native/vg_defaults.h (the C side's one place for them) must have a Python twin
 below: a value added there without one fails here. The region and sched layouts and
 their constants (VG_SLOTS_MAX too) are pinned field by field in
 tests/arbiter/files/test_region_file.py and
@@ -30,8 +30,9 @@ from oci_hook.mounts import CONTAINER_SCHED_DIR
 from oci_hook.request import ANNOTATION_PREFIX, CONTAINER_TYPE_KEYS, ENV_KEYS, SANDBOX
 from shim import lifecycle
 
-DEFAULTS_H = ROOT / "shim" / "native" / "vg_defaults.h"
-INCLUDE_DIRS = (ROOT / "shim" / "native", ROOT / "libvgpu" / "include")
+DEFAULTS_H = ROOT / "oci_hook" / "native" / "vg_defaults.h"
+INCLUDE_DIRS = (ROOT / "oci_hook" / "native", ROOT / "shim" / "native",
+                ROOT / "libvgpu" / "include")
 _DEFINE = re.compile(r"^#define[ \t]+(VG_[A-Z0-9_]+)[ \t]+\S", re.MULTILINE)
 
 
@@ -146,6 +147,7 @@ def test_python_defaults_are_the_shared_ones() -> None:
 def test_the_environment_names_are_the_ones_c_reads() -> None:
     """The C programs read $VGPU_CONFIG and $VGPU_SOCKET with getenv (no header holds them)."""
     read = set()
-    for source in (ROOT / "shim" / "native").glob("*.c"):
+    for source in [*(ROOT / "oci_hook" / "native").glob("*.c"),
+                   *(ROOT / "shim" / "native").glob("*.c")]:
         read |= set(re.findall(r'getenv\("([A-Z_]+)"\)', source.read_text()))
     assert {defaults.ENV_CONFIG, defaults.ENV_SOCKET} <= read, sorted(read)

@@ -17,7 +17,7 @@ run), so a lazy import inside a function counts as much as one at the top. The r
 - no package imports, or reads as an attribute, a `_name` of another package.
 
 Inside arbiter, its packages are layered too (ARBITER_LAYERS): files/ (the files a slice
-is made of) and install/ (versioned installs) import none of the others; slices/
+is made of) imports none of the others, install/ (versioned installs) only files/; slices/
 (placement, the store, identity) builds on files/; compute/ (the broker's supervisor, the
 guards) on slices/; daemon/ (vgpud: service, loops, metrics) puts them all together. The
 modules directly in arbiter/ (errors, model, config, ...) are shared by every layer and
@@ -55,7 +55,7 @@ FIRST_PARTY = frozenset(ALLOWED) | NOT_SHIPPED
 ARBITER_LAYERS: Mapping[str, frozenset[str]] = {
     "": frozenset({"files", "install"}),  # model's enums are region_file's; config's shipped
     "files": frozenset(),
-    "install": frozenset(),
+    "install": frozenset({"files"}),  # atomic writes
     "slices": frozenset({"files", "install"}),
     "compute": frozenset({"slices", "files", "install"}),
     "daemon": frozenset({"slices", "files", "compute", "install"}),

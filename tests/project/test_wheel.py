@@ -102,7 +102,8 @@ def test_wheel_ships_the_native_parts_the_configs_and_types(wheel: Path) -> None
                  "vgpu_k8s/dra/main.py", "vgpu_k8s/proto/dra_v1_pb2_grpc.py",
                  "vgpu_k8s/proto/pluginregistration_v1_pb2_grpc.py"):
         assert name in names
-    assert not any(n.startswith(("tests/", "libvgpu/", "configs/", "shim/native/"))
+    assert not any(n.startswith(("tests/", "libvgpu/", "configs/", "shim/native/",
+                                  "oci_hook/native/"))
                    for n in names)
     scripts = {line.split(" = ")[0] for line in entry_points.splitlines() if " = " in line}
     assert {"vgpu", "vgpud", "vgpu-device-plugin", "vgpu-dra-plugin"} <= scripts

@@ -49,7 +49,7 @@ def test_missing_everywhere_names_both_places(tmp_path: Path) -> None:
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, VgpuError)
 
 
-# --- the compiled container-path programs (shim/native/) --------------------------------------
+# --- the compiled container-path programs (oci_hook/native/, shim/native/) --------------------
 
 PROGRAMS = ("vgpu-runtime", "vgpu-hook", "containerd-shim-vgpu-v2")
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""vgpu-hook (shim/native/vgpu_hook.c) as runc runs it: the OCI state on stdin, a
+"""vgpu-hook (oci_hook/native/vgpu_hook.c) as runc runs it: the OCI state on stdin, a
 stand-in vgpud on a real unix socket, real mount namespaces for the mount plan.
 
 A container that asks for nothing exits 0 without vgpud; prestart needs vgpud within
