@@ -30,17 +30,20 @@ from typing import NamedTuple
 
 from arbiter.errors import RegionError
 from arbiter.files.atomic import write_whole
+from arbiter.files.header_checks import Checks, fill, first_problem
 from arbiter.files.leases import open_tenant_file
 from arbiter.proc import ProcessView
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
 
 __all__ = [
     "FLAG_ARBITER",
+    "REGION_CHECKS",
     "REGION_MAGIC",
     "REGION_SLOTS",
     "REGION_UUID_LEN",
     "REGION_VERSION",
     "SLOT_REAPING",
+    "USAGE_CHECKS",
     "USAGE_MAGIC",
     "Policy",
     "Priority",
@@ -142,6 +145,13 @@ class VgpuUsage(ctypes.Structure):
 
 REGION_SIZE = ctypes.sizeof(VgpuRegion)
 USAGE_SIZE = ctypes.sizeof(VgpuUsage)
+
+#: What a reader checks before it trusts each file: VGPU_REGION_CHECKS and
+#: VGPU_USAGE_CHECKS of vgpu_region.h, as data (arbiter.files.header_checks).
+REGION_CHECKS: Checks = (("magic", REGION_MAGIC), ("version", REGION_VERSION),
+                         ("size", REGION_SIZE), ("slot_capacity", REGION_SLOTS))
+USAGE_CHECKS: Checks = (("magic", USAGE_MAGIC), ("version", REGION_VERSION),
+                        ("size", USAGE_SIZE), ("slot_capacity", REGION_SLOTS))
 SLOT_SIZE = ctypes.sizeof(VgSlot)
 _SLOTS_OFFSET: int = VgpuUsage.slots.offset
 
@@ -240,13 +250,10 @@ def create_region(
         raise ValueError(f"device_index {device_index} is outside 0..{_U32_MAX}")
 
     header = VgpuRegion()
-    header.magic = 0  # written last, below
-    header.version = REGION_VERSION
-    header.size = REGION_SIZE
+    fill(header, REGION_CHECKS)  # all but magic, which is written last, below
     header.flags = FLAG_ARBITER if arbiter else 0
     header.uuid = uuid_bytes
     header.device_index = device_index
-    header.slot_capacity = REGION_SLOTS
     header.memory_limit = memory_limit
     header.context_reserve = context_reserve
     header.compute_share = compute_share
@@ -280,9 +287,7 @@ def create_usage(path: str | Path, *, mode: int = 0o666, fresh: bool = False,
 
 def _new_usage() -> VgpuUsage:
     u = VgpuUsage()
-    u.version = REGION_VERSION
-    u.size = USAGE_SIZE
-    u.slot_capacity = REGION_SLOTS
+    fill(u, USAGE_CHECKS)  # all but magic, which is written last
     return u
 
 
@@ -501,11 +506,10 @@ def read_slots(path: str | Path) -> list[tuple[int, int, int, int]]:
     if len(data) < _SLOTS_OFFSET:
         raise RegionError(path, "read", f"truncated: {len(data)} bytes, expected {USAGE_SIZE}")
     magic, version, size, capacity, high_water = _USAGE_HEAD.unpack_from(data, 0)
-    if magic != USAGE_MAGIC:
-        raise RegionError(path, "read", f"bad magic 0x{magic:08x}, expected 0x{USAGE_MAGIC:08x}")
-    if (version, size, capacity) != (REGION_VERSION, USAGE_SIZE, REGION_SLOTS):
-        raise RegionError(path, "read", f"version {version} size {size} slots {capacity}, "
-                          f"expected {REGION_VERSION}, {USAGE_SIZE}, {REGION_SLOTS}")
+    head = {"magic": magic, "version": version, "size": size, "slot_capacity": capacity}
+    problem = first_problem(head.__getitem__, USAGE_CHECKS, "vgpu usage file")
+    if problem is not None:
+        raise RegionError(path, "read", problem)
     used = min(high_water, REGION_SLOTS, (len(data) - _SLOTS_OFFSET) // SLOT_SIZE)
     if used < min(high_water, REGION_SLOTS):
         raise RegionError(path, "read", f"truncated: {len(data)} bytes, expected {USAGE_SIZE}")
@@ -547,17 +551,6 @@ def _validate(path: Path, mm: mmap.mmap) -> None:
         value: int = struct.unpack_from(fmt, mm, off)[0]
         return value
 
-    magic = load("magic")
-    if magic != REGION_MAGIC:
-        raise RegionError(path, "open", f"bad magic 0x{magic:08x}, expected 0x{REGION_MAGIC:08x} "
-                          "(not a vgpu region, or one still being made)")
-    version = load("version")
-    if version != REGION_VERSION:
-        raise RegionError(path, "open", f"layout version {version}, this vgpu reads "
-                          f"version {REGION_VERSION}")
-    size = load("size")
-    if size != REGION_SIZE:
-        raise RegionError(path, "open", f"header size {size}, expected {REGION_SIZE}")
-    capacity = load("slot_capacity")
-    if capacity != REGION_SLOTS:
-        raise RegionError(path, "open", f"slot capacity {capacity}, expected {REGION_SLOTS}")
+    problem = first_problem(load, REGION_CHECKS, "vgpu region")
+    if problem is not None:
+        raise RegionError(path, "open", problem)

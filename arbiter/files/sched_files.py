@@ -27,6 +27,7 @@ import mmap
 import os
 import stat
 import struct
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +35,15 @@ from typing import Any
 
 from arbiter.errors import SchedError
 from arbiter.files.atomic import open_beside, write_whole
+from arbiter.files.header_checks import Checks, fill, first_problem
 from arbiter.files.leases import LEASED, open_tenant_file
 from arbiter.files.slicefs import bind_file, detach
 
 __all__ = [
     "CONF_FILE_MODE",
+    "REQ_CHECKS",
     "REQ_FILE_MODE",
+    "SCHED_CHECKS",
     "SCHED_DIR_MODE",
     "SCHED_DIR_NAME",
     "SCHED_ENTRIES",
@@ -183,6 +187,13 @@ class VgpuSchedReq(ctypes.Structure):
 
 SCHED_SIZE = ctypes.sizeof(VgpuSched)
 REQ_SIZE = ctypes.sizeof(VgpuSchedReq)
+
+#: What a reader checks before it trusts each file: VGPU_SCHED_CHECKS and
+#: VGPU_SCHED_REQ_CHECKS of vgpu_sched.h, as data (arbiter.files.header_checks).
+SCHED_CHECKS: Checks = (("magic", SCHED_MAGIC), ("version", SCHED_VERSION),
+                        ("size", SCHED_SIZE), ("entry_capacity", SCHED_ENTRIES))
+REQ_CHECKS: Checks = (("magic", SCHED_REQ_MAGIC), ("version", SCHED_VERSION),
+                      ("size", REQ_SIZE))
 ENTRY_SIZE = ctypes.sizeof(VgpuSchedEntry)
 _ENTRIES_OFFSET: int = VgpuSched.entries.offset
 _NATIVE: dict[Any, str] = {ctypes.c_uint32: "I", ctypes.c_uint64: "Q", ctypes.c_int64: "q"}
@@ -275,16 +286,13 @@ def _header_problem(data: bytes, file_size: int, uuid: bytes) -> str | None:
     """Why the first bytes of a file are not a whole scheduling region of GPU uuid, or None."""
     if file_size < SCHED_SIZE:
         return f"truncated: {file_size} bytes, expected {SCHED_SIZE}"
-    magic, version, size, capacity = struct.unpack_from("IIII", data, 0)
-    if magic != SCHED_MAGIC:
-        return (f"bad magic 0x{magic:08x}, expected 0x{SCHED_MAGIC:08x} "
-                "(not a scheduling region, or one still being made)")
-    if version != SCHED_VERSION:
-        return f"layout version {version}, this vgpu reads version {SCHED_VERSION}"
-    if size != SCHED_SIZE:
-        return f"header size {size}, expected {SCHED_SIZE}"
-    if capacity != SCHED_ENTRIES:
-        return f"entry capacity {capacity}, expected {SCHED_ENTRIES}"
+    def load(name: str) -> int:
+        field = getattr(VgpuSched, name)
+        return int.from_bytes(data[field.offset : field.offset + field.size], sys.byteorder)
+
+    problem = first_problem(load, SCHED_CHECKS, "scheduling region")
+    if problem is not None:
+        return problem
     off = VgpuSched.uuid.offset
     found = data[off : off + SCHED_UUID_LEN].split(b"\0", 1)[0]
     if uuid and found != uuid:
@@ -317,9 +325,7 @@ def _file_problem(path: Path, uuid: bytes) -> str | None:
 def _write_temp(path: Path, uuid: bytes, mode: int) -> str:
     """A whole new region under a temporary name next to path: zeros, header, magic last."""
     header = VgpuSched()
-    header.version = SCHED_VERSION
-    header.size = SCHED_SIZE
-    header.entry_capacity = SCHED_ENTRIES
+    magic = fill(header, SCHED_CHECKS)  # all but magic, which is written last, below
     header.uuid = uuid
     try:
         fd, tmp = open_beside(path)
@@ -334,7 +340,7 @@ def _write_temp(path: Path, uuid: bytes, mode: int) -> str:
             written = 0
             while written < len(data):
                 written += os.pwrite(fd, data[written:], written)
-            os.pwrite(fd, struct.pack("I", SCHED_MAGIC), VgpuSched.magic.offset)
+            os.pwrite(fd, struct.pack("I", magic), VgpuSched.magic.offset)
         finally:
             os.close(fd)
     except OSError as e:
@@ -569,8 +575,8 @@ def _whole_req(path: Path, key: int) -> bool:
     if len(data) < REQ_SIZE:
         return False
     req = VgpuSchedReq.from_buffer_copy(data)
-    return (req.magic, req.version, req.size, req.key) == (SCHED_REQ_MAGIC, SCHED_VERSION,
-                                                         REQ_SIZE, key)
+    return (first_problem(lambda f: getattr(req, f), REQ_CHECKS, "request file") is None
+            and req.key == key)
 
 
 def _replace(path: Path, data: bytes, mode: int, *, fresh: bool = False,
@@ -613,9 +619,10 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
             busy, whole = e, True  # leased by its container: in use, kept; said below
         if not whole:
             raw = VgpuSchedReq()
-            raw.version, raw.size, raw.key = SCHED_VERSION, REQ_SIZE, key
+            magic = fill(raw, REQ_CHECKS)
+            raw.key = key
             raw.share, raw.priority, raw.policy, raw.floor = share, priority, policy, floor
-            raw.magic = SCHED_REQ_MAGIC
+            raw.magic = magic  # whole before anyone can open it (written beside, then linked)
             kept = _replace(req, bytes(raw), REQ_FILE_MODE, fresh=fresh and at is not None,
                             keep=hold is not None)
         else:

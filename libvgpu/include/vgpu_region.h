@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "../common/vg_slots.h"
+#include "vgpu_checks.h"
 
 #define VGPU_REGION_MAGIC 0x55504756u /* "VGPU" little-endian */
 #define VGPU_USAGE_MAGIC 0x53554756u  /* "VGUS" little-endian */
@@ -78,5 +79,25 @@ struct vgpu_usage {
     uint64_t reserved[5];
     struct vg_slot slots[VGPU_REGION_SLOTS];
 };
+
+/* What a reader checks before it trusts each file, field and value, and what its
+ * creator writes there: the one list of these rules (vgpu_checks.h;
+ * arbiter/files/header_checks.py keeps it as data). A creator writes the fields of
+ * *_FIELDS first and magic last, so a file still being made fails the first check. */
+#define VGPU_REGION_FIELDS(X)                                                          \
+    X(version, VGPU_REGION_VERSION)                                                    \
+    X(size, sizeof(struct vgpu_region))                                                \
+    X(slot_capacity, VGPU_REGION_SLOTS)
+#define VGPU_REGION_CHECKS(X) X(magic, VGPU_REGION_MAGIC) VGPU_REGION_FIELDS(X)
+#define VGPU_USAGE_FIELDS(X)                                                           \
+    X(version, VGPU_REGION_VERSION)                                                    \
+    X(size, sizeof(struct vgpu_usage))                                                 \
+    X(slot_capacity, VGPU_REGION_SLOTS)
+#define VGPU_USAGE_CHECKS(X) X(magic, VGPU_USAGE_MAGIC) VGPU_USAGE_FIELDS(X)
+
+VG_DEFINE_CHECK(vgpu_region_check, struct vgpu_region, VGPU_REGION_CHECKS)
+VG_DEFINE_CHECK(vgpu_usage_check, struct vgpu_usage, VGPU_USAGE_CHECKS)
+VG_DEFINE_INIT(vgpu_region_init, struct vgpu_region, VGPU_REGION_FIELDS)
+VG_DEFINE_INIT(vgpu_usage_init, struct vgpu_usage, VGPU_USAGE_FIELDS)
 
 #endif

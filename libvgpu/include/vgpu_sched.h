@@ -51,6 +51,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
+#include "vgpu_checks.h"
+
 #define VGPU_SCHED_MAGIC 0x44454853u     /* "SHED" little-endian */
 #define VGPU_SCHED_REQ_MAGIC 0x51455253u /* "SREQ" */
 #define VGPU_SCHED_VERSION 2u
@@ -154,5 +156,25 @@ struct vgpu_sched_req {
     uint32_t pad4;
     uint64_t reserved[13];
 };
+
+/* What a reader checks before it trusts each file, field and value, and what its
+ * creator writes there: the one list of these rules (vgpu_checks.h;
+ * arbiter/files/header_checks.py keeps it as data). A creator writes the fields of
+ * *_FIELDS first and magic last. Which GPU a region is for (uuid) and which slice a
+ * .req is (key) are the reader's to check: only it knows what it expects. */
+#define VGPU_SCHED_FIELDS(X)                                                           \
+    X(version, VGPU_SCHED_VERSION)                                                     \
+    X(size, sizeof(struct vgpu_sched))                                                 \
+    X(entry_capacity, VGPU_SCHED_ENTRIES)
+#define VGPU_SCHED_CHECKS(X) X(magic, VGPU_SCHED_MAGIC) VGPU_SCHED_FIELDS(X)
+#define VGPU_SCHED_REQ_FIELDS(X)                                                       \
+    X(version, VGPU_SCHED_VERSION)                                                     \
+    X(size, sizeof(struct vgpu_sched_req))
+#define VGPU_SCHED_REQ_CHECKS(X) X(magic, VGPU_SCHED_REQ_MAGIC) VGPU_SCHED_REQ_FIELDS(X)
+
+VG_DEFINE_CHECK(vgpu_sched_check, struct vgpu_sched, VGPU_SCHED_CHECKS)
+VG_DEFINE_CHECK(vgpu_sched_req_check, struct vgpu_sched_req, VGPU_SCHED_REQ_CHECKS)
+VG_DEFINE_INIT(vgpu_sched_init, struct vgpu_sched, VGPU_SCHED_FIELDS)
+VG_DEFINE_INIT(vgpu_sched_req_init, struct vgpu_sched_req, VGPU_SCHED_REQ_FIELDS)
 
 #endif

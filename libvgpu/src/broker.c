@@ -154,8 +154,8 @@ void vg_broker_ring(struct vgpu_sched *s)
 
 int vg_sched_header_ok(const struct vgpu_sched *s)
 {
-    return s->magic == VGPU_SCHED_MAGIC && s->version == VGPU_SCHED_VERSION && s->size == sizeof(*s) &&
-           s->entry_capacity == VGPU_SCHED_ENTRIES;
+    uint64_t got, want;
+    return vgpu_sched_check(s, &got, &want) == NULL; /* the list in vgpu_sched.h */
 }
 
 /* ---- publishing ---- */
@@ -292,8 +292,8 @@ static void read_req(struct vg_bgpu *g, int i)
         memset(c, 0, sizeof(*c));
         return;
     }
-    if (r.magic != VGPU_SCHED_REQ_MAGIC || r.version != VGPU_SCHED_VERSION || r.size != sizeof(r) ||
-        r.key != b->key) {
+    uint64_t got, want;
+    if (vgpu_sched_req_check(&r, &got, &want) || r.key != b->key) {
         memset(c, 0, sizeof(*c));
         return;
     }

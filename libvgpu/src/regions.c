@@ -64,13 +64,11 @@ static void *map_file(int fd, const char *path, size_t size, int writable, const
 static int region_valid(const struct vgpu_region *r, const char *path)
 {
     char why[160];
-    if (r->magic != VGPU_REGION_MAGIC)
-        snprintf(why, sizeof(why), "not a vgpu region (magic 0x%08x)", r->magic);
-    else if (r->version != VGPU_REGION_VERSION || r->size != sizeof(*r))
-        snprintf(why, sizeof(why), "region version %u size %u, this libvgpu reads version %u size %zu",
-                 r->version, r->size, VGPU_REGION_VERSION, sizeof(*r));
-    else if (r->slot_capacity != VGPU_REGION_SLOTS)
-        snprintf(why, sizeof(why), "region has %u slots, expected %u", r->slot_capacity, VGPU_REGION_SLOTS);
+    uint64_t got, want;
+    const char *field = vgpu_region_check(r, &got, &want); /* the list in vgpu_region.h */
+    if (field)
+        snprintf(why, sizeof(why), "not a vgpu region of this version: %s 0x%llx, this libvgpu reads 0x%llx",
+                 field, (unsigned long long)got, (unsigned long long)want);
     else if (!atomic_load(&r->slice_key))
         snprintf(why, sizeof(why), "region has no slice key");
     else
@@ -82,11 +80,11 @@ static int region_valid(const struct vgpu_region *r, const char *path)
 static int usage_valid(const struct vgpu_usage *u, const char *path)
 {
     char why[160];
-    if (u->magic != VGPU_USAGE_MAGIC)
-        snprintf(why, sizeof(why), "not a vgpu usage file (magic 0x%08x)", u->magic);
-    else if (u->version != VGPU_REGION_VERSION || u->size != sizeof(*u) || u->slot_capacity != VGPU_REGION_SLOTS)
-        snprintf(why, sizeof(why), "usage file version %u size %u slots %u, this libvgpu reads %u, %zu, %u",
-                 u->version, u->size, u->slot_capacity, VGPU_REGION_VERSION, sizeof(*u), VGPU_REGION_SLOTS);
+    uint64_t got, want;
+    const char *field = vgpu_usage_check(u, &got, &want); /* the list in vgpu_region.h */
+    if (field)
+        snprintf(why, sizeof(why), "not a vgpu usage file of this version: %s 0x%llx, this libvgpu reads 0x%llx",
+                 field, (unsigned long long)got, (unsigned long long)want);
     else
         return 1;
     region_error(path, why);
@@ -142,9 +140,7 @@ uint64_t vg_random_key(void)
 
 static void fill_region(struct vgpu_region *r, int dev, uint64_t limit, const char *uuid)
 {
-    r->version = VGPU_REGION_VERSION;
-    r->size = sizeof(*r);
-    r->slot_capacity = VGPU_REGION_SLOTS;
+    vgpu_region_init(r); /* the checked fields (vgpu_region.h) */
     r->device_index = (uint32_t)dev;
     snprintf(r->uuid, sizeof(r->uuid), "%s", uuid);
     atomic_store(&r->memory_limit, limit);
@@ -161,9 +157,7 @@ static void fill_region(struct vgpu_region *r, int dev, uint64_t limit, const ch
 
 static void fill_usage(struct vgpu_usage *u)
 {
-    u->version = VGPU_REGION_VERSION;
-    u->size = sizeof(*u);
-    u->slot_capacity = VGPU_REGION_SLOTS;
+    vgpu_usage_init(u); /* the checked fields (vgpu_region.h) */
     atomic_store((_Atomic uint32_t *)&u->magic, VGPU_USAGE_MAGIC);
 }
 

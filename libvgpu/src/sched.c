@@ -297,9 +297,7 @@ static void try_elect(struct sdev *d)
 static void fill_sched(void *map, void *uuid)
 {
     struct vgpu_sched *s = map;
-    s->version = VGPU_SCHED_VERSION;
-    s->size = sizeof(*s);
-    s->entry_capacity = VGPU_SCHED_ENTRIES;
+    vgpu_sched_init(s); /* the checked fields (vgpu_sched.h) */
     snprintf(s->uuid, sizeof(s->uuid), "%s", (const char *)uuid);
     atomic_store((_Atomic uint32_t *)&s->magic, VGPU_SCHED_MAGIC);
 }
@@ -307,8 +305,7 @@ static void fill_sched(void *map, void *uuid)
 static void fill_req(void *map, void *keyp)
 {
     struct vgpu_sched_req *q = map;
-    q->version = VGPU_SCHED_VERSION;
-    q->size = sizeof(*q);
+    vgpu_sched_req_init(q); /* the checked fields (vgpu_sched.h) */
     q->key = *(uint64_t *)keyp;
     q->share = 100;
     q->priority = VGPU_PRIORITY_NORMAL;
@@ -382,7 +379,8 @@ static int setup_files(struct sdev *d, const char *name, const char *uuid)
         return -1;
     }
     d->q = map_file(req, sizeof(struct vgpu_sched_req), 1, !arbiter, fill_req, &d->key, &why);
-    if (d->q && (d->q->magic != VGPU_SCHED_REQ_MAGIC || d->q->size != sizeof(*d->q) || d->q->key != d->key)) {
+    uint64_t got, want;
+    if (d->q && (vgpu_sched_req_check(d->q, &got, &want) || d->q->key != d->key)) {
         munmap(d->q, sizeof(struct vgpu_sched_req));
         d->q = NULL;
         why = "not this slice's request file";

@@ -293,9 +293,10 @@ BAD_USAGE = [
     ("empty", lambda p: p.write_bytes(b""), "truncated: 0 bytes"),
     ("short", lambda p: os.truncate(p, 64 + 3 * 64 + 10), "truncated: 266 bytes"),
     ("zero-magic", lambda p: _patch_usage(p, "magic", 0), "bad magic 0x00000000"),
-    ("wrong-version", lambda p: _patch_usage(p, "version", 9), "version 9 size"),
+    ("wrong-version", lambda p: _patch_usage(p, "version", 9),
+     "layout version 9, this vgpu reads version 2"),
     ("wrong-capacity", lambda p: _patch_usage(p, "slot_capacity", 1 << 31),
-     "version 2 size 65600 slots 2147483648"),
+     "slot capacity 2147483648, expected 1024"),
     ("missing", lambda p: p.unlink(), "No such file or directory"),
     ("fifo", lambda p: (p.unlink(), os.mkfifo(p)), "not a regular file"),
 ]
