@@ -14,6 +14,9 @@
  *   wake SYNC N US             N times: a kernel of US us on an idle stream and a sync of
  *                              kind SYNC (stream, ctx, event-blocking, event-spin) for it;
  *                              when each sync was called and returned
+ *   sleep N US                 N times: a sleep to US us from now (clock_nanosleep to an
+ *                              absolute time, no GPU): how late each woke up, this host's
+ *                              own wake-up latency
  *   capture                    captures in each mode while this or another thread (in
  *                              each mode) syncs or queries: what each call, a launch into
  *                              the capture after it, cuStreamIsCapturing and
@@ -244,6 +247,23 @@ static int cmd_wake(const char *kind, unsigned long n, unsigned long us)
     printf("]}\n");
     free(ret);
     free(called);
+    return 0;
+}
+
+/* ---- sleep ---- */
+/* The host's own lateness after a timed sleep: the baseline the wake tests hold a sync's
+ * return to (a loaded or slow host wakes every sleeper late, simgpu or not). */
+static int cmd_sleep(unsigned long n, unsigned long us)
+{
+    printf("{\"late\": [");
+    for (unsigned long i = 0; i < n; i++) {
+        uint64_t t = now_ns() + (uint64_t)us * 1000u;
+        struct timespec ts = {.tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u)};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+        printf("%s%" PRIu64, i ? ", " : "", now_ns() - t);
+    }
+    printf("]}\n");
     return 0;
 }
 
@@ -496,7 +516,8 @@ static int cmd_engine(const char *path, unsigned long dev)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: simgpu_probe events US | wake stream|ctx|event-blocking|event-spin N US | capture |\n"
+    fprintf(stderr, "usage: simgpu_probe events US | wake stream|ctx|event-blocking|event-spin N US | sleep N US |\n"
+                    "       capture |\n"
                     "       streams N US | stream-wait US1 US2 [nowait] | hammer | engine STATE DEV\n");
     exit(2);
 }
@@ -518,6 +539,8 @@ int main(int argc, char **argv)
         return cmd_engine(argv[2], parse_ul(argv[3], "DEV"));
     if (!strcmp(cmd, "capture") && argc == 2)
         return cmd_capture();
+    if (!strcmp(cmd, "sleep") && argc == 4)
+        return cmd_sleep(parse_ul(argv[2], "N"), parse_ul(argv[3], "US"));
     if (!strcmp(cmd, "wake") && argc == 5)
         return cmd_wake(argv[2], parse_ul(argv[3], "N"), parse_ul(argv[4], "US"));
     usage();

@@ -183,14 +183,25 @@ def wake_run(env: dict[str, str], sync: str, n: int = 30,
     return waited
 
 
+def host_lateness(env: dict[str, str]) -> int:
+    """This host's own median lateness (ns) after a sleep to an absolute time, measured
+    now: what any sleeper here pays, simgpu or not."""
+    late = sorted(probe(env, "sleep", "30", "1000")["late"])
+    return late[len(late) // 2]
+
+
 @pytest.mark.timing   # how late a sync returns: a busy machine adds its own lateness
 @pytest.mark.parametrize("sync", SYNCS)
 def test_syncs_return_at_the_work_end_by_default(mode_env: dict[str, str], sync: str) -> None:
+    """Without SIMGPU_WAKE_US a sync adds no wake-up of its own: it returns within this
+    host's own sleep lateness (measured beside it: 76-91 us p50 on this project's VMs, a
+    few us on a quiet bare-metal host) and 50 us more for its yields on a busy machine.
+    A blocking event's sleep wakes up as late as the host makes it, twice over at most."""
+    host = host_lateness(mode_env)
     lat = sorted(x for _, x in wake_run(mode_env, sync))
     assert lat[0] >= 0
-    # A few us (room left for a loaded machine); a blocking event's sleep wakes up as
-    # late as the host makes it, ~80 us here.
-    assert lat[len(lat) // 2] < (500_000 if sync == "event-blocking" else 100_000), lat
+    bound = max(500_000, 2 * host) if sync == "event-blocking" else host + 50_000
+    assert lat[len(lat) // 2] < bound, (lat, host)
 
 
 @pytest.mark.timing
