@@ -3,8 +3,8 @@
 
 Load / modify / flush are kept apart (nvidia-container-toolkit's internal/oci):
 `FileSpec` works on a bundle's config.json and writes it back atomically (a
-temporary file in the same directory, fsync, rename), so a crash never leaves a
-half-written spec for runc; `MemorySpec` holds a spec in memory for tests and
+temporary file in the same directory renamed over it, arbiter.files.atomic), so runc
+never reads a half-written spec; `MemorySpec` holds a spec in memory for tests and
 callers that build one. Unknown keys are kept as they are.
 """
 from __future__ import annotations
@@ -84,6 +84,6 @@ class FileSpec:
             mode = 0o644
         data = json.dumps(spec, separators=(",", ":")).encode()
         try:
-            write_whole(self.path, data, mode, durable=True)
+            write_whole(self.path, data, mode)  # not durable: arbiter.files.atomic
         except OSError as e:
             raise SpecError(self.path, "write", e.strerror or str(e)) from e

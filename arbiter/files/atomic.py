@@ -13,11 +13,13 @@ random one (tempfile.mkstemp) costs more than the write itself on every allocati
 The fsync policy, `durable`:
 - False (the default): no fsync. For the run dir (/run is a tmpfs; its files do not
   outlive a reboot, and vgpud makes them again at its start) and for files whose loss
-  costs only work done again.
+  costs only work done again: an OCI bundle's config.json (a crash takes its container
+  with it, and the engine makes the bundle again), written on every vGPU container's
+  start, where an fsync would only add to the start.
 - True: the file is fsynced before the rename and its directory after it, so that after
   a power loss the name holds the old file or the new one, whole. For what must survive
-  a host crash: engine configs and CDI specs vgpu installs, the DRA checkpoint, an OCI
-  bundle's config.json, the `current` link of the versioned installs.
+  a host crash: engine configs and CDI specs vgpu installs, the DRA checkpoint, the
+  `current` link of the versioned installs.
 """
 from __future__ import annotations
 
