@@ -13,12 +13,24 @@ scheduling region is for and which slice a .req is are each reader's own check.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
 from collections.abc import Callable
 
-__all__ = ["Checks", "fill", "first_problem"]
+__all__ = ["Checks", "field_reader", "fill", "first_problem"]
 
 #: A format's checks, in the order its header lists them: (field, the value it must hold).
 Checks = tuple[tuple[str, int], ...]
+
+
+def field_reader(cls: type[ctypes.Structure], data: bytes | bytearray | memoryview,
+                 ) -> Callable[[str], int]:
+    """read(field) for first_problem: the integer field of a header laid out as cls, read
+    from the bytes data (a copy or a mapping; native byte order, as the C side writes)."""
+    def read(name: str) -> int:
+        field = getattr(cls, name)
+        return int.from_bytes(data[field.offset : field.offset + field.size], sys.byteorder)
+    return read
 
 
 def fill(header: object, checks: Checks) -> int:

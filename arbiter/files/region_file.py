@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from arbiter.errors import RegionError
 from arbiter.files.atomic import write_whole
-from arbiter.files.header_checks import Checks, fill, first_problem
+from arbiter.files.header_checks import Checks, field_reader, fill, first_problem
 from arbiter.files.leases import open_tenant_file
 from arbiter.proc import ProcessView
 from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
@@ -250,7 +250,7 @@ def create_region(
         raise ValueError(f"device_index {device_index} is outside 0..{_U32_MAX}")
 
     header = VgpuRegion()
-    fill(header, REGION_CHECKS)  # all but magic, which is written last, below
+    magic = fill(header, REGION_CHECKS)  # all but magic, which is written last, below
     header.flags = FLAG_ARBITER if arbiter else 0
     header.uuid = uuid_bytes
     header.device_index = device_index
@@ -262,7 +262,7 @@ def create_region(
     header.priority_floor = priority_floor
     header.slice_key = slice_key
 
-    _write_whole(path, bytes(header), VgpuRegion.magic.offset, REGION_MAGIC, mode, replace,
+    _write_whole(path, bytes(header), VgpuRegion.magic.offset, magic, mode, replace,
                  fresh=fresh, hold=hold)
     create_usage(usage_path_of(path), mode=usage_mode, fresh=fresh, hold=hold)
     return path
@@ -275,20 +275,16 @@ def create_usage(path: str | Path, *, mode: int = 0o666, fresh: bool = False,
     path = Path(path)
     if not fresh and path.exists():
         return False
+    usage = VgpuUsage()
+    magic = fill(usage, USAGE_CHECKS)  # all but magic, which is written last
     try:
-        _write_whole(path, bytes(_new_usage()), VgpuUsage.magic.offset, USAGE_MAGIC, mode,
+        _write_whole(path, bytes(usage), VgpuUsage.magic.offset, magic, mode,
                      replace=False, fresh=fresh, hold=hold)
     except RegionError as e:
         if e.reason == "it already exists":
             return False
         raise
     return True
-
-
-def _new_usage() -> VgpuUsage:
-    u = VgpuUsage()
-    fill(u, USAGE_CHECKS)  # all but magic, which is written last
-    return u
 
 
 def _write_whole(path: Path, data: bytes, magic_offset: int, magic: int, mode: int,
@@ -485,7 +481,6 @@ class Region:
         return f"Region({str(self.path)!r})"
 
 
-_USAGE_HEAD = struct.Struct("IIIII")  # magic, version, size, slot_capacity, slot_high_water
 _SLOT = struct.Struct("IIQQQQQ16x")  # pid, flags, start_time, used, busy_ns, last_active, pid_ns
 
 
@@ -505,11 +500,11 @@ def read_slots(path: str | Path) -> list[tuple[int, int, int, int]]:
         os.close(fd)
     if len(data) < _SLOTS_OFFSET:
         raise RegionError(path, "read", f"truncated: {len(data)} bytes, expected {USAGE_SIZE}")
-    magic, version, size, capacity, high_water = _USAGE_HEAD.unpack_from(data, 0)
-    head = {"magic": magic, "version": version, "size": size, "slot_capacity": capacity}
-    problem = first_problem(head.__getitem__, USAGE_CHECKS, "vgpu usage file")
+    read = field_reader(VgpuUsage, data)
+    problem = first_problem(read, USAGE_CHECKS, "vgpu usage file")
     if problem is not None:
         raise RegionError(path, "read", problem)
+    high_water = read("slot_high_water")
     used = min(high_water, REGION_SLOTS, (len(data) - _SLOTS_OFFSET) // SLOT_SIZE)
     if used < min(high_water, REGION_SLOTS):
         raise RegionError(path, "read", f"truncated: {len(data)} bytes, expected {USAGE_SIZE}")
@@ -546,11 +541,6 @@ def open_region(path: str | Path, *, writable: bool = True, proc: str | Path = "
 
 def _validate(path: Path, mm: mmap.mmap) -> None:
     """Raise RegionError naming what makes the mapped header unusable."""
-    def load(name: str) -> int:
-        off, fmt = _field(VgpuRegion, name)
-        value: int = struct.unpack_from(fmt, mm, off)[0]
-        return value
-
-    problem = first_problem(load, REGION_CHECKS, "vgpu region")
+    problem = first_problem(field_reader(VgpuRegion, mm), REGION_CHECKS, "vgpu region")
     if problem is not None:
         raise RegionError(path, "open", problem)

@@ -27,7 +27,6 @@ import mmap
 import os
 import stat
 import struct
-import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 from arbiter.errors import SchedError
 from arbiter.files.atomic import open_beside, write_whole
-from arbiter.files.header_checks import Checks, fill, first_problem
+from arbiter.files.header_checks import Checks, field_reader, fill, first_problem
 from arbiter.files.leases import LEASED, open_tenant_file
 from arbiter.files.slicefs import bind_file, detach
 
@@ -286,11 +285,7 @@ def _header_problem(data: bytes, file_size: int, uuid: bytes) -> str | None:
     """Why the first bytes of a file are not a whole scheduling region of GPU uuid, or None."""
     if file_size < SCHED_SIZE:
         return f"truncated: {file_size} bytes, expected {SCHED_SIZE}"
-    def load(name: str) -> int:
-        field = getattr(VgpuSched, name)
-        return int.from_bytes(data[field.offset : field.offset + field.size], sys.byteorder)
-
-    problem = first_problem(load, SCHED_CHECKS, "scheduling region")
+    problem = first_problem(field_reader(VgpuSched, data), SCHED_CHECKS, "scheduling region")
     if problem is not None:
         return problem
     off = VgpuSched.uuid.offset
@@ -574,9 +569,8 @@ def _whole_req(path: Path, key: int) -> bool:
         os.close(fd)
     if len(data) < REQ_SIZE:
         return False
-    req = VgpuSchedReq.from_buffer_copy(data)
-    return (first_problem(lambda f: getattr(req, f), REQ_CHECKS, "request file") is None
-            and req.key == key)
+    read = field_reader(VgpuSchedReq, data)
+    return first_problem(read, REQ_CHECKS, "request file") is None and read("key") == key
 
 
 def _replace(path: Path, data: bytes, mode: int, *, fresh: bool = False,

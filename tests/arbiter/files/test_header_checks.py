@@ -21,7 +21,7 @@ from support.paths import ROOT
 
 from arbiter.files import region_file as rf
 from arbiter.files import sched_files as sf
-from arbiter.files.header_checks import fill, first_problem
+from arbiter.files.header_checks import field_reader, fill, first_problem
 
 INCLUDE = ROOT / "libvgpu" / "include"
 #: format -> (its C lists' prefix (_CHECKS, _FIELDS), its C functions' (_check, _init),
@@ -115,19 +115,19 @@ def _header(cls: type[ctypes.Structure], checks: tuple[tuple[str, int], ...]):
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_python_refuses_what_c_refuses(from_c: dict, name: str) -> None:
-    """first_problem over the Python list, on the same headers: the good one passes, each
-    changed field fails with that field in the line, and a field outside the list (the
-    next member after the listed ones) changes nothing."""
+    """first_problem over the Python list, reading the headers' bytes as vgpud's readers
+    do: the good one passes, each changed field fails with that field in the line, and an
+    integer field outside the list changes nothing."""
     _, _, _, checks, cls = FORMATS[name]
     good = _header(cls, checks)
-    assert first_problem(lambda f: getattr(good, f), checks, name) is None
+    assert first_problem(field_reader(cls, bytes(good)), checks, name) is None
     made = cls()  # what the Python creators write (fill), magic last
     made.magic = fill(made, checks)
-    assert first_problem(lambda f: getattr(made, f), checks, name) is None
+    assert first_problem(field_reader(cls, bytes(made)), checks, name) is None
     for field, value in checks:
         bad = _header(cls, checks)
         setattr(bad, field, value + 1)
-        line = first_problem(lambda f, h=bad: getattr(h, f), checks, name)
+        line = first_problem(field_reader(cls, bytes(bad)), checks, name)
         assert line is not None, field
         assert from_c[name]["changed"][field] == field
         assert field.replace("_", " ") in line, line
@@ -136,7 +136,7 @@ def test_python_refuses_what_c_refuses(from_c: dict, name: str) -> None:
                  if f not in listed and isinstance(getattr(good, f), int))
     loose = _header(cls, checks)
     setattr(loose, other, 7)
-    assert first_problem(lambda f: getattr(loose, f), checks, name) is None
+    assert first_problem(field_reader(cls, bytes(loose)), checks, name) is None
 
 
 def test_the_readers_refuse_a_file_whose_listed_field_differs(tmp_path: Path) -> None:
