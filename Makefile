@@ -21,7 +21,7 @@ HEADERS    := $(wildcard libvgpu/include/*.h libvgpu/common/*.h libvgpu/src/*.h 
 TEST_SRC   := $(wildcard libvgpu/tests/*.c)
 TEST_BIN   := $(patsubst libvgpu/tests/%.c,$(B)/tests/%,$(TEST_SRC))
 
-LIBS := $(B)/libvgpu.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
+LIBS := $(B)/libvgpu.so $(B)/libvgpu-fileops.so $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
 
 .PHONY: all clean demo test bench deps lint proto proto image check-glibc
 all: $(LIBS) $(B)/simgpu/libcuda.so $(B)/simgpu/libnvidia-ml.so $(TEST_BIN)
@@ -35,6 +35,13 @@ VGPU_LDLIBS := -Wl,--no-as-needed -l:libdl.so.2 -l:libpthread.so.0 -Wl,--as-need
 $(B)/libvgpu.so: $(VGPU_SRC) $(HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(VGPU_GLIBC) -shared -Wl,-soname,libvgpu.so -o $@ $(VGPU_SRC) $(VGPU_LDLIBS)
+
+# vgpud's own: a slice's files made and removed in one call, without the GIL
+# (arbiter/files/fileops.py). It runs on the node, so its glibc symbols are bound as
+# libvgpu.so's are.
+$(B)/libvgpu-fileops.so: arbiter/files/native/fileops.c arbiter/files/native/fileops.h libvgpu/common/vg_glibc.h Makefile
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(VGPU_GLIBC) -shared -Wl,-soname,libvgpu-fileops.so -o $@ $< $(LDLIBS)
 
 $(B)/simgpu/libcuda.so.1: $(CUDA_SRC) $(HEADERS)
 	@mkdir -p $(@D)
@@ -187,8 +194,8 @@ $(B)/bin/vgpu-broker: $(BROKER_SRC) libvgpu/src/broker.h libvgpu/src/policy.h li
 # libvgpu.so is preloaded into workload images and the programs run on the node, so a
 # build that needs a newer GLIBC_x.y symbol (another compiler or base image) fails here.
 GLIBC_BASELINE := 2.17
-check-glibc: $(B)/libvgpu.so $(NATIVE_BIN)
-	python3 scripts/check-glibc.py $(GLIBC_BASELINE) $(B)/libvgpu.so $(NATIVE_BIN)
+check-glibc: $(B)/libvgpu.so $(B)/libvgpu-fileops.so $(NATIVE_BIN)
+	python3 scripts/check-glibc.py $(GLIBC_BASELINE) $(B)/libvgpu.so $(B)/libvgpu-fileops.so $(NATIVE_BIN)
 
 # The node image the manifests name (configs/kubernetes/daemonset.yaml). IMAGE_ENGINE is
 # the build command (podman, else docker); IMAGE_FLAGS adds build flags, e.g.

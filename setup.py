@@ -15,8 +15,10 @@ from setuptools.command.build_py import build_py
 from setuptools.errors import ExecError
 
 ROOT = Path(__file__).resolve().parent
-LIBRARY = "build/libvgpu.so"  # the Makefile target, relative to ROOT
-PACKAGED = ("arbiter", "native", "libvgpu.so")  # where arbiter.native.libvgpu_path looks
+#: Each library's Makefile target (relative to ROOT) and where arbiter.native looks for
+#: it in the package: libvgpu.so (containers) and libvgpu-fileops.so (vgpud's own).
+LIBRARIES = (("build/libvgpu.so", ("arbiter", "native", "libvgpu.so")),
+             ("build/libvgpu-fileops.so", ("arbiter", "native", "libvgpu-fileops.so")))
 PROGRAM_DIR = ("arbiter", "native", "bin")      # where arbiter.native.program_path looks
 CONFIG_DIR = ("arbiter", "configs")             # where arbiter.install.shipped.shipped_file looks
 
@@ -39,17 +41,17 @@ CONFIGS = _tuple("arbiter/install/shipped.py", "CONFIGS")            # e.g. oci-
 
 def make() -> None:
     """Run make for the library and every program in the source tree."""
-    targets = [LIBRARY, *(f"build/bin/{p}" for p in PROGRAMS)]
+    targets = [lib for lib, _ in LIBRARIES] + [f"build/bin/{p}" for p in PROGRAMS]
     try:
         subprocess.run(["make", "-C", str(ROOT), *targets], check=True)
     except (OSError, subprocess.CalledProcessError) as e:
-        raise ExecError(f"failed to build libvgpu.so and the programs: {e} "
+        raise ExecError(f"failed to build the libraries and the programs: {e} "
                         "(needs gcc and make)") from e
 
 
 def _shipped() -> list[tuple[Path, tuple[str, ...]]]:
     """(source, destination parts under build_lib) of every file the build adds."""
-    files = [(ROOT / LIBRARY, PACKAGED)]
+    files = [(ROOT / lib, parts) for lib, parts in LIBRARIES]
     files += [(ROOT / "build" / "bin" / p, (*PROGRAM_DIR, *p.split("/"))) for p in PROGRAMS]
     files += [(ROOT / "configs" / c, (*CONFIG_DIR, *c.split("/"))) for c in CONFIGS]
     return files
@@ -96,7 +98,7 @@ class platform_wheel(bdist_wheel):  # noqa: N801 - setuptools command naming
     """Tag the wheel for this platform (it holds native code), any Python 3."""
 
     def get_tag(self) -> tuple[str, str, str]:
-        """py3-none-<platform>: libvgpu.so and the programs do not link against Python."""
+        """py3-none-<platform>: the libraries and the programs do not link against Python."""
         _, _, platform = super().get_tag()
         return "py3", "none", platform
 

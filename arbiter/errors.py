@@ -7,6 +7,7 @@ from pathlib import Path
 __all__ = [
     "ConfigError",
     "InventoryError",
+    "LibraryMismatchError",
     "LibraryNotFoundError",
     "NotFoundError",
     "QuantityError",
@@ -54,15 +55,26 @@ class SchedError(RegionError):
 
 
 class LibraryNotFoundError(VgpuError, FileNotFoundError):
-    """libvgpu.so is neither in the installed package nor in a built source checkout."""
+    """A library vgpu builds (libvgpu.so, libvgpu-fileops.so) is neither in the installed
+    package nor in a built source checkout."""
 
     def __init__(self, candidates: list[Path]) -> None:
         self.candidates = candidates
         where = " nor ".join(str(p) for p in candidates)
+        name = candidates[0].name if candidates else "libvgpu.so"
         super().__init__(
-            f"failed to find libvgpu.so: neither {where} exists "
+            f"failed to find {name}: neither {where} exists "
             "(install the package with `pip install .`, or run `make` in the checkout)"
         )
+
+
+class LibraryMismatchError(VgpuError, OSError):
+    """A library vgpu builds is there but from another build: its interface differs."""
+
+    def __init__(self, path: Path, found: str, expected: str) -> None:
+        self.path = path
+        super().__init__(f"{path} is not this vgpu's: {found}; expected {expected} "
+                         "(run `make` in the checkout, or install the package again)")
 
 
 class ShippedFileNotFoundError(VgpuError, FileNotFoundError):

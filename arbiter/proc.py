@@ -35,12 +35,14 @@ def stat_fields(pid: int | str, proc: Path = Path("/proc")) -> list[bytes]:
     """Fields 3 onward (state, ppid, ...) of /proc/<pid>/stat; [] when unreadable."""
     try:
         # os-level: Path.read_bytes costs six more syscalls (fstat, ioctl, lseeks), and
-        # this runs on every Allocate.
+        # this runs on every Allocate and for every process of a guard's /proc scan. The
+        # kernel makes the whole line at the first read: a short read is all of it.
         fd = os.open(f"{proc}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            data = b""
-            while chunk := os.read(fd, 4096):
-                data += chunk
+            data = os.read(fd, 4096)
+            if len(data) == 4096:
+                while chunk := os.read(fd, 4096):
+                    data += chunk
         finally:
             os.close(fd)
     except OSError:

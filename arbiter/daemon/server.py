@@ -81,10 +81,11 @@ __all__ = ["Attachment", "AttachmentFactory", "Daemon", "DaemonError", "exit_pro
 
 log = logging.getLogger("vgpud")
 
-# Every change goes through one lock and batched commits, so more threads only
-# add GIL hand-offs: 4 measured best on 2 cores (bench/arbiter.py: 16 workers
-# gave ~480 pairs/s and p99 ~23 ms at 8 clients, 4 gave ~580/s and ~18 ms).
-_WORKERS = 4
+# Every change goes through one lock and batched commits, so more threads only add GIL
+# hand-offs: with a slice's files made in one call (arbiter.files.fileops), 3 measured
+# best on 2 cores (bench/arbiter.py at 8 clients, alternating: 3 workers 454 pairs/s and
+# 47 context switches a pair, 4 workers 444/s and 57, 2 workers ~446/s).
+_WORKERS = 3
 _DRAIN_S = 5.0
 #: The run dir: others may pass through (a runtime in a user namespace opening a
 #: bind-mount source by its path) but not list it.

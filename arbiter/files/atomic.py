@@ -28,7 +28,7 @@ import itertools
 import os
 from pathlib import Path
 
-__all__ = ["open_beside", "replace_link", "write_whole"]
+__all__ = ["open_beside", "replace_link", "temp_prefix", "write_whole"]
 
 _seq = itertools.count()
 _TRIES = 1000
@@ -43,9 +43,15 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def _temp_names(path: str | Path) -> itertools.islice[str]:
+def temp_prefix(path: str | Path) -> str:
+    """`<dir>/.<name>.<pid>-`: the temporary names beside path are this, a number, `.tmp`
+    (arbiter.files.fileops.write_beside numbers them from 0, O_EXCL skipping any taken)."""
     head, tail = os.path.split(os.fspath(path))
-    prefix = os.path.join(head, f".{tail}.{_pid}-")
+    return os.path.join(head, f".{tail}.{_pid}-")
+
+
+def _temp_names(path: str | Path) -> itertools.islice[str]:
+    prefix = temp_prefix(path)
     return itertools.islice((f"{prefix}{next(_seq)}.tmp" for _ in itertools.count()), _TRIES)
 
 

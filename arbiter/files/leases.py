@@ -96,10 +96,10 @@ class Pins:
         elif fd >= 0:
             os.close(fd)  # dropped while it waited
 
-    def adopt(self, owner: str, path: Path, fd: int) -> None:
-        """Hold fd, a file vgpud made at path just now (no tenant could lease it yet), for
-        owner as hold() would: this fd is closed when dropped (and now, on RegionError)."""
-        self._keep(owner, path, fd)
+    def adopt(self, owner: str, path: Path, fd: int, ino: int) -> None:
+        """Hold fd, the regular file (inode ino) vgpud made at path just now (no tenant
+        could lease it yet), for owner as hold() would: closed when dropped or taken."""
+        self._put(owner, path, fd, ino)
 
     def _keep(self, owner: str, path: Path, fd: int) -> None:
         try:
@@ -112,9 +112,12 @@ class Pins:
         except RegionError:
             os.close(fd)
             raise
+        self._put(owner, path, fd, st.st_ino)
+
+    def _put(self, owner: str, path: Path, fd: int, ino: int) -> None:
         with self._lock:
             old = self._held.setdefault(owner, {}).get(path)
-            self._held[owner][path] = (fd, st.st_ino)
+            self._held[owner][path] = (fd, ino)
         if old is not None:
             os.close(old[0])
 
@@ -125,11 +128,17 @@ class Pins:
 
     def drop(self, owner: str) -> None:
         """Close owner's files (and stop wanting those still being opened)."""
+        for fd in self.take(owner):
+            os.close(fd)
+
+    def take(self, owner: str) -> list[int]:
+        """Let go of owner's files without closing them: their fds, for the caller to
+        close (and stop wanting those still being opened)."""
         with self._lock:
             mine = self._held.pop(owner, {})
-            self._waiting = {w for w in self._waiting if w[0] != owner}
-        for fd, _ in mine.values():
-            os.close(fd)
+            if self._waiting:
+                self._waiting = {w for w in self._waiting if w[0] != owner}
+        return [fd for fd, _ in mine.values()]
 
     def close(self) -> None:
         """Close every file."""

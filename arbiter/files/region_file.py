@@ -24,7 +24,6 @@ import os
 import secrets
 import stat
 import struct
-from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -57,6 +56,8 @@ __all__ = [
     "new_slice_key",
     "open_region",
     "read_slots",
+    "region_bytes",
+    "usage_bytes",
     "usage_path_of",
 ]
 
@@ -225,8 +226,6 @@ def create_region(
     usage_mode: int = 0o666,
     replace: bool = False,
     slice_key: int | None = None,
-    fresh: bool = False,
-    hold: Callable[[Path, int], None] | None = None,
 ) -> Path:
     """Make a region file atomically (nobody ever sees it half made), and its usage file
     beside it unless that exists (a container may have it mounted: it keeps its inode).
@@ -234,13 +233,27 @@ def create_region(
     Each file is written under a temporary name in the same directory, magic
     last, then linked into place; an existing region is an error unless replace.
     slice_key names the slice in the GPU's scheduling region (arbiter.files.sched_files);
-    None draws a random non-zero one. `fresh`: path's directory was made just now (both
-    files are written at their names); `hold` takes each file's open fd (region, usage).
+    None draws a random non-zero one. (A new slice's files are made in one call instead:
+    arbiter.files.slice_dirs, with region_bytes and usage_bytes.)
     """
     path = Path(path)
+    data, magic = region_bytes(
+        uuid=uuid, device_index=device_index, memory_limit=memory_limit,
+        compute_share=compute_share, priority=priority, policy=policy,
+        priority_floor=priority_floor, context_reserve=context_reserve, arbiter=arbiter,
+        slice_key=new_slice_key() if slice_key is None else slice_key)
+    _write_whole(path, data, magic, mode, replace)
+    create_usage(usage_path_of(path), mode=usage_mode)
+    return path
+
+
+def region_bytes(*, uuid: str, device_index: int, memory_limit: int, compute_share: int,
+                 priority: Priority, policy: Policy, priority_floor: int,
+                 context_reserve: int, arbiter: bool, slice_key: int,
+                 ) -> tuple[bytes, tuple[int, int]]:
+    """A region file's bytes, all but its magic, and (offset, magic): written last, it says
+    the file is whole. ValueError names a limit or identity field out of range."""
     _check_limits(memory_limit, compute_share, priority, policy, priority_floor, context_reserve)
-    if slice_key is None:
-        slice_key = new_slice_key()
     if not 0 < slice_key <= _U64_MAX:
         raise ValueError(f"slice_key {slice_key} is not a non-zero 64-bit value")
     uuid_bytes = uuid.encode()
@@ -250,7 +263,7 @@ def create_region(
         raise ValueError(f"device_index {device_index} is outside 0..{_U32_MAX}")
 
     header = VgpuRegion()
-    magic = fill(header, REGION_CHECKS)  # all but magic, which is written last, below
+    magic = fill(header, REGION_CHECKS)  # all but magic, which is written last
     header.flags = FLAG_ARBITER if arbiter else 0
     header.uuid = uuid_bytes
     header.device_index = device_index
@@ -261,25 +274,31 @@ def create_region(
     header.policy = int(policy)
     header.priority_floor = priority_floor
     header.slice_key = slice_key
-
-    _write_whole(path, bytes(header), VgpuRegion.magic.offset, magic, mode, replace,
-                 fresh=fresh, hold=hold)
-    create_usage(usage_path_of(path), mode=usage_mode, fresh=fresh, hold=hold)
-    return path
+    return bytes(header), (VgpuRegion.magic.offset, magic)
 
 
-def create_usage(path: str | Path, *, mode: int = 0o666, fresh: bool = False,
-                 hold: Callable[[Path, int], None] | None = None) -> bool:
-    """Make an empty usage file unless one is there (it keeps its inode); True if made.
-    `fresh` and `hold` as for create_region."""
-    path = Path(path)
-    if not fresh and path.exists():
-        return False
+def usage_bytes() -> tuple[bytes, tuple[int, int]]:
+    """An empty usage file's bytes, all but its magic, and (offset, magic)."""
+    return _EMPTY_USAGE
+
+
+def _empty_usage() -> tuple[bytes, tuple[int, int]]:
     usage = VgpuUsage()
     magic = fill(usage, USAGE_CHECKS)  # all but magic, which is written last
+    return bytes(usage), (VgpuUsage.magic.offset, magic)
+
+
+_EMPTY_USAGE = _empty_usage()  # the same for every vGPU: made once
+
+
+def create_usage(path: str | Path, *, mode: int = 0o666) -> bool:
+    """Make an empty usage file unless one is there (it keeps its inode); True if made."""
+    path = Path(path)
+    if path.exists():
+        return False
+    data, magic = usage_bytes()
     try:
-        _write_whole(path, bytes(usage), VgpuUsage.magic.offset, magic, mode,
-                     replace=False, fresh=fresh, hold=hold)
+        _write_whole(path, data, magic, mode, replace=False)
     except RegionError as e:
         if e.reason == "it already exists":
             return False
@@ -287,23 +306,18 @@ def create_usage(path: str | Path, *, mode: int = 0o666, fresh: bool = False,
     return True
 
 
-def _write_whole(path: Path, data: bytes, magic_offset: int, magic: int, mode: int,
-                 replace: bool, *, fresh: bool = False,
-                 hold: Callable[[Path, int], None] | None = None) -> None:
-    """Write data under a temporary name, magic last, then link it into place (written at
-    its name when `fresh`: its directory was made just now). `hold` takes the open file
-    (its fd, read-write) instead of it being closed."""
-    how = "fresh" if fresh else "replace" if replace else "new"
+def _write_whole(path: Path, data: bytes, magic: tuple[int, int], mode: int,
+                 replace: bool) -> None:
+    """Write data under a temporary name, magic last, then link it into place."""
+    offset, word = magic
     try:
         # No fsync: region files live on tmpfs (/run) and vgpud remakes them from its
         # store at start; the store is what must survive a crash.
-        fd = write_whole(path, data, mode, last=(magic_offset, struct.pack("I", magic)),
-                         how=how, keep=hold is not None)
+        write_whole(path, data, mode, last=(offset, struct.pack("I", word)),
+                    how="replace" if replace else "new")
     except OSError as e:
         reason = "it already exists" if e.errno == errno.EEXIST else (e.strerror or str(e))
         raise RegionError(path, "create", reason) from e
-    if hold is not None and fd is not None:
-        hold(path, fd)
 
 
 class Region:

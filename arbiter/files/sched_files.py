@@ -27,13 +27,14 @@ import mmap
 import os
 import stat
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from arbiter.errors import SchedError
-from arbiter.files.atomic import open_beside, write_whole
+from arbiter.files import fileops
+from arbiter.files.atomic import open_beside, temp_prefix, write_whole
 from arbiter.files.header_checks import Checks, field_reader, fill, first_problem
 from arbiter.files.leases import LEASED, open_tenant_file
 from arbiter.files.slicefs import bind_file, detach
@@ -59,15 +60,19 @@ __all__ = [
     "VgpuSchedReq",
     "conf_text",
     "create_sched",
+    "new_slice_file_ops",
     "open_sched",
     "prepare_sched_dir",
     "remove_files_of",
     "remove_slice_files",
+    "req_bytes",
     "req_path",
     "slice_file_keys",
+    "slice_file_name",
     "slice_gpu_ns",
     "slice_key_of",
     "summarize",
+    "usable_name",
     "write_slice_files",
 ]
 
@@ -398,7 +403,8 @@ def _keep_mode(path: Path, mode: int) -> None:
         raise SchedError(path, "set the mode of", e.strerror or str(e)) from e
 
 
-def _usable_name(uuid: str) -> bool:
+def usable_name(uuid: str) -> bool:
+    """Whether uuid can name files in the scheduling directory (no path, no dot file)."""
     return bool(uuid) and "/" not in uuid and not uuid.startswith(".") and "\0" not in uuid
 
 
@@ -420,7 +426,7 @@ def prepare_sched_dir(root: str | Path, uuids: Iterable[str], *,
             raise SchedError(root, "prepare directory for", e.strerror or str(e)) from e
     out: dict[str, Path] = {}
     for uuid in uuids:
-        if not _usable_name(uuid):
+        if not usable_name(uuid):
             log.warning("GPU UUID %r cannot name a file: no scheduling region for it", uuid)
             continue
         path = root / uuid
@@ -543,13 +549,14 @@ def conf_text(share: int, priority: int, policy: int, floor: int) -> str:
     return f"share={share} priority={priority} policy={policy} floor={floor}\n"
 
 
-def _slice_name(uuid: str, key: int, suffix: str) -> str:
+def slice_file_name(uuid: str, key: int, suffix: str) -> str:
+    """The name of a slice's .req or .conf (`suffix`) in the scheduling directory."""
     return f"{uuid}.{key:016x}.{suffix}"
 
 
 def req_path(root: str | Path, uuid: str, key: int) -> Path:
     """The .req of slice key on GPU uuid: the slice's own, mounted read-write in its container."""
-    return Path(root) / _slice_name(uuid, key, "req")
+    return Path(root) / slice_file_name(uuid, key, "req")
 
 
 def _whole_req(path: Path, key: int) -> bool:
@@ -573,17 +580,46 @@ def _whole_req(path: Path, key: int) -> bool:
     return first_problem(read, REQ_CHECKS, "request file") is None and read("key") == key
 
 
-def _replace(path: Path, data: bytes, mode: int, *, fresh: bool = False,
-             keep: bool = False) -> int | None:
-    """Write data to path under a temporary name and rename it into place (at its name when
-    `fresh`: its directory was made just now); with keep, return the open fd."""
-    return write_whole(path, data, mode, how="fresh" if fresh else "replace", keep=keep)
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """Write data to path under a temporary name and rename it into place."""
+    write_whole(path, data, mode, how="replace")
+
+
+def req_bytes(key: int, *, share: int, priority: int, policy: int, floor: int) -> bytes:
+    """A slice's .req, whole (magic included: it is written beside and then linked, or into
+    a directory nothing reads yet)."""
+    raw = VgpuSchedReq()
+    magic = fill(raw, REQ_CHECKS)
+    raw.key = key
+    raw.share, raw.priority, raw.policy, raw.floor = share, priority, policy, floor
+    raw.magic = magic
+    return bytes(raw)
+
+
+def new_slice_file_ops(root: str | Path, home: str | Path, uuid: str, key: int, *,
+                       share: int, priority: int, policy: int, floor: int,
+                       bind: bool) -> list[fileops.Op]:
+    """The operations that make a new slice's .req in `home` (its directory, made just now
+    and empty: written at its name, kept open), name it in root (a bind mount where home
+    is a filesystem of its own, `bind`, else a hard link) and write its .conf beside
+    (renamed into place: the broker may read it at once). SchedError for an unusable
+    GPU UUID."""
+    if not usable_name(uuid):
+        raise SchedError(Path(root) / uuid, "write the slice files of", "not a usable GPU UUID")
+    name = slice_file_name(uuid, key, "req")
+    own, at = os.path.join(home, name), os.path.join(root, name)
+    conf = os.path.join(root, slice_file_name(uuid, key, "conf"))
+    return [
+        fileops.write_at(own, req_bytes(key, share=share, priority=priority, policy=policy,
+                                        floor=floor), REQ_FILE_MODE, keep=True),
+        fileops.mknod_bind(at, own, REQ_FILE_MODE) if bind else fileops.link(at, own),
+        fileops.write_beside(conf, temp_prefix(conf),
+                             conf_text(share, priority, policy, floor).encode(), CONF_FILE_MODE),
+    ]
 
 
 def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, priority: int,
-                      policy: int, floor: int, home: Path | None = None,
-                      fresh: bool = False, bind: bool = False,
-                      hold: Callable[[Path, int], None] | None = None) -> None:
+                      policy: int, floor: int, home: Path | None = None) -> None:
     """Make (or keep) a slice's .req on GPU uuid and write its .conf, atomically.
 
     A whole .req of this slice is kept (same inode: a running container has it
@@ -592,48 +628,32 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
     at its name in root by a bind mount (a hard link where both are one filesystem);
     a whole .req already in root with none in home (an older vgpud's) is kept as it is.
     The .conf is rewritten: the broker sees new settings within its rescan period (20 ms).
-    `fresh` says that home was made just now, empty (a new slice): nothing in it to keep.
-    `hold` takes the open fd (read-write) of a .req made now, with its name in root.
-    `bind` says that home is a filesystem of its own: no hard link is tried first.
+    (A new slice's files are made in one call instead: arbiter.files.slice_dirs.)
     """
     root = Path(root)
-    if not _usable_name(uuid):
+    if not usable_name(uuid):
         raise SchedError(root / uuid, "write the slice files of", "not a usable GPU UUID")
     req = req_path(root, uuid, key)
     busy: SchedError | None = None
     try:
         own = home / req.name if home is not None else None
-        if own is not None and (fresh or own.exists() or not req.exists()):
+        if own is not None and (own.exists() or not req.exists()):
             req, at = own, req
         else:
             at = None
         try:
-            whole = not fresh and _whole_req(req, key)
+            whole = _whole_req(req, key)
         except SchedError as e:
             busy, whole = e, True  # leased by its container: in use, kept; said below
         if not whole:
-            raw = VgpuSchedReq()
-            magic = fill(raw, REQ_CHECKS)
-            raw.key = key
-            raw.share, raw.priority, raw.policy, raw.floor = share, priority, policy, floor
-            raw.magic = magic  # whole before anyone can open it (written beside, then linked)
-            kept = _replace(req, bytes(raw), REQ_FILE_MODE, fresh=fresh and at is not None,
-                            keep=hold is not None)
-        else:
-            kept = None
-        try:
-            if at is not None:
-                _link_req(req, at, fresh, bind=bind)
-        except BaseException:
-            if kept is not None:
-                os.close(kept)
-            raise
-        if hold is not None and kept is not None:
-            hold(at if at is not None else req, kept)
-        conf = root / _slice_name(uuid, key, "conf")
+            _replace(req, req_bytes(key, share=share, priority=priority, policy=policy,
+                                    floor=floor), REQ_FILE_MODE)
+        if at is not None:
+            _link_req(req, at)
+        conf = root / slice_file_name(uuid, key, "conf")
         text = conf_text(share, priority, policy, floor).encode()
         try:
-            same = not fresh and conf.read_bytes() == text
+            same = conf.read_bytes() == text
         except OSError:
             same = False
         if not same:
@@ -644,31 +664,19 @@ def write_slice_files(root: str | Path, uuid: str, key: int, *, share: int, prio
         raise busy
 
 
-def _link_req(own: Path, at: Path, fresh: bool = False, bind: bool = False) -> None:
+def _link_req(own: Path, at: Path) -> None:
     """Make `at` name the file `own`: kept when it does; else a hard link, or a bind mount
-    where they are on two filesystems (own on its slice's tmpfs; `bind`: known to be, so
-    no link is tried). `fresh`: own was made just now, so nothing names it yet (anything
-    at `at` is cleared when the link fails)."""
-    if not fresh and _clear_for(own, at):
+    where they are on two filesystems (own on its slice's tmpfs)."""
+    if _clear_for(own, at):
         return
-    if not bind:
-        try:
-            os.link(own, at)
-            return
-        except FileExistsError:
-            if not fresh:
-                raise
-            return _link_req(own, at)
-        except OSError as e:
-            if e.errno != errno.EXDEV:
-                raise
     try:
-        # The mount point: an empty regular file (one mknod, not an open and a close).
-        os.mknod(at, stat.S_IFREG | REQ_FILE_MODE)
-    except FileExistsError:
-        if not fresh:
+        os.link(own, at)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
             raise
-        return _link_req(own, at)
+    # The mount point: an empty regular file (one mknod, not an open and a close).
+    os.mknod(at, stat.S_IFREG | REQ_FILE_MODE)
     try:
         bind_file(own, at)
     except OSError:
@@ -724,8 +732,8 @@ def remove_files_of(root: str | Path, files: Iterable[tuple[str, int]],
                     suffixes: tuple[str, ...] = ("conf", "req")) -> None:
     """Delete the .conf and .req (or those of `suffixes`) of each (GPU uuid, slice key): the
     names known, no listing."""
-    _remove_names(root, [_slice_name(uuid, key, suffix) for uuid, key in files
-                         if _usable_name(uuid) for suffix in suffixes])
+    _remove_names(root, [slice_file_name(uuid, key, suffix) for uuid, key in files
+                         if usable_name(uuid) for suffix in suffixes])
 
 
 def _remove_names(root: str | Path, names: list[str]) -> None:

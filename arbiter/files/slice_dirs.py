@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from arbiter.errors import RegionError, SchedError
+from arbiter.files import fileops
 from arbiter.files.leases import Pins
 from arbiter.files.region_file import (
     REGION_SIZE,
@@ -40,20 +41,24 @@ from arbiter.files.region_file import (
     create_region,
     create_usage,
     open_region,
+    region_bytes,
+    usage_bytes,
     usage_path_of,
 )
 from arbiter.files.sched_files import (
     REQ_SIZE,
     SCHED_DIR_NAME,
+    new_slice_file_ops,
     prepare_sched_dir,
-    remove_files_of,
     remove_slice_files,
     req_path,
     slice_file_keys,
+    slice_file_name,
     slice_key_of,
+    usable_name,
     write_slice_files,
 )
-from arbiter.files.slicefs import detach, mount_slice_fs, share, slice_fs_bytes
+from arbiter.files.slicefs import detach, share, slice_fs_bytes, slice_fs_options
 from arbiter.model import Slice
 
 __all__ = ["REGION_FILE_MODE", "USAGE_FILE_MODE", "ReconcileReport", "Regions", "Retired"]
@@ -83,6 +88,19 @@ class Retired:
 
 
 @dataclass(frozen=True)
+class _Creation:
+    """What Regions.create runs for one slice (arbiter.files.fileops), and where in it."""
+
+    slice_id: str
+    final: str
+    ops: tuple[fileops.Op, ...]
+    held: tuple[Path | None, ...]  # per op: the path its kept file is held under
+    mount: int  # index of the tmpfs mount; -1: none
+    sched: int  # index of the first scheduling-file op: what fails from there is SchedError
+    sched_files: tuple[tuple[str, int], ...]  # (GPU uuid, slice key) per vGPU
+
+
+@dataclass(frozen=True)
 class ReconcileReport:
     """What reconcile_dirs changed: slice ids whose directories it made, fixed or removed."""
 
@@ -108,6 +126,7 @@ class Regions:
         self.priority_floor = priority_floor
         self.proc = Path(proc)
         self.sched_root = self.run_dir / SCHED_DIR_NAME
+        self._sched_root_str = str(self.sched_root)
         #: UUIDs of the GPUs whose scheduling files vgpud keeps (set by the daemon).
         self.sched_gpus: list[str] = []
         #: Told (slice id, vGPU ordinal, reason) when a usage file reads malformed; the
@@ -139,7 +158,9 @@ class Regions:
         """Make <run_dir> and <run_dir>/slices (mode 0711: a slice's own directory is
         root's alone); return the directories it had to make.
 
-        Directories that exist keep their mode: the operator chose it."""
+        Directories that exist keep their mode: the operator chose it. The library that
+        makes slices' files is loaded here, at vgpud's start (arbiter.files.fileops.load)."""
+        fileops.load()
         made = []
         for d in (self.run_dir, self.root):
             if d.is_dir():
@@ -200,73 +221,109 @@ class Regions:
     # -- lifecycle -------------------------------------------------------------
 
     def create(self, s: Slice) -> Path:
-        """Make the slice's directory, its own tmpfs, with one region file per grant."""
+        """Make the slice's directory, its own tmpfs, with one region file per grant, and
+        its scheduling files: all of it in one call (arbiter.files.fileops).
+
+        ValueError for limits a region cannot hold; RegionError (its directory or files)
+        or SchedError (its scheduling files) for what failed, with nothing left behind."""
         final = self.slice_dir(s.id)
+        for g in s.grants:
+            if not os.path.isfile(f"{self._sched_root_str}/{g.gpu_uuid}"):
+                # Deleted under us (or never made): made again; kept files keep their inodes.
+                self._prepare_sched([g.gpu_uuid])
+        made = self._creation(s, final, own_fs=self.bounded)
+        before = self._sched_files.get(s.id)  # a live slice's, when this one is a second create
+        self._sched_files[s.id] = made.sched_files
         try:
-            # No fsync: region directories need no durability of their own (run_dir is a
-            # tmpfs on a real host, and every start remakes them from the store).
-            try:
-                os.mkdir(final, _DIR_MODE)
-            except FileNotFoundError:  # <run_dir>/slices deleted under vgpud
+            kept = fileops.run(made.ops)
+        except fileops.FileOpError as e:
+            if e.index == 0 and e.errno == errno.ENOENT:  # <run_dir>/slices deleted under vgpud
                 self._ensure_root()
-                os.mkdir(final, _DIR_MODE)
-        except OSError as e:
-            raise RegionError(final, "create", e.strerror or str(e)) from e
-        try:
-            own_fs = self._bound(final, len(s.grants))
-            if not own_fs:
-                os.chmod(final, _DIR_MODE)  # mkdir's mode went through the umask
-            for i in range(len(s.grants)):
-                self._create_file(final / region_name(i), s, i, fresh=True)
-        except OSError as e:
-            _rmtree(final)
-            raise RegionError(final, "create", e.strerror or str(e)) from e
-        except BaseException:
-            _rmtree(final)
-            raise
-        try:
-            self._write_sched(s, fresh=True, own_fs=own_fs)
-        except BaseException:
-            self.remove(s.id)
-            raise
-        if len(self.pins.held(s.id)) < 3 * len(s.grants):  # each made file is held as made
-            self._hold(s)
+            elif e.index == made.mount and e.errno in (errno.EPERM, errno.EACCES):
+                with contextlib.suppress(OSError):
+                    os.rmdir(final)
+                self._unbounded(final, e)
+                made = self._creation(s, final, own_fs=False)
+            else:
+                raise self._undo(made, e, before) from e
+            try:
+                kept = fileops.run(made.ops)
+            except fileops.FileOpError as again:
+                raise self._undo(made, again, before) from again
+        for held, k in zip(made.held, kept, strict=True):
+            if k is not None and held is not None:
+                self.pins.adopt(s.id, held, k.fd, k.ino)
         return final
 
-    def _bound(self, path: Path, vgpus: int) -> bool:
-        """Mount the slice's own tmpfs at its new directory (arbiter.files.slicefs), its root of
-        mode 0700; False when it cannot be (then the directory stays as it is)."""
-        if not self.bounded:
-            return False
-        size = slice_fs_bytes(vgpus, (REGION_SIZE, USAGE_SIZE, REQ_SIZE))
-        try:
-            mount_slice_fs(path, size, files=6 * vgpus + 2, mode=_DIR_MODE)
-        except OSError as e:
-            if e.errno not in (errno.EPERM, errno.EACCES):
-                raise
-            self._unbounded(path, e)
-            return False
-        return True
+    def _undo(self, made: _Creation, e: fileops.FileOpError,
+              before: tuple[tuple[str, int], ...] | None) -> RegionError:
+        """Remove what a failed creation made; the error that says what failed. `before`:
+        what _sched_files held for the slice before (a failed mkdir made nothing)."""
+        if e.index == 0:
+            if before is None:
+                self._sched_files.pop(made.slice_id, None)
+            else:
+                self._sched_files[made.slice_id] = before
+            return RegionError(Path(made.final), "create", e.strerror)
+        if e.index < made.sched:
+            self._sched_files.pop(made.slice_id, None)
+            _rmtree(Path(made.final))
+            return RegionError(Path(made.final), "create", e.strerror)
+        self.remove(made.slice_id)
+        return SchedError(Path(e.op.path), "write", e.strerror)
+
+    def _creation(self, s: Slice, final: Path, own_fs: bool) -> _Creation:
+        """The operations that make slice s's files at final (a directory not there yet),
+        on a tmpfs of its own when own_fs. Pure: no system call, no state changed."""
+        d = str(final)
+        ops = [fileops.mkdir(d, _DIR_MODE)]
+        held: list[Path | None] = [None]
+        if own_fs:
+            size = slice_fs_bytes(len(s.grants), (REGION_SIZE, USAGE_SIZE, REQ_SIZE))
+            ops.append(fileops.mount_tmpfs(
+                d, slice_fs_options(size, files=6 * len(s.grants) + 2, mode=_DIR_MODE)))
+            held.append(None)
+        mount = len(ops) - 1 if own_fs else -1
+        usage, usage_magic = usage_bytes()
+        keys = [slice_key_of(s.id, i) for i in range(len(s.grants))]
+        for i, g in enumerate(s.grants):
+            region = f"{d}/{region_name(i)}"  # str paths: pathlib costs more than the rest
+            data, magic = region_bytes(
+                uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
+                compute_share=g.compute, priority=s.priority, policy=s.policy,
+                priority_floor=self.priority_floor, context_reserve=self.context_reserve,
+                arbiter=True, slice_key=keys[i])
+            ops += [fileops.write_at(region, data, REGION_FILE_MODE, last=magic, keep=True),
+                    fileops.write_at(region + USAGE_SUFFIX, usage, USAGE_FILE_MODE,
+                                     last=usage_magic, keep=True)]
+            held += [Path(region), Path(region + USAGE_SUFFIX)]
+        sched = len(ops)
+        for i, g in enumerate(s.grants):
+            more = new_slice_file_ops(self._sched_root_str, d, g.gpu_uuid, keys[i],
+                                      share=g.compute or 100, priority=int(s.priority),
+                                      policy=int(s.policy), floor=self.priority_floor,
+                                      bind=own_fs)
+            ops += more
+            # The .req is held at its name in the scheduling directory (_tenant_files).
+            held += [req_path(self.sched_root, g.gpu_uuid, keys[i]) if op.keep else None
+                     for op in more]
+        return _Creation(s.id, d, tuple(ops), tuple(held), mount, sched,
+                         tuple((g.gpu_uuid, keys[i]) for i, g in enumerate(s.grants)))
 
     def _unbounded(self, path: Path, e: OSError) -> None:
         self.bounded = False
         log.warning("slice files are not size-bounded: cannot mount at %s: %s "
                     "(vgpud needs CAP_SYS_ADMIN)", path, e.strerror)
 
-    def _create_file(self, path: Path, s: Slice, ordinal: int, fresh: bool = False) -> None:
-        """The region and usage files of vGPU `ordinal`; `fresh`: in the slice's directory
-        made just now, each held open as it is made (its tenant cannot have leased it)."""
+    def _create_file(self, path: Path, s: Slice, ordinal: int) -> None:
+        """The region and usage files of vGPU `ordinal`, made again in place (repair)."""
         g = s.grants[ordinal]
         create_region(path, uuid=g.gpu_uuid, device_index=g.gpu_index, memory_limit=g.memory,
                       compute_share=g.compute, priority=s.priority, policy=s.policy,
                       priority_floor=self.priority_floor,
                       context_reserve=self.context_reserve, arbiter=True,
                       mode=REGION_FILE_MODE, usage_mode=USAGE_FILE_MODE, replace=True,
-                      slice_key=slice_key_of(s.id, ordinal), fresh=fresh,
-                      hold=self._holder(s.id) if fresh else None)
-
-    def _holder(self, slice_id: str) -> Callable[[Path, int], None]:
-        return lambda path, fd: self.pins.adopt(slice_id, path, fd)
+                      slice_key=slice_key_of(s.id, ordinal))
 
     # -- files a tenant can open --------------------------------------------------
 
@@ -308,10 +365,9 @@ class Regions:
 
     # -- scheduling files ---------------------------------------------------------
 
-    def _write_sched(self, s: Slice, fresh: bool = False, own_fs: bool = False) -> None:
+    def _write_sched(self, s: Slice) -> None:
         """The slice's .req/.conf on each of its GPUs, whose scheduling file must be there:
-        a container is refused rather than started on a GPU nobody schedules. `fresh`: the
-        slice's directory was made just now (create); `own_fs`: it is its own tmpfs."""
+        a container is refused rather than started on a GPU nobody schedules."""
         self._sched_files[s.id] = tuple((g.gpu_uuid, slice_key_of(s.id, i))
                                         for i, g in enumerate(s.grants))
         for i, g in enumerate(s.grants):
@@ -321,8 +377,7 @@ class Regions:
             write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
                               share=g.compute or 100, priority=int(s.priority),
                               policy=int(s.policy), floor=self.priority_floor,
-                              home=self.slice_dir(s.id), fresh=fresh, bind=own_fs,
-                              hold=self._holder(s.id) if fresh else None)
+                              home=self.slice_dir(s.id))
 
     def _prepare_sched(self, uuids: list[str]) -> None:
         """The GPUs' scheduling files, made again where deleted (one warning event each).
@@ -423,12 +478,14 @@ class Regions:
         are let go, its .conf deleted (the broker stops serving it) and exists() is False
         from now on. finish() does the rest (unmounts: the kernel's mount locks and an RCU
         grace period each, which nothing else should wait behind)."""
-        self.pins.drop(slice_id)
+        fds = self.pins.take(slice_id)
         self._pending.discard(slice_id)
         known = self._sched_files.pop(slice_id, None)
-        if known is not None:
-            remove_files_of(self.sched_root, known, suffixes=("conf",))
-        else:  # made before this vgpud started and not yet rewritten: any GPU, any vGPU
+        ops = [fileops.unlink(f"{self._sched_root_str}/{slice_file_name(uuid, key, 'conf')}")
+               for uuid, key in known or () if usable_name(uuid)]
+        # In one call with the .conf files: each close is a system call too.
+        self._run_removal(slice_id, ops + [fileops.close(fd) for fd in fds])
+        if known is None:  # made before this vgpud started and not yet rewritten: any GPU, any vGPU
             remove_slice_files(self.sched_root,
                                (slice_key_of(slice_id, i) for i in range(_MAX_VGPUS)))
         self._retiring.add(slice_id)
@@ -439,28 +496,48 @@ class Regions:
         slice's paths): its .req unmounted and deleted, its directory unmounted and
         removed; False when there was no directory."""
         try:
-            if r.sched_files:
-                remove_files_of(self.sched_root, r.sched_files, suffixes=("req",))
-            return self._remove_dir(r.slice_id)
+            final = self.slice_dir(r.slice_id)
+            # Without CAP_SYS_ADMIN (not bounded) nothing was mounted, and umount2 is refused.
+            unmount = self.bounded
+            ops = []
+            for uuid, key in r.sched_files:
+                if usable_name(uuid):
+                    req = f"{self._sched_root_str}/{slice_file_name(uuid, key, 'req')}"
+                    if unmount:
+                        ops.append(fileops.detach(req))
+                    ops.append(fileops.unlink(req))
+            # Its tmpfs lives on in the containers that mount its files; what stays is the
+            # empty directory it was mounted on, removed in one step.
+            if unmount:
+                ops.append(fileops.detach(str(final)))
+            ops.append(fileops.rmdir(str(final)))
+            errors = self._run_removal(r.slice_id, ops, last_is_mine=True)
+            if not errors or errors[-1].index != len(ops) - 1:
+                return True
+            e = errors[-1]
+            if e.errno == errno.ENOENT:
+                return False
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise RegionError(final, "remove", e.strerror)
+            return self._remove_files_dir(final)
         finally:
             self._retiring.discard(r.slice_id)
 
-    def _remove_dir(self, slice_id: str) -> bool:
-        final = self.slice_dir(slice_id)
-        try:
-            # Its tmpfs lives on in the containers that mount its files; what stays is the
-            # empty directory it was mounted on, removed in one step.
-            detach(final)
-            os.rmdir(final)
-            return True
-        except FileNotFoundError:
-            return False
-        except OSError as e:
-            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise RegionError(final, "remove", e.strerror or str(e)) from e
-        # Its files on run_dir's own filesystem (no tmpfs of its own): renamed away first, so
-        # that the slice is gone at once, then deleted.
-        doomed = self.root / f".{slice_id}.del"
+    def _run_removal(self, slice_id: str, ops: list[fileops.Op],
+                     last_is_mine: bool = False) -> list[fileops.FileOpError]:
+        """Run a removal's ops, each on its own: failures are said (the last one left to
+        the caller when last_is_mine) and returned."""
+        errors = fileops.run_all(ops)
+        for e in errors:
+            if not (last_is_mine and e.index == len(ops) - 1):
+                log.warning("slice %s: failed to remove %s: %s", slice_id, e.op.path or
+                            f"(close fd {e.op.fd})", e.strerror)
+        return errors
+
+    def _remove_files_dir(self, final: Path) -> bool:
+        """A slice directory with its files on run_dir's own filesystem (no tmpfs of its
+        own): renamed away first, so that the slice is gone at once, then deleted."""
+        doomed = self.root / f".{final.name}.del"
         _rmtree(doomed)
         try:
             os.rename(final, doomed)

@@ -26,11 +26,11 @@ import logging
 import os
 from pathlib import Path
 
-__all__ = ["bind_file", "detach", "mount_slice_fs", "share", "slice_fs_bytes"]
+__all__ = ["bind_file", "detach", "share", "slice_fs_bytes", "slice_fs_options"]
 
 log = logging.getLogger(__name__)
 
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_SHARED = 0x2, 0x4, 0x8, 0x1000, 1 << 20
+_MS_BIND, _MS_SHARED = 0x1000, 1 << 20
 _MNT_DETACH = 0x2
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -63,10 +63,10 @@ def _mount(source: str, target: Path, fstype: str | None, flags: int, data: str 
         raise OSError(e, os.strerror(e), str(target))
 
 
-def mount_slice_fs(path: Path, size: int, files: int, mode: int) -> None:
-    """Mount a tmpfs of `size` bytes and `files` inodes at the directory path."""
-    _mount("vgpu-slice", path, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-           f"size={size},nr_inodes={files + 1},mode={mode:o}")
+def slice_fs_options(size: int, files: int, mode: int) -> str:
+    """The options of a slice's tmpfs: `size` bytes, room for `files` inodes (and its root),
+    its root directory of `mode` (mounted nosuid, nodev, noexec: fileops.mount_tmpfs)."""
+    return f"size={size},nr_inodes={files + 1},mode={mode:o}"
 
 
 def share(path: Path) -> bool:

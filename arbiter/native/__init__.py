@@ -9,9 +9,13 @@ from pathlib import Path
 
 from arbiter.errors import LibraryNotFoundError
 
-__all__ = ["LIBRARY_NAME", "PROGRAMS", "libvgpu_path", "own_files", "program_path"]
+__all__ = ["FILEOPS_NAME", "LIBRARY_NAME", "PROGRAMS", "fileops_path", "libvgpu_path",
+           "own_files", "program_path"]
 
 LIBRARY_NAME = "libvgpu.so"
+#: vgpud's own library (arbiter.files.fileops), loaded in its process, never mounted into
+#: a container: not among own_files.
+FILEOPS_NAME = "libvgpu-fileops.so"
 #: The compiled programs (oci_hook/native/, shim/native/, libvgpu/): `make` builds them
 #: into build/bin/.
 #: shim/runc is containerd-shim-vgpu-v2's private `runc` (it runs vgpu-runtime).
@@ -25,7 +29,18 @@ def libvgpu_path(
     package_dir: Path = _PACKAGE_DIR, checkout_root: Path = _CHECKOUT_ROOT
 ) -> Path:
     """Return the packaged libvgpu.so, else a source checkout's build/libvgpu.so."""
-    candidates = [package_dir / LIBRARY_NAME, checkout_root / "build" / LIBRARY_NAME]
+    return _library_path(LIBRARY_NAME, package_dir, checkout_root)
+
+
+def fileops_path(
+    package_dir: Path = _PACKAGE_DIR, checkout_root: Path = _CHECKOUT_ROOT
+) -> Path:
+    """Return the packaged libvgpu-fileops.so, else a source checkout's build/ one."""
+    return _library_path(FILEOPS_NAME, package_dir, checkout_root)
+
+
+def _library_path(name: str, package_dir: Path, checkout_root: Path) -> Path:
+    candidates = [package_dir / name, checkout_root / "build" / name]
     for candidate in candidates:
         if candidate.is_file():
             return candidate

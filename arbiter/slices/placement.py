@@ -239,16 +239,18 @@ def _gpu_of(grant: Grant, by_uuid: dict[str, Gpu], by_index: dict[int, Gpu]) -> 
 
 
 def _used(gpus: Sequence[Gpu], slices: Iterable[Slice]) -> dict[int, list[int]]:
-    by_uuid = {g.uuid: g for g in gpus}
-    by_index = {g.index: g for g in gpus}
-    used = {g.index: [0, 0] for g in gpus}
+    # Every allocation sums every slice's grants: _gpu_of inlined, as dict lookups by
+    # uuid (or index, for a grant without one) straight to the GPU's running sums.
+    sums = {g.index: [0, 0] for g in gpus}
+    by_uuid = {g.uuid: sums[g.index] for g in gpus}
+    by_index = {g.index: sums[g.index] for g in gpus}
     for s in slices:
         for grant in s.grants:
-            gpu = _gpu_of(grant, by_uuid, by_index)
-            if gpu is not None:
-                used[gpu.index][0] += grant.memory
-                used[gpu.index][1] += grant.compute
-    return used
+            used = by_uuid.get(grant.gpu_uuid) if grant.gpu_uuid else by_index.get(grant.gpu_index)
+            if used is not None:
+                used[0] += grant.memory
+                used[1] += grant.compute
+    return sums
 
 
 def _fits(ask: VGpuAsk, room: Capacity) -> bool:

@@ -47,7 +47,8 @@ TOP_FILES = ("README.md", "LICENSE", "Makefile", "Containerfile", "setup.py",
 #: compiled programs and configs/ into the installed package; and `shim/runc` is the
 #: name of a compiled program (build/bin/shim/runc, arbiter.native.PROGRAMS), not a
 #: source path.
-BUILT_ONLY = ("arbiter/native/libvgpu.so", "arbiter/native/bin", "arbiter/configs",
+BUILT_ONLY = ("arbiter/native/libvgpu.so", "arbiter/native/libvgpu-fileops.so",
+              "arbiter/native/bin", "arbiter/configs",
               "shim/runc")
 
 _TOP = "|".join(re.escape(d) for d in TOP_DIRS)

@@ -85,10 +85,11 @@ def test_wheel_ships_the_native_parts_the_configs_and_types(wheel: Path) -> None
         entry_points = zf.read(
             next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
         lib = zf.read("arbiter/native/libvgpu.so")
+        fileops_lib = zf.read("arbiter/native/libvgpu-fileops.so")
         programs = {p: zf.read(f"arbiter/native/bin/{p}") for p in PROGRAMS}
         modes = {p: zf.getinfo(f"arbiter/native/bin/{p}").external_attr >> 16 for p in PROGRAMS}
         configs = {c: zf.read(f"arbiter/configs/{c}") for c in CONFIGS}
-    assert lib.startswith(ELF)
+    assert lib.startswith(ELF) and fileops_lib.startswith(ELF)
     assert {"vgpu-runtime", "vgpu-hook", "containerd-shim-vgpu-v2", "shim/runc"} <= set(PROGRAMS)
     assert all(p.startswith(ELF) for p in programs.values())   # compiled, no script
     assert all(m & 0o111 for m in modes.values()), modes
@@ -103,7 +104,7 @@ def test_wheel_ships_the_native_parts_the_configs_and_types(wheel: Path) -> None
                  "vgpu_k8s/proto/pluginregistration_v1_pb2_grpc.py"):
         assert name in names
     assert not any(n.startswith(("tests/", "libvgpu/", "configs/", "shim/native/",
-                                  "oci_hook/native/"))
+                                  "oci_hook/native/", "arbiter/files/native/"))
                    for n in names)
     scripts = {line.split(" = ")[0] for line in entry_points.splitlines() if " = " in line}
     assert {"vgpu", "vgpud", "vgpu-device-plugin", "vgpu-dra-plugin"} <= scripts
@@ -115,8 +116,9 @@ def test_wheel_ships_the_native_parts_the_configs_and_types(wheel: Path) -> None
 def test_the_venv_uses_its_own_copy(venv: Path, tmp_path: Path) -> None:
     p = in_venv(venv, tmp_path, "python", "-c",
                 "import arbiter, shim, vgpu_cli; from arbiter.install.shipped import shipped_file; "
+                "from arbiter.native import fileops_path; "
                 "print(arbiter.__file__, shim.__file__, vgpu_cli.__file__, "
-                "shipped_file('oci-hooks.d/vgpu.json'))")
+                "shipped_file('oci-hooks.d/vgpu.json'), fileops_path())")
     assert p.returncode == 0, p.stderr
     for path in p.stdout.split():
         assert Path(path).is_relative_to(venv), path

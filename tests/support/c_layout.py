@@ -23,7 +23,8 @@ import pytest
 
 from support.paths import ROOT
 
-INCLUDE_DIRS = (ROOT / "libvgpu" / "include", ROOT / "libvgpu" / "common")
+INCLUDE_DIRS = (ROOT / "libvgpu" / "include", ROOT / "libvgpu" / "common",
+                ROOT / "arbiter" / "files" / "native")
 
 _STRUCT = re.compile(r"\bstruct\s+(\w+)\s*\{(.*?)\}\s*;", re.S)
 _ENUM = re.compile(r"\benum\s+\w+\s*\{(.*?)\}\s*;", re.S)

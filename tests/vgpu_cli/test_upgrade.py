@@ -44,6 +44,7 @@ def old_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (pkg / "pyproject.toml").write_text(text.replace(f'version = "{NEW}"',
                                                      f'version = "{OLD}"', 1))
     shutil.copytree(ROOT / "build" / "bin", pkg / "build" / "bin")
+    shutil.copy2(ROOT / "build" / "libvgpu-fileops.so", pkg / "build")  # its vgpud's own
     lib = (ROOT / "build" / "libvgpu.so").read_bytes()
     (pkg / "build" / "libvgpu.so").write_bytes(lib + b"\0")   # another content hash
     return pkg

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from arbiter.errors import RegionError
+from arbiter.errors import RegionError, SchedError
 from arbiter.files.region_file import open_region
 from arbiter.files.sched_files import slice_key_of
 from arbiter.files.slice_dirs import Regions
@@ -323,3 +323,103 @@ def test_a_new_slices_files_are_held_open_as_they_are_made(regions):
     assert {(f.stat().st_dev, f.stat().st_ino) for f in files} <= open_inodes
     regions.remove(s.id)
     assert regions.pins.held(s.id) == set()
+
+
+def _slice_mounts(regions: Regions) -> list[str]:
+    return [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+            if line.split()[4].startswith(str(regions.run_dir))]
+
+
+def test_a_new_slice_whose_region_fails_leaves_nothing(regions, monkeypatch):
+    """A slice's own tmpfs too small for its region file (ENOSPC on the first file): the
+    error names the slice's directory, and no directory, mount, scheduling file or open
+    file of it stays."""
+    from arbiter.files import slice_dirs
+    monkeypatch.setattr(slice_dirs, "slice_fs_bytes", lambda vgpus, sizes: 4096)
+    s = make_slice("eeeeeeeeeeee", n=2)
+    before = _slice_mounts(regions)
+    fds = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(RegionError, match="No space left on device") as e:
+        regions.create(s)
+    assert e.value.path == regions.slice_dir(s.id)
+    assert not regions.slice_dir(s.id).exists() and not regions.exists(s.id)
+    assert _slice_mounts(regions) == before and sched_files(regions, s) == set()
+    assert set(os.listdir("/proc/self/fd")) == fds and regions.pins.held(s.id) == set()
+
+
+def test_a_new_slice_whose_scheduling_file_fails_leaves_nothing(regions):
+    """A directory where its second vGPU's .conf goes (rename cannot replace it): a
+    SchedError naming that .conf, and every file, mount and held fd of the slice gone,
+    the first vGPU's .req and .conf included."""
+    s = make_slice("ffffffffffff", n=2)
+    regions.prepare()
+    regions.sched_root.mkdir(exist_ok=True)
+    blocker = regions.sched_root / f"GPU-1.{slice_key_of(s.id, 1):016x}.conf"
+    blocker.mkdir()
+    before = _slice_mounts(regions)
+    fds = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(SchedError, match="Is a directory") as e:
+        regions.create(s)
+    assert e.value.path == blocker
+    assert not regions.slice_dir(s.id).exists()
+    assert _slice_mounts(regions) == before and sched_files(regions, s) == {blocker.name}
+    assert set(os.listdir("/proc/self/fd")) == fds and regions.pins.held(s.id) == set()
+
+
+_UNBOUNDED = """
+import logging, os, stat, sys
+from pathlib import Path
+from arbiter.files.slice_dirs import Regions
+from arbiter.model import Grant, Slice
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+r = Regions(Path(sys.argv[1]))
+r.root.mkdir(mode=0o711, parents=True)  # not prepare(): its share() would find out first
+a, b = (Slice(id=i * 12, owner=i, grants=(Grant(0, "GPU-0", 1 << 26, 10),)) for i in "ab")
+for s in (a, b):
+    d = r.create(s)
+    req = next(d.glob("*.req"))
+    at = r.sched_root / req.name
+    print(s.id, oct(stat.S_IMODE(d.stat().st_mode)), sorted(p.name for p in d.iterdir()),
+          at.stat().st_ino == req.stat().st_ino, len(r.pins.held(s.id)))
+print(r.bounded, r.remove(a.id), a.id in os.listdir(r.root), sorted(os.listdir(r.sched_root)))
+"""
+
+
+def test_without_cap_sys_admin_slice_files_are_made_unbounded(tmp_path):
+    """vgpud without CAP_SYS_ADMIN (setpriv drops it): the first slice's mount is refused,
+    said once, and every slice gets its files in a plain directory of mode 0700, its .req
+    hard-linked into the scheduling directory; removal takes them all, with no unmount
+    tried (refused too) and nothing said."""
+    import shutil
+    import subprocess
+    import sys
+
+    from support.paths import ROOT
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv(1)")
+    p = subprocess.run(["setpriv", "--bounding-set", "-sys_admin", sys.executable, "-c",
+                        _UNBOUNDED, str(tmp_path / "run")], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert p.returncode == 0, p.stderr
+    files = ["GPU-0.{}.req", "vgpu0", "vgpu0.usage"]
+    ka, kb = (f"{slice_key_of(i * 12, 0):016x}" for i in "ab")
+    assert p.stdout.splitlines() == [
+        f"{'a' * 12} 0o700 {sorted(f.format(ka) for f in files)} True 3",
+        f"{'b' * 12} 0o700 {sorted(f.format(kb) for f in files)} True 3",
+        f"False True False {['GPU-0', f'GPU-0.{kb}.conf', f'GPU-0.{kb}.req']}"]
+    assert p.stderr.count("slice files are not size-bounded") == 1
+    assert "failed" not in p.stderr
+
+
+def test_a_slice_whose_directory_exists_is_refused_and_the_directory_kept(regions):
+    """Made twice (a second vGPU daemon by mistake, a bug): the second create fails on its
+    mkdir and removes nothing of the first."""
+    s = make_slice("gggggggggggg", n=1)
+    regions.create(s)
+    files = sorted(p.name for p in regions.slice_dir(s.id).iterdir())
+    with pytest.raises(RegionError, match="File exists"):
+        regions.create(s)
+    assert sorted(p.name for p in regions.slice_dir(s.id).iterdir()) == files
+    assert len(sched_files(regions, s)) == 2
+    assert regions._sched_files[s.id]  # its files still known by name: removed with no listing
+    assert regions.remove(s.id) and sched_files(regions, s) == set()
