@@ -195,7 +195,12 @@ class Guardian:
             util = self.measure() if slices else {}
             memory = self.memory() if slices else {}
             owners = SlicePids(self.arbiter.regions.pids, self.proc, users=self.arbiter.users_of)
-            host = {sid: owners.host(s) for sid, s in slices.items()}
+            # Attribution scans /proc: only for slices on a GPU where NVML saw a process
+            # (utilisation or memory). Elsewhere there is nothing to attribute, and an idle
+            # node's guard costs the allocations beside it nothing.
+            busy = {i for i, procs in (*util.items(), *memory.items()) if procs}
+            host = {sid: owners.host(s) if any(g.gpu_index in busy for g in s.grants) else set()
+                    for sid, s in slices.items()}
             uses = [compute_guard.SliceUse(s.id, g.gpu_index, g.compute, s.policy == Policy.BURST,
                                    {p: u for p, u in util.get(g.gpu_index, {}).items()
                                     if p in host[s.id]})

@@ -168,6 +168,42 @@ def test_memory_of_processes_outside_the_slice_is_not_counted(arbiter, sleeper):
     assert stranger.poll() is None and owner.poll() is None
 
 
+def test_a_tick_reads_proc_only_when_a_gpu_shows_a_process(arbiter, tmp_path):
+    """Attributing pids to slices scans /proc (every process's stat): a tick whose NVML
+    readings show no process on any GPU of the slices has nothing to attribute and reads
+    none of it, so an idle node's guard costs the allocations beside it nothing; once a
+    process shows, it does. Read from the fixture /proc's access times."""
+    proc = tmp_path / "proc"
+    (proc / "100").mkdir(parents=True)
+    stat = proc / "100" / "stat"
+    stat.write_text("100 (owner) S 1 1 1 0 -1\n")
+
+    def unread() -> None:
+        os.utime(stat, (0, stat.stat().st_mtime))
+
+    def was_read() -> bool:
+        return stat.stat().st_atime > 0
+
+    unread()
+    stat.read_bytes()
+    if not was_read():
+        pytest.skip(f"{tmp_path} keeps no access times")
+    owned(arbiter, "o", 100, 64 * MiB)
+    memory: dict[int, dict[int, int]] = {}
+    g = Guardian(arbiter, lambda: {}, memory=lambda: memory, memory_action="flag", proc=proc)
+    unread()
+    g.tick()
+    assert not was_read()
+    memory[1] = {100: MiB}  # a process, but on a GPU the slice has no vGPU on
+    unread()
+    g.tick()
+    assert not was_read()
+    memory[0] = {100: MiB}
+    unread()
+    g.tick()
+    assert was_read()
+
+
 def test_memory_throttle_holds_the_cgroup_until_within_the_limit(arbiter, tmp_path):
     """On a fixture cgroup tree and /proc: freeze at the least run fraction, lift when it fits."""
     proc, cg = tmp_path / "proc", tmp_path / "cg"
