@@ -794,8 +794,13 @@ void vg_pol_step(struct vg_pol *p, uint64_t now, struct vg_pol_decision *d)
             others_wait = 1;
         if (b->late_seq && r->drain_seq == b->late_seq) {
             /* A tail longer than VGPU_TAIL_MAX_NS (one long launch) drained at last: its
-             * slice pays the rest of it (a false date costs only itself). */
-            uint64_t end = believed(r->drain_ns, b->late_from, now);
+             * slice pays the rest of it (a false date costs only itself). A report seen
+             * after the wait but dated within it (a tail of about the wait's length, one
+             * 50 ms launch, reported as the broker gave up on it) owes nothing more, and
+             * still says when the hold queued behind it could start: dropped, that hold
+             * paid the wait a second time. A date earlier than the truth moves nothing onto
+             * that hold, which is charged from no earlier than its grant. */
+            uint64_t end = believed(r->drain_ns, b->late_began, now);
             if (end) {
                 /* What it earned while its launch ran on was its own, though the cap took
                  * it: a tail that is never reported gets nothing back. */

@@ -475,12 +475,33 @@ def test_a_hold_queued_behind_a_late_tail_is_charged_from_its_drain() -> None:
         "510.000 charge b 445.000", "600.000 end a released", "600.000 charge a 100.000"]
 
 
-@pytest.mark.parametrize("drain", [56, 300, 500, 9000], ids=lambda v: f"drain-at-{v}")
+def test_a_late_report_dated_within_the_wait_still_dates_the_hold_behind_it() -> None:
+    """late tail ahead: b's tail is one launch about as long as the broker's wait (a 50 ms
+    kernel): it drains at 54.9, just before the wait ends at 55, and the report comes at
+    56, after the broker settled it unreported. b keeps paying the wait; a, granted at 5 and
+    queued behind that tail, ran from 54.9 and is charged from there (without this the
+    report was dropped and a paid 150 for 100.1 of work: b's wait twice; on simgpu a 50 ms
+    burst beside a fixed 30 % was charged 1.10-1.22 times what it ran)."""
+    trace = """
+        0 a settings share=50 policy=burst
+        0 b settings share=50 policy=burst
+        0 b want
+        5 a want
+        56 b drain at=54.9
+        155 a release
+        200 - end
+    """
+    assert play(trace) == ["0.000 grant b", "5.000 end b owes", "5.000 grant a",
+                           "55.000 charge b 55.000", "155.000 end a released",
+                           "155.000 charge a 100.100"]
+
+
+@pytest.mark.parametrize("drain", [30, 56, 300, 500, 9000], ids=lambda v: f"drain-at-{v}")
 def test_a_late_tails_drain_date_moves_no_more_onto_the_next_holder_than_silence(
         drain: int) -> None:
     """hostile, late tail ahead: b's one long launch ran from 0 to 500, a's work from 500 to
-    600. Whatever b's drain report says (56, just past the broker's wait; 300; the truth;
-    the future, not believed), a pays at most what it pays when b never reports (595, from
+    600. Whatever b's drain report says (30, within the broker's wait; 56, just past it;
+    300; the truth; the future, not believed), a pays at most what it pays when b never reports (595, from
     its grant), b at least the 50 ms wait, and the 600 ms the GPU ran are all paid: a false
     date only takes back from a what the truth would have given it."""
     used = accounts(LATE_TAIL_AHEAD.format(claims="", drain=drain))
