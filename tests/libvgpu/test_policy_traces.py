@@ -501,9 +501,9 @@ def test_a_late_tails_drain_date_moves_no_more_onto_the_next_holder_than_silence
         drain: int) -> None:
     """hostile, late tail ahead: b's one long launch ran from 0 to 500, a's work from 500 to
     600. Whatever b's drain report says (30, within the broker's wait; 56, just past it;
-    300; the truth; the future, not believed), a pays at most what it pays when b never reports (595, from
-    its grant), b at least the 50 ms wait, and the 600 ms the GPU ran are all paid: a false
-    date only takes back from a what the truth would have given it."""
+    300; the truth; the future, not believed), a pays at most what it pays when b never
+    reports (595, from its grant), b at least the 50 ms wait, and the 600 ms the GPU ran
+    are all paid: a false date only takes back from a what the truth would have given it."""
     used = accounts(LATE_TAIL_AHEAD.format(claims="", drain=drain))
     a, b = used["a"]["used"], used["b"]["used"]
     assert a <= 595 and b >= 55 and a + b >= 600, (a, b)
