@@ -73,7 +73,6 @@ class Op(NamedTuple):
 class Kept:
     """A file a WRITE op made and left open (read-write): its fd and inode."""
 
-    path: str
     fd: int
     ino: int
 
@@ -198,7 +197,7 @@ def run(ops: Sequence[Op]) -> list[Kept | None]:
         c.mode = op.mode
         c.flags = _KEEP if op.keep else 0
     done = lib.vg_fileops_run(arr, n)
-    kept = [Kept(op.path, c.fd, c.ino) if op.keep and i < done else None
+    kept = [Kept(c.fd, c.ino) if op.keep and i < done else None
             for i, (c, op) in enumerate(zip(arr, ops, strict=True))]
     if done == n:
         return kept

@@ -63,7 +63,6 @@ __all__ = [
     "new_slice_file_ops",
     "open_sched",
     "prepare_sched_dir",
-    "remove_files_of",
     "remove_slice_files",
     "req_bytes",
     "req_path",
@@ -726,14 +725,6 @@ def remove_slice_files(root: str | Path, keys: Iterable[int]) -> None:
         if len(parts) == 3 and parts[1] in wanted and parts[2] in ("req", "conf"):
             doomed.append(name)
     _remove_names(root, doomed)
-
-
-def remove_files_of(root: str | Path, files: Iterable[tuple[str, int]],
-                    suffixes: tuple[str, ...] = ("conf", "req")) -> None:
-    """Delete the .conf and .req (or those of `suffixes`) of each (GPU uuid, slice key): the
-    names known, no listing."""
-    _remove_names(root, [slice_file_name(uuid, key, suffix) for uuid, key in files
-                         if usable_name(uuid) for suffix in suffixes])
 
 
 def _remove_names(root: str | Path, names: list[str]) -> None:

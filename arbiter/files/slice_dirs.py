@@ -227,10 +227,7 @@ class Regions:
         ValueError for limits a region cannot hold; RegionError (its directory or files)
         or SchedError (its scheduling files) for what failed, with nothing left behind."""
         final = self.slice_dir(s.id)
-        for g in s.grants:
-            if not os.path.isfile(f"{self._sched_root_str}/{g.gpu_uuid}"):
-                # Deleted under us (or never made): made again; kept files keep their inodes.
-                self._prepare_sched([g.gpu_uuid])
+        self._ensure_sched(s)
         made = self._creation(s, final, own_fs=self.bounded)
         before = self._sched_files.get(s.id)  # a live slice's, when this one is a second create
         self._sched_files[s.id] = made.sched_files
@@ -285,7 +282,8 @@ class Regions:
             held.append(None)
         mount = len(ops) - 1 if own_fs else -1
         usage, usage_magic = usage_bytes()
-        keys = [slice_key_of(s.id, i) for i in range(len(s.grants))]
+        sched_files = _sched_files_of(s)
+        keys = [key for _, key in sched_files]
         for i, g in enumerate(s.grants):
             region = f"{d}/{region_name(i)}"  # str paths: pathlib costs more than the rest
             data, magic = region_bytes(
@@ -307,8 +305,7 @@ class Regions:
             # The .req is held at its name in the scheduling directory (_tenant_files).
             held += [req_path(self.sched_root, g.gpu_uuid, keys[i]) if op.keep else None
                      for op in more]
-        return _Creation(s.id, d, tuple(ops), tuple(held), mount, sched,
-                         tuple((g.gpu_uuid, keys[i]) for i, g in enumerate(s.grants)))
+        return _Creation(s.id, d, tuple(ops), tuple(held), mount, sched, sched_files)
 
     def _unbounded(self, path: Path, e: OSError) -> None:
         self.bounded = False
@@ -368,16 +365,20 @@ class Regions:
     def _write_sched(self, s: Slice) -> None:
         """The slice's .req/.conf on each of its GPUs, whose scheduling file must be there:
         a container is refused rather than started on a GPU nobody schedules."""
-        self._sched_files[s.id] = tuple((g.gpu_uuid, slice_key_of(s.id, i))
-                                        for i, g in enumerate(s.grants))
+        self._sched_files[s.id] = _sched_files_of(s)
+        self._ensure_sched(s)
         for i, g in enumerate(s.grants):
-            if not (self.sched_root / g.gpu_uuid).is_file():
-                # Deleted under us (or never made): made again; kept files keep their inodes.
-                self._prepare_sched([g.gpu_uuid])
             write_slice_files(self.sched_root, g.gpu_uuid, slice_key_of(s.id, i),
                               share=g.compute or 100, priority=int(s.priority),
                               policy=int(s.policy), floor=self.priority_floor,
                               home=self.slice_dir(s.id))
+
+    def _ensure_sched(self, s: Slice) -> None:
+        """The scheduling file of each of s's GPUs, made again where it was deleted under
+        us (or never made); the files that are there keep their inodes."""
+        for g in s.grants:
+            if not os.path.isfile(f"{self._sched_root_str}/{g.gpu_uuid}"):
+                self._prepare_sched([g.gpu_uuid])
 
     def _prepare_sched(self, uuids: list[str]) -> None:
         """The GPUs' scheduling files, made again where deleted (one warning event each).
@@ -688,6 +689,11 @@ class Regions:
             ok = False
             self._create_file(path, s, i)
         return ok
+
+
+def _sched_files_of(s: Slice) -> tuple[tuple[str, int], ...]:
+    """(GPU uuid, slice key) of each vGPU of s: the names of its .req and .conf."""
+    return tuple((g.gpu_uuid, slice_key_of(s.id, i)) for i, g in enumerate(s.grants))
 
 
 def _check_id(slice_id: str) -> None:
