@@ -79,6 +79,11 @@ $(B)/tests/policy_trace: libvgpu/tests/policy_trace.c libvgpu/src/policy.c $(HEA
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -Ilibvgpu/include -o $@ $< libvgpu/src/policy.c $(LDLIBS)
 
+# A broker's record (VGPU_BROKER_RECORD) played through the same pure policy again.
+$(B)/tests/policy_replay: libvgpu/tests/policy_replay.c libvgpu/src/policy.c $(HEADERS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Ilibvgpu/include -o $@ $< libvgpu/src/policy.c $(LDLIBS)
+
 # C test programs link the simulated driver directly (the "direct symbol" path);
 # at run time LD_LIBRARY_PATH picks simgpu or a real driver.
 $(B)/tests/%: libvgpu/tests/%.c $(HEADERS) $(B)/simgpu/libcuda.so.1 $(B)/simgpu/libnvidia-ml.so.1
@@ -184,8 +189,8 @@ $(B)/bin/shim/runc: $(B)/bin/vgpu-runtime
 
 # The token broker vgpud runs (libvgpu/src/broker.c and policy.c are also inside libvgpu.so, for
 # standalone slices).
-BROKER_SRC := libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c libvgpu/src/policy.c
-$(B)/bin/vgpu-broker: $(BROKER_SRC) libvgpu/src/broker.h libvgpu/src/policy.h libvgpu/include/vgpu_sched.h \
+BROKER_SRC := libvgpu/broker/vgpu_broker.c libvgpu/src/broker.c libvgpu/src/broker_record.c libvgpu/src/policy.c
+$(B)/bin/vgpu-broker: $(BROKER_SRC) libvgpu/src/broker.h libvgpu/src/broker_record.h libvgpu/src/policy.h libvgpu/include/vgpu_sched.h \
                       libvgpu/include/vgpu_timing.h Makefile
 	@mkdir -p $(@D)
 	$(CC) $(NATIVE_CFLAGS) $(NATIVE_LDFLAGS) -pthread -o $@ $(BROKER_SRC)

@@ -31,6 +31,7 @@
 
 #include "../include/vgpu_region.h"
 #include "../include/vgpu_timing.h"
+#include "broker_record.h"
 #include "policy.h"
 
 #define RESCAN_NS (20 * VGPU_MS)     /* new, changed and gone slices are seen within this */
@@ -80,6 +81,7 @@ struct vg_bgpu {
     uint32_t empty_rings;          /* rings in a row that changed nothing (EMPTY_RINGS_MAX) */
     uint64_t empty_ns, quiet_until; /* the last of them; not listening until then */
     int rung;                      /* woken by a ring: a new slice may be asking */
+    struct vg_record *rec;         /* VGPU_BROKER_RECORD: the policy's inputs, written down */
 };
 
 uint64_t vg_broker_now(void)
@@ -305,6 +307,7 @@ static void read_req(struct vg_bgpu *g, int i)
 static void take_on(struct vg_bgpu *g, int i, uint64_t key, uint64_t now)
 {
     vg_pol_take_on(&g->pol, i, now);
+    vg_record_take_on(g->rec, now, i);
     g->sl[i].key = key;
     read_req(g, i); /* standalone: the slice's own settings */
     struct vgpu_sched_entry *e = &g->s->entries[i];
@@ -322,6 +325,7 @@ static void drop(struct vg_bgpu *g, int i, uint64_t now)
     struct bslice *b = &g->sl[i];
     struct vg_pol_decision d;
     vg_pol_drop(&g->pol, i, now, &d);
+    vg_record_drop(g->rec, now, i);
     apply(g, &d, now);
     if (b->fd >= 0)
         close(b->fd);
@@ -489,7 +493,9 @@ static uint64_t step(struct vg_bgpu *g)
     g->rung = 0;
     read_all(g);
     struct vg_pol_decision d;
+    vg_record_step(g->rec, &g->pol, now);
     vg_pol_step(&g->pol, now, &d);
+    vg_record_stepped(g->rec, &g->pol);
     apply(g, &d, now);
     publish(g, &d.sum, now);
     return d.sleep_ns;
@@ -605,6 +611,7 @@ struct vg_bgpu *vg_bgpu_open(const char *path, int confs, const char **why)
     snprintf(g->dir, sizeof(g->dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
     snprintf(g->uuid, sizeof(g->uuid), "%s", slash ? slash + 1 : path);
     g->confs = confs;
+    g->rec = vg_record_open(g->uuid, g->pol.epoch);
     rescan(g, vg_broker_now());
     return g;
 }
