@@ -55,6 +55,11 @@ int vg_ledger_at_record(uint64_t ran, uint64_t ret)
     return ran <= ret + VG_LEDGER_AT_RECORD_NS;
 }
 
+int vg_ledger_start_late(const struct vg_ledger *l, int64_t gpu, uint64_t ret, int waited)
+{
+    return waited || !vg_ledger_at_record(vg_ledger_cpu(l, gpu), ret);
+}
+
 int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t ret, uint64_t launches)
 {
     int first = !l->mapped;

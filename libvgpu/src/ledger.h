@@ -74,6 +74,16 @@ int64_t vg_ledger_event(struct vg_ledger *l, int64_t gpu, uint64_t rec, uint64_t
  * at `ret`, completed as it was recorded (rule "at record"). */
 int vg_ledger_at_record(uint64_t ran, uint64_t ret);
 
+/* Whether a hold's start event, completed at GPU time gpu and recorded by a call that
+ * returned at ret, says its work first ran later than that (a start claim), not at once
+ * (a launch claim: the queue was empty and nothing held the GPU back). `waited`: it was
+ * not done when first asked right after the record, so it waited for the engine (other
+ * contexts' time slices, or older work) whatever the clock map says: while other contexts
+ * keep the GPU busy, no event completes at its record and the map stays up to a time
+ * slice early, so by the map alone a start behind another context's turn looks at once
+ * (rule "Start claim"). */
+int vg_ledger_start_late(const struct vg_ledger *l, int64_t gpu, uint64_t ret, int waited);
+
 /* The queue was empty and a launch came at CPU time at: the next event's launches
  * ran from then, not back to back with the last ones. */
 void vg_ledger_gap(struct vg_ledger *l, uint64_t at);

@@ -687,6 +687,23 @@ static enum vg_pol_end should_revoke(const struct vg_pol *p, uint64_t now)
     return quantum && b->waiting ? VG_POL_TURN : VG_POL_HELD;
 }
 
+/* A hold granted with no hold unsettled before it comes next in GPU order after the last
+ * one settled. If that was a tail settled unreported when no hold followed it yet (two
+ * slices each blocked behind their own long launch: nobody asked), this one is what it
+ * runs alongside: without it, the tail's slice paid the overlap in full when it drained,
+ * and so did this hold (each launch of 1 s beside another slice's, time-sliced, was
+ * charged 1.4 s). */
+static void follow_late(struct vg_pol *p, int i)
+{
+    for (unsigned j = 0; j < VG_POL_SLICES; j++) {
+        struct vg_pol_slice *b = &p->sl[j];
+        if (b->in_use && b->late_seq && !b->late_next_seq) {
+            b->late_next_seq = p->seq;
+            b->late_next = i;
+        }
+    }
+}
+
 static void grant(struct vg_pol *p, int i, uint64_t now, struct vg_pol_decision *d)
 {
     struct vg_pol_slice *b = &p->sl[i];
@@ -714,6 +731,8 @@ static void grant(struct vg_pol *p, int i, uint64_t now, struct vg_pol_decision 
     p->seg[k] = (struct vg_pol_seg){.slice = i, .seq = p->seq, .on_floor = p->on_floor, .granted = now,
                                     .start = k ? 0 : now};
     b->holds++;
+    if (!k)
+        follow_late(p, i);
     d->granted = 1;
     d->word = (p->seq << 8) | (uint32_t)(i + 1);
 }

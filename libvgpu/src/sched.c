@@ -73,6 +73,7 @@ struct ev {
     uint64_t recorded; /* when (CLOCK_MONOTONIC, read just before the record) ... */
     uint64_t returned; /* ... and the record call returned (a lock or a preemption between
                         * the two is not the event's lateness) */
+    int waited;        /* a hold's first start, not done when asked right after its record */
 };
 
 struct sdev {
@@ -556,15 +557,15 @@ static void free_event(struct sdev *d, const struct ev *e)
  * here, more on a slower host or a preempted thread) was deducted from every such hold
  * of a fixed 10 % beside a fixed 90 %; on an idle GPU it is the few us until the driver
  * has the kernel. */
-static void claim_start(struct sdev *d, uint64_t ran, uint64_t ret)
+static void claim_start(struct sdev *d, const struct ev *e, int64_t gpu)
 {
-    uint64_t gap = d->first_gap - 1;
+    uint64_t gap = d->first_gap - 1, ran = vg_ledger_cpu(&d->led, gpu);
     d->first_start = 0;
     if (!d->holding)
         return;
     d->idle_total -= gap < d->idle_total ? gap : d->idle_total;
     atomic_store(&d->q->idle_ns, d->idle_total);
-    if (!vg_ledger_at_record(ran, ret)) {
+    if (vg_ledger_start_late(&d->led, gpu, e->returned, e->waited)) {
         atomic_store(&d->q->start_ns, ran);
         atomic_store(&d->q->start_seq, d->seq);
     } else {
@@ -591,7 +592,7 @@ static void reap(struct sdev *d)
         int ref = gpu_time(d, e, &gpu);
         vg_ledger_event(&d->led, gpu, e->recorded, e->returned, e->launches);
         if (e->serial == d->first_start)
-            claim_start(d, vg_ledger_cpu(&d->led, gpu), e->returned);
+            claim_start(d, e, gpu);
         if (ref == 1) {
             if (d->have_ref)
                 free_event(d, &d->ref);
@@ -627,9 +628,13 @@ static void unrelax(int relaxed, CUstreamCaptureMode old)
         p_capture_mode(&old);
 }
 
+enum { CLOSE = 0, START = 1, START_FIRST = 2 }; /* what record() records: a hold's first start
+                                                * also asks whether it waits */
+
 static int record_event(struct sdev *d, CUstream stream, int start);
 
-/* Record an event in stream after the launches so far (a start when launches is 0). */
+/* Record an event in stream: a close after the launches so far, or a start before a
+ * launch on an empty queue. */
 static int record(struct sdev *d, CUstream stream, int start)
 {
     CUstreamCaptureMode old;
@@ -653,6 +658,9 @@ static int record_event(struct sdev *d, CUstream stream, int start)
         return -1;
     }
     ev.returned = vg_broker_now();
+    /* A hold's first start: does it wait for the engine? (vg_ledger_start_late; one query
+     * per hold, in the record's relaxed capture mode) */
+    ev.waited = start == START_FIRST && p_event_query(ev.ev) == CUDA_ERROR_NOT_READY;
     d->pend[d->npend] = ev;
     if (!start) {
         __atomic_store_n(&d->ev_mark, n, __ATOMIC_SEQ_CST);
@@ -668,7 +676,7 @@ static int record_event(struct sdev *d, CUstream stream, int start)
  * they are done now, their time unknown. */
 static void close_uncovered(struct sdev *d)
 {
-    if (record(d, d->ev_stream, 0) == 0)
+    if (record(d, d->ev_stream, CLOSE) == 0)
         return;
     uint64_t n = __atomic_load_n(&d->launches, __ATOMIC_SEQ_CST), mark = d->ev_mark;
     if (n <= mark)
@@ -1161,7 +1169,8 @@ struct vg_ticket vg_sched_admit(CUstream stream)
         /* The work starts again now: a start event dates it on the GPU's clock (and keeps
          * the clock map exact: it completes as it is recorded). */
         vg_ledger_gap(&d->led, now);
-        if (record(d, stream, 1) == 0 && first && d->first_gap && !d->first_start)
+        int claim = first && d->first_gap && !d->first_start;
+        if (record(d, stream, claim ? START_FIRST : START) == 0 && claim)
             d->first_start = t.start_serial = d->ev_serial;
         d->last_launch = now;
         d->sync_gap = 0;
@@ -1240,7 +1249,7 @@ void vg_sched_done(struct vg_ticket t, CUresult rc)
             atomic_store(&d->q->idle_ns, d->idle_total);
         }
     }
-    record(d, t.stream, 0);
+    record(d, t.stream, CLOSE);
     __atomic_sub_fetch(&d->launching, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_unlock(&g_lock);
 }

@@ -11,9 +11,13 @@
  *                   (0: a start)
  *   gap AT          the queue was empty and a launch came at CPU time AT
  *   cpu GPU         the CPU time of GPU time GPU
+ *   start GPU RET WAITED
+ *                   a hold's first start event completed at GPU time GPU, its record
+ *                   returned at RET; WAITED 1: it was not done when asked right after
  *
  * Output: "end=E busy=B per=P endcpu=C" after ev and gap (end: GPU time the closed
- * launches ended; endcpu: its CPU time, -1 when none), "cpu=C" after cpu.
+ * launches ended; endcpu: its CPU time, -1 when none), "cpu=C" after cpu, "late=L" after
+ * start (1: a start claim, its work ran later than the record; 0: a launch claim).
  * Used by tests/libvgpu/test_ledger_traces.py.
  */
 #include <stdio.h>
@@ -37,6 +41,9 @@ int main(void)
                             (uint64_t)c);
         } else if (!strcmp(op, "gap") && n == 2) {
             vg_ledger_gap(&l, (uint64_t)(a * 1000));
+        } else if (!strcmp(op, "start") && n == 4) {
+            printf("late=%d\n", vg_ledger_start_late(&l, (int64_t)(a * 1000), (uint64_t)(b * 1000), c != 0));
+            continue;
         } else if (!strcmp(op, "cpu") && n == 2) {
             printf("cpu=%.3f\n", vg_ledger_cpu(&l, (int64_t)(a * 1000)) / 1000.0);
             continue;

@@ -154,3 +154,21 @@ def test_events_of_two_streams_never_move_the_end_back() -> None:
     out = run("gap 0\nev 0 0 0\nev 900 1 3\nev 600 2 1\n")
     assert out[-1]["end"] == 900
     assert out[-1]["busy"] == 900
+
+
+def test_a_start_that_waited_for_the_engine_is_late_whatever_the_map_says() -> None:
+    """start claim: while another context keeps a time-sliced GPU busy, an event recorded
+    on an idle stream completes only at its context's next turn, so no event completes at
+    its record and the map stays early by up to a time slice. Here the first start waited
+    700 us (the map takes it as exact) and the next one 400 us: by the map it completed
+    300 us before its record returned. It was not done when asked right after the record,
+    so it is a start claim (a launch claim shares no revoked tail: the slice beside a 1 s
+    kernel paid none of that overlap, its neighbour all of it); one done at that question
+    and on time by the map is a launch claim."""
+    out = run("gap 1000\nev 1700 1000 0\n"         # the first start: the map, 700 us early
+              "ev 1001700 1200 1\n"                # its 1 s launch, closed at 1200
+              "gap 2001000\n"
+              "start 2001400 2001000 1\n"          # waited 400 us for its turn
+              "start 2001400 2001000 0\n"          # (not seen waiting: by the map, at once)
+              "start 2002500 2001000 0\n")         # 800 us late even by the early map
+    assert [o["late"] for o in out if "late" in o] == [1, 0, 1]

@@ -586,6 +586,31 @@ def test_a_late_tail_and_the_late_tail_alongside_it_pay_half_each() -> None:
     assert (used["a"]["used"], used["b"]["used"]) == (149.75, 200.25)
 
 
+def test_a_late_tail_that_no_hold_followed_yet_is_shared_with_the_next_grant() -> None:
+    """shared tail, no hold after it yet: a's hold of one 1 s launch ends on its credit at
+    2.9 while nobody waits (both slices blocked behind their own long launches), so its
+    tail is settled unreported at 52.9 with no hold after it. b is granted at 100 and its
+    start claim says its work ran alongside that tail: the two pay half of [100.5, 1100)
+    each and add up to the 1200 ms of wall time. Without this, each paid the overlap in
+    full (2199.5 for 1200: time-sliced, a fixed 30 % of 1 s launches beside a burst got
+    27.6 %, and the burst's launches were charged 1.4 s each)."""
+    trace = """
+        0 a settings share=30
+        0 b settings share=70 policy=burst
+        0 a want
+        100 b want
+        101 b claim start_seq=1 start_ns=100.5
+        1100 a drain at=1100
+        1200 b release
+        1300 - end
+    """
+    assert play(trace) == ["0.000 grant a", "2.874 end a credit", "52.874 charge a 52.874",
+                           "100.000 grant b", "1100.000 charge a 547.376",
+                           "1200.000 end b released", "1200.000 charge b 599.750"]
+    used = accounts(trace)
+    assert (used["a"]["used"], used["b"]["used"]) == (600.25, 599.75)
+
+
 def test_a_start_claim_is_deducted_within_the_idle_cap() -> None:
     """start claim, cap: a start claimed at the hold's very end while another slice waited
     deducts no more than idle could: a quarter of the contended span."""
