@@ -184,7 +184,10 @@ class VgpuSchedReq(ctypes.Structure):
         ("launch_ns", ctypes.c_uint64),
         ("launch_seq", ctypes.c_uint32),
         ("pad4", ctypes.c_uint32),
-        ("reserved", ctypes.c_uint64 * 13),
+        ("turn_ns", ctypes.c_uint64),
+        ("turn_seq", ctypes.c_uint32),
+        ("pad5", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint64 * 11),
     ]
 
 

@@ -154,7 +154,16 @@ struct vgpu_sched_req {
                                       * claims that first gap in idle_ns as before) */
     _Atomic uint32_t launch_seq;     /* the grant seq launch_ns belongs to */
     uint32_t pad4;
-    uint64_t reserved[13];
+    _Atomic uint64_t turn_ns;        /* when the hold turn_seq's work, first run at start_ns, was
+                                      * first held back while other work ran (its first time
+                                      * slice ended: on a GPU that time-slices contexts, beside a
+                                      * revoked tail its first turn runs whole before the tail's
+                                      * rest); a claim that only costs its maker (was reserved: a
+                                      * slice that never writes it shares such an overlap half
+                                      * and half) */
+    _Atomic uint32_t turn_seq;       /* the grant seq turn_ns belongs to */
+    uint32_t pad5;
+    uint64_t reserved[11];
 };
 
 /* What a reader checks before it trusts each file, field and value, and what its

@@ -280,6 +280,8 @@ static void claims_of(const struct vgpu_sched_req *r, struct vg_pol_claims *c)
     c->start_ns = r->start_ns;
     c->launch_seq = r->launch_seq;
     c->launch_ns = r->launch_ns;
+    c->turn_seq = r->turn_seq;
+    c->turn_ns = r->turn_ns;
 }
 
 /* This step's copy of a slice's requests: whole and its own, or zeros. */

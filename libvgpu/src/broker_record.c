@@ -68,11 +68,12 @@ void vg_record_drop(struct vg_record *r, uint64_t now, int i)
 
 static void write_req(FILE *f, int i, const struct vg_pol_claims *c)
 {
-    fprintf(f, "req %d %u %llu %u %u %llu %u %llu %u %llu %llu %llu %u %llu %u %llu\n", i, c->want,
+    fprintf(f, "req %d %u %llu %u %u %llu %u %llu %u %llu %llu %llu %u %llu %u %llu %u %llu\n", i, c->want,
             (unsigned long long)c->want_ns, c->owner_seq, c->release_seq, (unsigned long long)c->release_ns,
             c->drain_seq, (unsigned long long)c->drain_ns, c->yield_seq, (unsigned long long)c->idle_ns,
             (unsigned long long)c->active_ns, (unsigned long long)c->idle_since, c->start_seq,
-            (unsigned long long)c->start_ns, c->launch_seq, (unsigned long long)c->launch_ns);
+            (unsigned long long)c->start_ns, c->launch_seq, (unsigned long long)c->launch_ns, c->turn_seq,
+            (unsigned long long)c->turn_ns);
 }
 
 void vg_record_step(struct vg_record *r, const struct vg_pol *p, uint64_t now)

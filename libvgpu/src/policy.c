@@ -300,6 +300,13 @@ static uint64_t launch_claimed(const struct vg_pol *p, uint64_t now)
     return hold_claim(p, r->launch_seq, r->launch_ns, now);
 }
 
+/* When the current hold's first turn on the GPU ended, as its slice claims (0: unknown). */
+static uint64_t turn_claimed(const struct vg_pol *p, uint64_t now)
+{
+    const struct vg_pol_claims *r = &p->sl[p->holder].req;
+    return hold_claim(p, r->turn_seq, r->turn_ns, now);
+}
+
 /* What a hold may deduct from its span [start, fin): its idle claims and the time before
  * its work could first run: from its start claim (the previous tail is not in the span;
  * the GPU's switch to its context is, and is not its GPU time) or its launch claim (the
@@ -416,6 +423,21 @@ static uint64_t shared_tail(const struct vg_pol *p, uint64_t fin, uint64_t now)
     return half_overlap(seg_first(p, 1, now), p->seg[1].granted, fin);
 }
 
+/* Of the overlap [first, fin) with the tail before it, what a hold pays beyond the half it
+ * was charged: as much more as its own claim says its first turn ran (to turn). A GPU that
+ * time-slices contexts lets the tail's owner finish its current turn, then runs the next
+ * holder's first turn whole (its work is queued ready), then the tail's rest: with tails
+ * shorter than a turn, most of the overlap was the next holder's (a fixed 30 % beside a
+ * greedy burst, 100 us kernels, 1 ms turns, paid 1.07 times what it ran, half of every
+ * tail it followed). The claim costs only its maker: at most the rest of the overlap. */
+static uint64_t turn_extra(const struct vg_pol_seg *c)
+{
+    if (!c->ovl_half || c->turn <= c->ovl_first)
+        return 0;
+    uint64_t ran = (c->turn < c->ovl_fin ? c->turn : c->ovl_fin) - c->ovl_first;
+    return ran > c->ovl_half ? ran - c->ovl_half : 0;
+}
+
 /* Settle segment 0, whose work ended at fin, and date the next one's start. */
 static void settle(struct vg_pol *p, uint64_t fin, uint64_t now)
 {
@@ -427,9 +449,21 @@ static void settle(struct vg_pol *p, uint64_t fin, uint64_t now)
         shared = fin - s0->start;
     uint64_t span = fin - s0->start - shared;
     uint64_t idle = deductible(s0->idle, s0->idle_cap, s0->first, s0->launch, s0->start, fin);
+    uint64_t extra = turn_extra(s0);
     if (s0->slice >= 0)
-        charge_net(p, s0->slice, span - (idle > span ? span : idle) + s0->penalty, s0->refund, s0->on_floor);
+        charge_net(p, s0->slice, span - (idle > span ? span : idle) + s0->penalty + extra, s0->refund,
+                   s0->on_floor);
+    if (extra && s0->ovl_slice >= 0 && p->sl[s0->ovl_slice].in_use)
+        uncharge(p, s0->ovl_slice, extra);
     note_next_of_late(p, s0);
+    if (shared) { /* the next hold ran alongside from here; its first turn may say more (turn_extra) */
+        struct vg_pol_seg *n = &p->seg[1];
+        uint64_t first = seg_first(p, 1, now), from = first > n->granted ? first : n->granted;
+        n->ovl_first = from > s0->start ? from : s0->start;
+        n->ovl_fin = fin;
+        n->ovl_half = shared;
+        n->ovl_slice = s0->slice;
+    }
     memmove(&p->seg[0], &p->seg[1], (size_t)(p->nseg - 1) * sizeof(p->seg[0]));
     p->nseg--;
     if (p->nseg) {
@@ -614,6 +648,7 @@ static void end_hold(struct vg_pol *p, uint64_t end, uint64_t now, enum vg_pol_e
     c->idle_cap = idle_cap(p, end);
     c->first = first_claimed(p, end);
     c->launch = launch_claimed(p, end);
+    c->turn = turn_claimed(p, end);
     d->ended = why;
     d->ended_slice = p->holder;
     d->revoked = revoked;
@@ -626,9 +661,12 @@ void vg_pol_drop(struct vg_pol *p, int i, uint64_t now, struct vg_pol_decision *
     memset(d, 0, sizeof(*d));
     if (p->holder == i)
         end_hold(p, now, now, VG_POL_GONE, d);
-    for (int k = 0; k < p->nseg; k++)
+    for (int k = 0; k < p->nseg; k++) {
         if (p->seg[k].slice == i)
             p->seg[k].slice = -1; /* gone: its time is nobody's */
+        if (p->seg[k].ovl_half && p->seg[k].ovl_slice == i)
+            p->seg[k].ovl_slice = -1; /* (nor is anything given back to it) */
+    }
     p->sl[i].in_use = 0;
 }
 

@@ -65,6 +65,8 @@ struct vg_pol_claims {
     uint64_t start_ns;    /* ... then (the previous tail and the GPU's context switch before) */
     uint32_t launch_seq;  /* the grant seq whose first launch found the slice's queue empty ... */
     uint64_t launch_ns;   /* ... then: its work ran no earlier (later behind a tail still running) */
+    uint32_t turn_seq;    /* the grant seq whose work, first run at start_ns, was first held back ... */
+    uint64_t turn_ns;     /* ... then: its first turn on a GPU that time-slices contexts ended */
 };
 
 /* One slice: settings and claims in, the broker's accounting of it out. */
@@ -113,6 +115,10 @@ struct vg_pol_seg {
     uint64_t idle_cap; /* ... and the most of it, with its start claim, it may deduct */
     uint64_t first;    /* when its work first ran on the GPU, as claimed (0: not known) */
     uint64_t launch;   /* when its first launch found its queue empty, as claimed (0: not known) */
+    uint64_t turn;     /* when its first turn on the GPU ended, as claimed (0: not known) */
+    uint64_t ovl_first, ovl_fin, ovl_half; /* it ran alongside the tail before it, [first, fin),
+                            * and was charged half of that from the tail's end ... */
+    int ovl_slice;     /* ... the tail's slice */
     uint64_t penalty;  /* charged on top: a tail never reported */
     uint64_t refund;   /* taken off: half of a late tail before it that it ran alongside */
     int taken;         /* a process of the slice took the grant (latched when first seen) */

@@ -120,6 +120,9 @@ struct sdev {
     uint64_t first_gap;          /* the hold's first gap, claimed idle at its first launch ... */
     uint64_t first_start;        /* ... until the start event before it (this serial) says when
                                   * the work first ran: then that goes to the broker instead */
+    int turn_watch;              /* after a start claim: the first time the work is held back
+                                  * (another context's turn) goes to the broker (turn_ns) ... */
+    int64_t turn_prev;           /* ... the GPU time the work before the next event ended */
     uint64_t gave_from;          /* our queue ran empty then and the hold ended (0: none since) */
     uint64_t asked_from;         /* an app thread first wanted to launch, holding nothing, then */
     int long_gaps;               /* our queue's last empty spell outlasted VG_HOLD_GAP_NS (a step loop's
@@ -568,9 +571,32 @@ static void claim_start(struct sdev *d, const struct ev *e, int64_t gpu)
     if (vg_ledger_start_late(&d->led, gpu, e->returned, e->waited)) {
         atomic_store(&d->q->start_ns, ran);
         atomic_store(&d->q->start_seq, d->seq);
+        d->turn_watch = 1;
+        d->turn_prev = gpu;
     } else {
         atomic_store(&d->q->launch_ns, ran);
         atomic_store(&d->q->launch_seq, d->seq);
+    }
+}
+
+/* After a start claim, the first event that shows our work held back while it was queued:
+ * on a GPU that time-slices contexts, our first turn ended there and a revoked tail that
+ * we ran alongside had the rest (turn_ns: the broker gives that tail's owner back what of
+ * the overlap was ours beyond half; a claim that only costs us). Only within the hold:
+ * the broker reads it when the hold ends. */
+static void watch_turn(struct sdev *d, const struct ev *e, int64_t gpu)
+{
+    int64_t held;
+    if (!d->holding) {
+        d->turn_watch = 0;
+    } else if (!e->launches) {
+        d->turn_prev = gpu; /* a start after a gap: the work came again then */
+    } else if (vg_ledger_held_back(&d->led, d->turn_prev, gpu, e->launches, &held)) {
+        atomic_store(&d->q->turn_ns, vg_ledger_cpu(&d->led, held));
+        atomic_store(&d->q->turn_seq, d->seq);
+        d->turn_watch = 0;
+    } else if (gpu > d->turn_prev) {
+        d->turn_prev = gpu;
     }
 }
 
@@ -591,6 +617,8 @@ static void reap(struct sdev *d)
         int64_t gpu = 0;
         int ref = gpu_time(d, e, &gpu);
         vg_ledger_event(&d->led, gpu, e->recorded, e->returned, e->launches);
+        if (d->turn_watch)
+            watch_turn(d, e, gpu);
         if (e->serial == d->first_start)
             claim_start(d, e, gpu);
         if (ref == 1) {
@@ -969,6 +997,7 @@ static void acquire(struct sdev *d, uint32_t *grant_out)
                 atomic_store(&q->idle_since, 0);
                 atomic_store(&q->start_seq, 0);
                 atomic_store(&q->launch_seq, 0);
+                atomic_store(&q->turn_seq, 0);
             }
             if (cur != seq && atomic_compare_exchange_strong(&q->owner_seq, &cur, seq)) {
                 vg_broker_ring(s); /* taken: the broker notes it now (a grant nobody takes is taken back) */
@@ -1127,6 +1156,7 @@ struct vg_ticket vg_sched_admit(CUstream stream)
             d->idle_total = 0;
             d->idle_from = 0;
             d->first_gap = d->first_start = 0;
+            d->turn_watch = 0;
             d->last_launch = vg_broker_now();
             /* From the grant: waking up to it is not GPU time (the broker believes a
              * claim only within the hold it dates itself). */

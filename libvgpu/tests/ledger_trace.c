@@ -11,13 +11,16 @@
  *                   (0: a start)
  *   gap AT          the queue was empty and a launch came at CPU time AT
  *   cpu GPU         the CPU time of GPU time GPU
+ *   held PREV GPU N an event completed at GPU time GPU closing N launches queued behind
+ *                   work that ended at PREV: was that work held back in between?
  *   start GPU RET WAITED
  *                   a hold's first start event completed at GPU time GPU, its record
  *                   returned at RET; WAITED 1: it was not done when asked right after
  *
  * Output: "end=E busy=B per=P endcpu=C" after ev and gap (end: GPU time the closed
  * launches ended; endcpu: its CPU time, -1 when none), "cpu=C" after cpu, "late=L" after
- * start (1: a start claim, its work ran later than the record; 0: a launch claim).
+ * start (1: a start claim, its work ran later than the record; 0: a launch claim),
+ * "held=H at=T" after held (T: where the held-back spell began, GPU time; -1 when H is 0).
  * Used by tests/libvgpu/test_ledger_traces.py.
  */
 #include <stdio.h>
@@ -41,6 +44,11 @@ int main(void)
                             (uint64_t)c);
         } else if (!strcmp(op, "gap") && n == 2) {
             vg_ledger_gap(&l, (uint64_t)(a * 1000));
+        } else if (!strcmp(op, "held") && n == 4) {
+            int64_t at = -1000;
+            int held = vg_ledger_held_back(&l, (int64_t)(a * 1000), (int64_t)(b * 1000), (uint64_t)c, &at);
+            printf("held=%d at=%.3f\n", held, held ? at / 1000.0 : -1.0);
+            continue;
         } else if (!strcmp(op, "start") && n == 4) {
             printf("late=%d\n", vg_ledger_start_late(&l, (int64_t)(a * 1000), (uint64_t)(b * 1000), c != 0));
             continue;

@@ -71,7 +71,7 @@ static void print_claims(uint64_t now, int i, const struct vg_pol_claims *was, c
     SEQ(want) SEQ(owner_seq) SEQ(release_seq) TIME(release_ns) SEQ(drain_seq) TIME(drain_ns) SEQ(yield_seq)
     if (c->idle_ns != was->idle_ns)
         n += snprintf(out + n, sizeof(out) - (size_t)n, " idle_ns=%.3f", (double)c->idle_ns / 1e6);
-    TIME(idle_since) SEQ(start_seq) TIME(start_ns) SEQ(launch_seq) TIME(launch_ns)
+    TIME(idle_since) SEQ(start_seq) TIME(start_ns) SEQ(launch_seq) TIME(launch_ns) SEQ(turn_seq) TIME(turn_ns)
 #undef SEQ
 #undef TIME
     if (n)
@@ -134,13 +134,13 @@ int main(int argc, char **argv)
         } else if (!strcmp(op, "req")) {
             struct vg_pol_claims c;
             unsigned long long t[10];
-            if (sscanf(line, "%*s %d %u %llu %u %u %llu %u %llu %u %llu %llu %llu %u %llu %u %llu", &i, &c.want,
-                       &t[0], &c.owner_seq, &c.release_seq, &t[1], &c.drain_seq, &t[2], &c.yield_seq, &t[3],
-                       &t[4], &t[5], &c.start_seq, &t[6], &c.launch_seq, &t[7]) != 16 ||
+            if (sscanf(line, "%*s %d %u %llu %u %u %llu %u %llu %u %llu %llu %llu %u %llu %u %llu %u %llu", &i,
+                       &c.want, &t[0], &c.owner_seq, &c.release_seq, &t[1], &c.drain_seq, &t[2], &c.yield_seq,
+                       &t[3], &t[4], &t[5], &c.start_seq, &t[6], &c.launch_seq, &t[7], &c.turn_seq, &t[8]) != 18 ||
                 i < 0 || i >= (int)VG_POL_SLICES)
-                die("a req line has an index and 15 claims", line);
+                die("a req line has an index and 17 claims", line);
             c.want_ns = t[0], c.release_ns = t[1], c.drain_ns = t[2], c.idle_ns = t[3], c.active_ns = t[4];
-            c.idle_since = t[5], c.start_ns = t[6], c.launch_ns = t[7];
+            c.idle_since = t[5], c.start_ns = t[6], c.launch_ns = t[7], c.turn_ns = t[8];
             pending[i] = c; /* printed against the claims before, at the step that reads it */
             has_pending[i] = 1;
         } else if (!strcmp(op, "step")) {

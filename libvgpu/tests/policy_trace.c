@@ -31,7 +31,8 @@
  *   silence             its processes stop renewing anything (killed, stopped)
  *   claim F=V ...       write claims by hand: want, want_ns, owner_seq, release_seq,
  *                       release_ns, drain_seq, drain_ns, yield_seq, idle_ns, active_ns,
- *                       idle_since, start_seq, start_ns, launch_seq, launch_ns; times in
+ *                       idle_since, start_seq, start_ns, launch_seq, launch_ns, turn_seq,
+ *                       turn_ns; times in
  *                       trace ms (`never` = 0), seqs as the slice's K-th hold (0 = none),
  *                       idle_ns in ms
  *   leave               the slice is gone (its files removed)
@@ -341,6 +342,10 @@ static void claim(struct tslice *t, char *const *args, int n, const char *line)
             r->start_seq = seq_of(t, v, line);
         else if (!strcmp(f, "start_ns"))
             r->start_ns = when;
+        else if (!strcmp(f, "turn_seq"))
+            r->turn_seq = seq_of(t, v, line);
+        else if (!strcmp(f, "turn_ns"))
+            r->turn_ns = when;
         else if (!strcmp(f, "launch_seq"))
             r->launch_seq = seq_of(t, v, line);
         else if (!strcmp(f, "launch_ns"))

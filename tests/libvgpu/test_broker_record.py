@@ -53,4 +53,4 @@ def test_a_broken_record_line_is_named(tmp_path: Path) -> None:
     got = subprocess.run([str(REPLAY)], input="broker 1\nstep 5\nreq 0 1 2\n", capture_output=True,
                          text=True, timeout=10)
     assert got.returncode == 2
-    assert got.stderr == "policy_replay: a req line has an index and 15 claims: req 0 1 2\n"
+    assert got.stderr == "policy_replay: a req line has an index and 17 claims: req 0 1 2\n"

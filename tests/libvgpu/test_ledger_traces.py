@@ -172,3 +172,17 @@ def test_a_start_that_waited_for_the_engine_is_late_whatever_the_map_says() -> N
               "start 2001400 2001000 0\n"          # (not seen waiting: by the map, at once)
               "start 2002500 2001000 0\n")         # 800 us late even by the early map
     assert [o["late"] for o in out if "late" in o] == [1, 0, 1]
+
+
+def test_work_held_back_for_another_contexts_turn_is_found_by_the_shortest_kernel() -> None:
+    """first turn: after a start claim, the first event whose launches took longer than they
+    run shows where the work was held back (another context's turn on a GPU that
+    time-slices contexts). Kernels of 2 ms, sampled 2.0, 3.05 and 3.05 ms (two of them held
+    back): by the median, 3.05, nothing would look held back; by the shortest, the launch
+    from 10000 to 13050 was, from about its middle; one that took 2.2 ms (within an eighth)
+    was not; nor is anything without a length."""
+    assert run("held 0 2000 1\n")[-1] == {"held": 0, "at": -1}   # no length learnt yet
+    trace = "gap 0\nev 0 0 0\nev 2000 1 1\nev 5050 2 1\nev 8100 3 1\n"
+    out = run(trace + "held 10000 13050 1\nheld 10000 12200 1\n")
+    assert out[-3]["per"] == 3050
+    assert out[-2:] == [{"held": 1, "at": 11000}, {"held": 0, "at": -1}]

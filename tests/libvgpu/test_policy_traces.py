@@ -445,6 +445,29 @@ def test_a_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     assert "6.000 charge b 1.400" in lines
 
 
+@pytest.mark.parametrize(("turn", "b_paid", "back"), [(4.9, 1.7, 0.3), (5.5, 1.8, 0.4),
+                                                      (4.5, 1.4, None)])
+def test_a_first_turn_longer_than_half_the_overlap_is_paid_by_its_hold(
+        turn: float, b_paid: float, back: float | None) -> None:
+    """first turn: a GPU that time-slices contexts lets the tail's owner end its turn, then
+    runs the next holder's first turn whole, then the tail's rest. b's own claim says its
+    first turn ran from its start (4.2) to 4.9, so of the 0.8 ms overlap it had 0.7, not
+    half: it pays 0.3 more and a gets 0.3 back when b's hold settles. A turn claimed past
+    the tail's end counts to that end (the most b can take on is the whole overlap); one
+    shorter than half changes nothing, as no claim does (a claim only costs its maker).
+    Without this, a fixed 30 % beside a greedy burst (100 us kernels, 1 ms turns) was
+    charged 1.07 times what it ran."""
+    lines = behind_a_revoked_tail(f"""
+        4.2 b claim start_seq=1 start_ns=4.2
+        5.2 a drain at=5.0
+        5.3 b claim turn_seq=1 turn_ns={turn}
+    """)
+    assert lines[3] == "5.200 charge a 4.600"
+    assert f"6.000 charge b {b_paid:.3f}" in lines
+    refunds = [line for line in lines if " refund " in line]
+    assert refunds == ([f"6.000 refund a {back:.3f}"] if back else [])
+
+
 def test_a_late_tail_the_next_holder_ran_alongside_is_paid_half_each() -> None:
     """shared tail, past the broker's wait: a tail of one long launch (here 2.874-65 ms,
     time-sliced with b's work from b's start claim at 3.2) is charged the 50 ms wait when
