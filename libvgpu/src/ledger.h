@@ -84,12 +84,17 @@ int vg_ledger_at_record(uint64_t ran, uint64_t ret);
  * (rule "Start claim"). */
 int vg_ledger_start_late(const struct vg_ledger *l, int64_t gpu, uint64_t ret, int waited);
 
-/* Whether an event that completed at GPU time gpu, closing `launches` launches that were
- * queued behind work that ended at prev, shows that work held back in between: it took
+/* Whether an event that completed at GPU time gpu, recorded at CPU time rec, closing
+ * `launches` launches queued behind work that ended at prev (recorded no later than that,
+ * by the clock map: else the app may have left a gap), shows that work held back in
+ * between: it took
  * longer than its launches run (the shortest kernel length sampled) by more than the
- * at-record margin and an eighth of them (kernels vary). Then another context's turn ran in between, begun at
- * *held (GPU time: the middle of where it may have begun). Without a kernel length, no. */
-int vg_ledger_held_back(const struct vg_ledger *l, int64_t prev, int64_t gpu, uint64_t launches, int64_t *held);
+ * at-record margin and an eighth of them (kernels vary). Then another context's turn ran
+ * in between, begun no earlier than *held = prev (GPU time: the work ran at least that
+ * long; a later guess, the middle of those launches, made a step loop of 500 us kernels pay
+ * 0.24 ms of every overlap its neighbour ran). Without a kernel length, no. */
+int vg_ledger_held_back(const struct vg_ledger *l, int64_t prev, int64_t gpu, uint64_t rec, uint64_t launches,
+                        int64_t *held);
 
 /* The queue was empty and a launch came at CPU time at: the next event's launches
  * ran from then, not back to back with the last ones. */

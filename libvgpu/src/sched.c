@@ -580,7 +580,8 @@ static void claim_start(struct sdev *d, const struct ev *e, int64_t gpu)
 }
 
 /* After a start claim, the first event that shows our work held back while it was queued:
- * on a GPU that time-slices contexts, our first turn ended there and a revoked tail that
+ * on a GPU that time-slices contexts, our first turn ended no earlier than the work before
+ * it (vg_ledger_held_back) and a revoked tail that
  * we ran alongside had the rest (turn_ns: the broker gives that tail's owner back what of
  * the overlap was ours beyond half; a claim that only costs us). Only within the hold:
  * the broker reads it when the hold ends. */
@@ -591,7 +592,7 @@ static void watch_turn(struct sdev *d, const struct ev *e, int64_t gpu)
         d->turn_watch = 0;
     } else if (!e->launches) {
         d->turn_prev = gpu; /* a start after a gap: the work came again then */
-    } else if (vg_ledger_held_back(&d->led, d->turn_prev, gpu, e->launches, &held)) {
+    } else if (vg_ledger_held_back(&d->led, d->turn_prev, gpu, e->recorded, e->launches, &held)) {
         atomic_store(&d->q->turn_ns, vg_ledger_cpu(&d->led, held));
         atomic_store(&d->q->turn_seq, d->seq);
         d->turn_watch = 0;

@@ -11,8 +11,10 @@
  *                   (0: a start)
  *   gap AT          the queue was empty and a launch came at CPU time AT
  *   cpu GPU         the CPU time of GPU time GPU
- *   held PREV GPU N an event completed at GPU time GPU closing N launches queued behind
- *                   work that ended at PREV: was that work held back in between?
+ *   held PREV GPU REC N
+ *                   an event completed at GPU time GPU, recorded at CPU time REC, closing
+ *                   N launches queued behind work that ended at PREV: was that work held
+ *                   back in between?
  *   start GPU RET WAITED
  *                   a hold's first start event completed at GPU time GPU, its record
  *                   returned at RET; WAITED 1: it was not done when asked right after
@@ -44,9 +46,10 @@ int main(void)
                             (uint64_t)c);
         } else if (!strcmp(op, "gap") && n == 2) {
             vg_ledger_gap(&l, (uint64_t)(a * 1000));
-        } else if (!strcmp(op, "held") && n == 4) {
+        } else if (!strcmp(op, "held") && n == 5) {
             int64_t at = -1000;
-            int held = vg_ledger_held_back(&l, (int64_t)(a * 1000), (int64_t)(b * 1000), (uint64_t)c, &at);
+            int held = vg_ledger_held_back(&l, (int64_t)(a * 1000), (int64_t)(b * 1000), (uint64_t)(c * 1000),
+                                           (uint64_t)r, &at);
             printf("held=%d at=%.3f\n", held, held ? at / 1000.0 : -1.0);
             continue;
         } else if (!strcmp(op, "start") && n == 4) {

@@ -179,10 +179,13 @@ def test_work_held_back_for_another_contexts_turn_is_found_by_the_shortest_kerne
     run shows where the work was held back (another context's turn on a GPU that
     time-slices contexts). Kernels of 2 ms, sampled 2.0, 3.05 and 3.05 ms (two of them held
     back): by the median, 3.05, nothing would look held back; by the shortest, the launch
-    from 10000 to 13050 was, from about its middle; one that took 2.2 ms (within an eighth)
-    was not; nor is anything without a length."""
-    assert run("held 0 2000 1\n")[-1] == {"held": 0, "at": -1}   # no length learnt yet
-    trace = "gap 0\nev 0 0 0\nev 2000 1 1\nev 5050 2 1\nev 8100 3 1\n"
-    out = run(trace + "held 10000 13050 1\nheld 10000 12200 1\n")
-    assert out[-3]["per"] == 3050
-    assert out[-2:] == [{"held": 1, "at": 11000}, {"held": 0, "at": -1}]
+    from 10000 to 13050 was, after the work before it ended at 10000 (no later guess: that
+    would make the claim cost its maker more than it ran); one that took 2.2 ms (within an
+    eighth) was not; nor one launched after the work before it ended (the app's own gap:
+    a poller's CPU work between steps); nor is anything without a length."""
+    assert run("gap 0\nev 0 0 0\nheld 0 2000 0 1\n")[-1] == {"held": 0, "at": -1}  # no length
+    trace = "gap 0\nev 0 0 0\nev 2000 1 1\nev 5050 2 1\nev 8100 3 1\n"  # (the map: exact)
+    out = run(trace + "held 10000 13050 9000 1\nheld 10000 12200 9000 1\n"
+              "held 10000 13050 10100 1\n")
+    assert out[-4]["per"] == 3050
+    assert out[-3:] == [{"held": 1, "at": 10000}, {"held": 0, "at": -1}, {"held": 0, "at": -1}]
