@@ -117,9 +117,12 @@ def queue_for(kernel: str) -> list[str]:
 def measure(loads: list[Load], window: float, mode: Mode = MODES["default"],
             engine: bool = False) -> list[float]:
     """Each load's share of the window; engine: from simgpu's engine timeline (long kernels),
-    else from launch times."""
+    the mean over windows that start every PHASE_STEP in the first `window` seconds after
+    WARM (a 10 s window holds 2.5 or 3 of a fixed 30 %'s 1 s kernels, 25 or 30 %, by where
+    it starts), else from launch times."""
+    phases = window if engine else 0.0
     with tempfile.TemporaryDirectory() as tmp, host_load(mode):
-        r = run_loads(Path(tmp), loads, WARM + window, simgpu=mode.simgpu)
+        r = run_loads(Path(tmp), loads, WARM + window + phases, simgpu=mode.simgpu)
         for i, t in enumerate(r.traces):
             if t.summary.get("returncode") != 0:
                 sys.exit(f"bench: load {i} failed: {t.stderr.strip()}")
@@ -127,7 +130,11 @@ def measure(loads: list[Load], window: float, mode: Mode = MODES["default"],
                 print(f"bench: load {i} ({mode.name}): {t.summary['captures_failed']} of "
                       f"{t.summary['captures']} graph captures failed", flush=True)
         if engine:
-            return timeline_shares(Path(tmp), r, r.at(WARM), r.at(WARM + window))
+            timeline = engine_timeline(Path(tmp))
+            starts = [WARM + k * PHASE_STEP for k in range(int(phases / PHASE_STEP) + 1)]
+            per_window = [timeline_shares(Path(tmp), r, r.at(a), r.at(a + window), timeline)
+                          for a in starts]
+            return [statistics.fmean(load) for load in zip(*per_window, strict=True)]
         return [t.share(r.at(WARM), r.at(WARM + window)) for t in r.traces]
 
 
@@ -245,6 +252,7 @@ TWO_STREAMS = Load(kernel="busy_500us", args=["--threads", "2", "--queue", "8"])
 # ~1 ms), as PyTorch does: libvgpu's own event calls must not break a capture.
 CAPTURING = Load(kernel="busy_200us", args=["--capture-every-us", "2000"])
 LONG_WINDOW = 10.0  # kernels of 50 ms and 1 s need a window of many kernels
+PHASE_STEP = 0.25   # ... and windows that start all along their cycle (measure)
 USED_FILE_RUNS = 6      # alternately 10% and 20%
 USED_FILE_WINDOW = 2.0  # seconds each, after WARM
 

@@ -190,6 +190,47 @@ def test_a_slice_is_charged_what_its_kernels_ran(tmp_path: Path) -> None:
         f"charged {charged / 1e6:.3f} ms for {ran / 1e6:.3f} ms run over {len(marks) - 1} holds"
 
 
+# simgpu's time-sliced engine: contexts take 1 ms turns, 20 us lost at each switch.
+TIME_SLICED = {"SIMGPU_TIMESLICE_US": "1000", "SIMGPU_SWITCH_US": "20"}
+
+
+@timing
+def test_a_fixed_slice_beside_a_greedy_burst_is_charged_what_it_ran_time_sliced(
+        tmp_path: Path) -> None:
+    """Charged by the GPU's clock on a GPU that time-slices contexts: every hold of a fixed
+    30 % begins beside the greedy burst's revoked tail, and the two share those overlaps in
+    turns. What the broker charged the fixed slice over 1.5 s (its entry's used_ns) is what
+    its kernels ran on simgpu's engine then, within 2 % (rules *Shared tail*, *First turn*;
+    split half and half, it paid 1.07 times what it ran at ~135 hand-overs a second)."""
+    kernel, args = "busy_100us", ["--queue", "20"]
+    seconds, lo_s, hi_s = 2.8, 1.1, 2.6
+    samples: list[tuple[int, int]] = []
+
+    def sample(procs: list[subprocess.Popen], run: Run) -> None:
+        def loop() -> None:
+            time.sleep(max(0.0, (run.at(lo_s) - time.monotonic_ns()) / 1e9))
+            gpu = next(p for p in (tmp_path / "sched").iterdir() if "." not in p.name)
+            with open_sched(gpu) as sched:
+                for at in (lo_s, hi_s):
+                    time.sleep(max(0.0, (run.at(at) - time.monotonic_ns()) / 1e9))
+                    used = [e.used_ns for e in sched.snapshot().entries if e.key and e.share == 30]
+                    samples.append((time.monotonic_ns(), used[0]))
+        threading.Thread(target=loop, daemon=True).start()
+
+    r = run_loads(tmp_path, [Load(fixed(30), kernel=kernel, args=args),
+                             Load(burst(70), kernel=kernel, args=args)], seconds,
+                  on_started=sample, simgpu=TIME_SLICED)
+    for i, t in enumerate(r.traces):
+        assert t.summary["returncode"] == 0, f"load {i}: {t.stderr}"
+    assert len(samples) == 2
+    (t1, used1), (t2, used2) = samples
+    pid = r.traces[0].summary["pid"]
+    ran = sum(max(0, min(b, t2) - max(a, t1)) for a, b, p in engine_timeline(tmp_path) if p == pid)
+    assert ran > 0.25 * (t2 - t1)
+    assert used2 - used1 == pytest.approx(ran, rel=0.02), \
+        f"charged {(used2 - used1) / 1e6:.3f} ms for {ran / 1e6:.3f} ms run"
+
+
 # A new slice's load in the 20 runs: greedy, a step loop, a graph of 8 ms.
 NEW_SLICES = [
     ("greedy", Load(fixed(10))),

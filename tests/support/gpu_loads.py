@@ -168,11 +168,13 @@ def engine_timeline(tmp: Path) -> list[tuple[int, int, int]]:
     return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in out.splitlines())]
 
 
-def timeline_shares(tmp: Path, run: Run, a: int, b: int) -> list[float]:
+def timeline_shares(tmp: Path, run: Run, a: int, b: int,
+                    timeline: list[tuple[int, int, int]] | None = None) -> list[float]:
     """Percent of [a, b) each load's kernels ran on simgpu's engine, from the engine's own
-    timeline, not from launch times: a 1 s kernel launched before the window runs in it."""
+    timeline (read from tmp unless given), not from launch times: a 1 s kernel launched
+    before the window runs in it."""
     busy: dict[int, int] = {}
-    for start, end, pid in engine_timeline(tmp):
+    for start, end, pid in engine_timeline(tmp) if timeline is None else timeline:
         busy[pid] = busy.get(pid, 0) + max(0, min(end, b) - max(start, a))
     return [busy.get(int(t.summary.get("pid", -1)), 0) / (b - a) * 100 for t in run.traces]
 
