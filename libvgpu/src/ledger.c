@@ -48,6 +48,7 @@ static void sample(struct vg_ledger *l, uint64_t per)
             v[j - 1] = t;
         }
     l->per_ns = v[n / 2];
+    l->shortest_ns = v[0];
 }
 
 int vg_ledger_at_record(uint64_t ran, uint64_t ret)
@@ -68,14 +69,9 @@ int vg_ledger_held_back(const struct vg_ledger *l, int64_t prev, int64_t gpu, ui
      * (a burst's first turn beside a fixed 70 %'s tail of 2 ms kernels was found turns
      * later, and the fixed slice got 71.7 %). One too short finds a turn too early: that
      * claim is worth less to the broker, never more than no claim. */
-    uint64_t per = 0;
-    unsigned n = l->nsamples < VG_LEDGER_SAMPLES ? l->nsamples : VG_LEDGER_SAMPLES;
-    for (unsigned i = 0; i < n; i++)
-        if (!per || l->samples[i] < per)
-            per = l->samples[i];
-    if (!per || !launches || gpu <= prev)
+    if (!l->shortest_ns || !launches || gpu <= prev)
         return 0;
-    uint64_t work = launches * per;
+    uint64_t work = launches * l->shortest_ns;
     if ((uint64_t)(gpu - prev) <= work + VG_LEDGER_AT_RECORD_NS + work / 8)
         return 0;
     *held = prev;

@@ -57,6 +57,7 @@ struct vg_ledger {
     int gap_since;              /* an empty queue was claimed since the last event ... */
     int64_t restart;            /* ... and work came again at this GPU time */
     uint64_t per_ns;            /* GPU time per launch; 0 = not known yet */
+    uint64_t shortest_ns;       /* ... the shortest of the samples it is the median of */
     uint64_t samples[VG_LEDGER_SAMPLES];
     unsigned nsamples;
     uint64_t busy_ns;           /* GPU time the closed launches took, all holds */

@@ -581,10 +581,9 @@ static void claim_start(struct sdev *d, const struct ev *e, int64_t gpu)
 
 /* After a start claim, the first event that shows our work held back while it was queued:
  * on a GPU that time-slices contexts, our first turn ended no earlier than the work before
- * it (vg_ledger_held_back) and a revoked tail that
- * we ran alongside had the rest (turn_ns: the broker gives that tail's owner back what of
- * the overlap was ours beyond half; a claim that only costs us). Only within the hold:
- * the broker reads it when the hold ends. */
+ * it (vg_ledger_held_back) and a revoked tail that we ran alongside had the rest (turn_ns:
+ * the broker gives that tail's owner back what of the overlap was ours beyond half; a
+ * claim that only costs us). Only within the hold: the broker reads it when the hold ends. */
 static void watch_turn(struct sdev *d, const struct ev *e, int64_t gpu)
 {
     int64_t held;
