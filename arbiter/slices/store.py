@@ -14,6 +14,7 @@ writer (other processes may read, e.g. tests and `sqlite3 state.db`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -136,6 +137,8 @@ class Store:
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate(list(migrations))
+            if self.schema_version >= SCHEMA_VERSION:  # the tables temp.new_slice writes
+                _one_statement_insert(self._db)
         except BaseException as e:
             self._db.close()
             if isinstance(e, sqlite3.Error):
@@ -208,27 +211,30 @@ class Store:
     # Many threads allocating and releasing at once share transactions: the writer
     # thread commits everything queued so far with one fsync, and each caller's future
     # completes only when its write is durable. A write that fails is rolled back to
-    # its savepoint alone; a commit that fails fails every write in the batch.
+    # its savepoint alone; a commit that fails fails every write in the batch. A batch of
+    # one write that is one statement (_OneStatement) is that statement alone, in
+    # SQLite's own transaction: no BEGIN and COMMIT, each a call that lets go of the GIL
+    # and waits to get it back (most batches, as the writer keeps up).
 
     def commit_allocation_async(self, new: Slice, evicted: Sequence[str] = ()) -> Future[None]:
         """commit_allocation, batched with other writers; the future is done once durable."""
-        return self._submit(lambda db: self._write_allocation(db, new, evicted),
-                            f"slice {new.id}")
+        write = functools.partial(self._write_allocation, new=new, evicted=evicted)
+        return self._submit(write if evicted else _OneStatement(write), f"slice {new.id}")
 
     def bind_async(self, id: str, pid: int, start: int, cgroup: str,
                    bundle: str) -> Future[bool]:
         """Record the slice's holder (prestart); the future is done once durable, with
         False when there is no such slice."""
-        return self._submit(lambda db: db.execute(
+        return self._submit(_OneStatement(lambda db: db.execute(
             "UPDATE slices SET owner_pid = ?, owner_start = ?, owner_cgroup = ?,"
-            " owner_bundle = ? WHERE id = ?", (pid, start, cgroup, bundle, id)).rowcount > 0,
+            " owner_bundle = ? WHERE id = ?", (pid, start, cgroup, bundle, id)).rowcount > 0),
             f"slice {id}")
 
     def set_libvgpu_async(self, id: str, libvgpu_version: str) -> Future[bool]:
         """Record which installed libvgpu the slice's container mapped; False: no such slice."""
-        return self._submit(lambda db: db.execute(
+        return self._submit(_OneStatement(lambda db: db.execute(
             "UPDATE slices SET libvgpu_version = ? WHERE id = ?",
-            (libvgpu_version, id)).rowcount > 0, f"slice {id}")
+            (libvgpu_version, id)).rowcount > 0), f"slice {id}")
 
     def users(self) -> list[User]:
         """Every recorded user of a claim's slice (slice id, then pid)."""
@@ -252,13 +258,14 @@ class Store:
 
     def delete_user_async(self, user: User) -> Future[bool]:
         """Forget a user of a slice; the future is done once durable (False: none)."""
-        return self._submit(lambda db: db.execute(
+        return self._submit(_OneStatement(lambda db: db.execute(
             "DELETE FROM users WHERE slice_id = ? AND pid = ? AND start = ?",
-            (user.slice_id, user.pid, user.start)).rowcount > 0, f"slice {user.slice_id}")
+            (user.slice_id, user.pid, user.start)).rowcount > 0), f"slice {user.slice_id}")
 
     def delete_async(self, id: str) -> Future[bool]:
         """delete, batched with other writers; the future is done once durable."""
-        return self._submit(lambda db: self._write_delete(db, id), f"slice {id}")
+        return self._submit(_OneStatement(lambda db: self._write_delete(db, id)),
+                            f"slice {id}")
 
     def flush(self) -> None:
         """Wait until every write submitted so far is committed (or has failed)."""
@@ -311,6 +318,8 @@ class Store:
         when one fails is the batch rolled back and written again, each write within its
         own savepoint, so that the failing one fails alone."""
         what = f"{len(batch)} slice changes"
+        if len(batch) == 1 and isinstance(batch[0][0], _OneStatement):
+            return [self._write_alone(*batch[0])]
         try:
             with self._tx("store", what) as db:
                 results = []
@@ -337,22 +346,43 @@ class Store:
                     outcomes.append((fut, None, e))
         return outcomes
 
+    def _write_alone(self, write: _OneStatement, fut: Future[Any],
+                     ) -> tuple[Future[Any], Any, BaseException | None]:
+        """One write of one statement, committed by SQLite as it ends (autocommit: the
+        connection has no isolation level); its (future, result, error)."""
+        with self._lock:
+            if self._closed:
+                return fut, None, StateError("store", "slice", "the state database is closed",
+                                             path=self.path)
+            try:
+                return fut, write(self._db), None
+            except sqlite3.Error as e:
+                return fut, None, StateError("store", "slice", str(e), path=self.path)
+            except Exception as e:
+                return fut, None, e
+
     def _write_allocation(self, db: sqlite3.Connection, new: Slice,
                           evicted: Sequence[str]) -> None:
+        """The evicted slices' deletes, then one statement: the new slice and its grants."""
+        try:
+            grants = json.dumps([[g.gpu_index, g.gpu_uuid, g.memory, g.compute]
+                                 for g in new.grants])
+        except (TypeError, ValueError) as e:
+            raise StateError("store", f"slice {new.id}", f"cannot store its grants: {e}",
+                             path=self.path) from e
         if evicted:
             db.executemany("DELETE FROM slices WHERE id = ?", [(sid,) for sid in evicted])
         try:
             db.execute(
-                "INSERT INTO slices (id, owner, owner_kind, owner_pid, priority, policy,"
-                " created_ms, labels, owner_start, owner_cgroup, owner_bundle, libvgpu_version)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO temp.new_slice (id, owner, owner_kind, owner_pid, priority,"
+                " policy, created_ms, labels, owner_start, owner_cgroup, owner_bundle,"
+                " libvgpu_version, grants) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (new.id, new.owner, new.owner_kind, new.owner_pid, int(new.priority),
                  int(new.policy), new.created_ms,
                  json.dumps([list(kv) for kv in new.labels]), new.owner_start,
-                 new.owner_cgroup, new.owner_bundle, new.libvgpu_version))
+                 new.owner_cgroup, new.owner_bundle, new.libvgpu_version, grants))
         except sqlite3.IntegrityError as e:
             raise self._conflict(db, new) from e
-        _insert_grants(db, new.id, new.grants)
 
     @staticmethod
     def _write_delete(db: sqlite3.Connection, id: str) -> bool:
@@ -436,11 +466,45 @@ class Store:
                                  code=StateError.SCHEMA, path=self.path) from e
 
 
-_SELECT_SLICE = ("SELECT id, owner, owner_kind, owner_pid, priority, policy, created_ms, labels,"
-                 " owner_start, owner_cgroup, owner_bundle, libvgpu_version FROM slices")
+_SLICE_COLUMNS = ("id, owner, owner_kind, owner_pid, priority, policy, created_ms, labels,"
+                  " owner_start, owner_cgroup, owner_bundle, libvgpu_version")
+_SELECT_SLICE = f"SELECT {_SLICE_COLUMNS} FROM slices"
 _SELECT_GRANTS = "SELECT slice_id, ordinal, gpu_index, gpu_uuid, memory, compute FROM grants"
 
 _SliceRow = tuple[str, str, str, int, int, int, int, str, int, str, str, str]
+
+
+class _OneStatement:
+    """A write that is one SQL statement (all of it or nothing, even in autocommit)."""
+
+    def __init__(self, write: Callable[[sqlite3.Connection], Any]) -> None:
+        self.write = write
+
+    def __call__(self, db: sqlite3.Connection) -> Any:
+        return self.write(db)
+
+
+def _one_statement_insert(db: sqlite3.Connection) -> None:
+    """temp.new_slice: a slice and its grants (JSON [[gpu_index, gpu_uuid, memory,
+    compute], ...]) inserted by one statement, so that the writer makes them in one call.
+
+    TEMP: this connection's alone, nothing in the file changes (an older vgpud opens it as
+    it was, the schema version stays)."""
+    db.execute(f"""
+        CREATE TEMP VIEW IF NOT EXISTS new_slice AS
+        SELECT {_SLICE_COLUMNS}, '[]' AS grants FROM main.slices""")
+    db.execute(f"""
+        CREATE TEMP TRIGGER IF NOT EXISTS new_slice_insert INSTEAD OF INSERT ON new_slice
+        BEGIN
+            INSERT INTO slices ({_SLICE_COLUMNS}) VALUES (
+                NEW.id, NEW.owner, NEW.owner_kind, NEW.owner_pid, NEW.priority, NEW.policy,
+                NEW.created_ms, NEW.labels, NEW.owner_start, NEW.owner_cgroup,
+                NEW.owner_bundle, NEW.libvgpu_version);
+            INSERT INTO grants (slice_id, ordinal, gpu_index, gpu_uuid, memory, compute)
+            SELECT NEW.id, key, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+                   json_extract(value, '$[2]'), json_extract(value, '$[3]')
+            FROM json_each(NEW.grants);
+        END""")
 
 
 class _WriteFailedError(Exception):

@@ -171,7 +171,7 @@ def test_commit_is_atomic_on_a_failing_grant(store):
     store.commit_allocation(make("a", n=2))
     before = snapshot(store.path)
     bad = Slice("new", "o-new", (Grant(0, "GPU-0", GI, 10), Grant(1, "GPU-1", object(), 10)))
-    # The slice row and the first grant are in; the second grant cannot be bound.
+    # The evicted slice's delete is in; the second grant cannot be stored.
     with pytest.raises(StateError, match=r"^failed to store slice new: "):
         store.commit_allocation(bad, ["a"])
     assert snapshot(store.path) == before
@@ -449,6 +449,57 @@ def test_a_write_that_fails_in_a_batch_fails_alone_and_leaves_nothing(tmp_path: 
     assert sorted(r[0] for r in raw(tmp_path / DB_NAME, "SELECT id FROM slices")) == [
         "a", "c", "first"]
     assert raw(tmp_path / DB_NAME, "SELECT count(*) FROM grants") == [(3,)]
+
+
+def test_a_lone_write_is_one_statement_in_sqlites_own_transaction(tmp_path: Path):
+    """A batch of one allocation or delete runs one statement and no BEGIN or COMMIT (each
+    a call that waits for the GIL again); it is durable all the same, slice and grants."""
+    s = Store(tmp_path)
+    statements: list[str] = []
+    s._db.set_trace_callback(statements.append)
+    s.commit_allocation_async(make("a", n=3)).result(timeout=10)
+    inserted = list(statements)
+    statements.clear()
+    assert s.delete_async("a").result(timeout=10) is True
+    deleted = list(statements)
+    statements.clear()
+    s.commit_allocation_async(make("b", n=2)).result(timeout=10)
+    s._db.set_trace_callback(None)
+    # (The trace repeats a statement once per trigger program it runs.)
+    assert len(set(inserted)) == 1, inserted
+    assert inserted[0].startswith("INSERT INTO temp.new_slice"), inserted
+    assert set(deleted) == {"DELETE FROM slices WHERE id = 'a'"}, deleted
+    # Read by another connection, as after a crash: the whole slice, nothing of "a".
+    assert raw(tmp_path / DB_NAME, "SELECT id FROM slices") == [("b",)]
+    assert raw(tmp_path / DB_NAME, "SELECT slice_id, ordinal, gpu_index, gpu_uuid, memory,"
+               " compute FROM grants ORDER BY ordinal") == [
+        ("b", 0, 0, "GPU-0", GI, 10), ("b", 1, 1, "GPU-1", 2 * GI, 11)]
+    s.close()
+
+
+def test_a_lone_write_that_conflicts_fails_alone_and_leaves_nothing(tmp_path: Path):
+    s = Store(tmp_path)
+    s.commit_allocation(make("first", owner="dup"))
+    with pytest.raises(StateError) as e:
+        s.commit_allocation_async(make("second", owner="dup", n=2)).result(timeout=10)
+    assert e.value.code == StateError.CONFLICT
+    assert "owner 'dup' already holds slice first" in str(e.value)
+    s.close()
+    assert raw(tmp_path / DB_NAME, "SELECT id FROM slices") == [("first",)]
+    assert raw(tmp_path / DB_NAME, "SELECT slice_id FROM grants") == [("first",)]
+
+
+def test_the_one_statement_insert_leaves_the_files_schema_as_it_was(tmp_path: Path):
+    """temp.new_slice is the connection's own: the file keeps the schema an older vgpud
+    (or sqlite3 state.db) knows, at the same version."""
+    Store(tmp_path).close()
+    before = raw(tmp_path / DB_NAME, "SELECT type, name, sql FROM sqlite_master ORDER BY name")
+    with Store(tmp_path) as s:
+        s.commit_allocation_async(make("a")).result(timeout=10)
+        assert raw(tmp_path / DB_NAME, "SELECT type, name, sql FROM sqlite_master"
+                   " ORDER BY name") == before
+    assert raw(tmp_path / DB_NAME, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+    assert not [row for row in before if "new_slice" in (row[1] or "")]
 
 
 def test_group_commit_failure_is_confined_to_its_write(tmp_path: Path):
