@@ -44,11 +44,23 @@ KINDS = frozenset({
 })
 
 
+#: The last second _now() formatted and its text: every allocation and release makes an
+#: event, and strftime (glibc's reads the time zone each call) is most of a timestamp.
+_second: tuple[int, str] = (-1, "")
+
+#: json.dumps with arguments builds an encoder per call; one made once encodes the same.
+_encode = json.JSONEncoder(separators=(",", ":"), default=str).encode
+
+
 def _now() -> str:
-    # strftime on a struct_time is several times cheaper than datetime.isoformat,
-    # and this runs for every allocation and release.
+    global _second
     t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+    whole = int(t)
+    second, text = _second  # one tuple: another thread's update is seen whole or not
+    if second != whole:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    return f"{text}.{int(t * 1000) % 1000:03d}Z"
 
 
 def generation_paths(path: Path, generations: int) -> list[Path]:
@@ -127,7 +139,7 @@ class EventLog:
         """Record one event of `kind` with `fields` (JSON-able; others via str()); return it."""
         event: dict[str, Any] = {"ts": _now(), "kind": kind}
         event.update((k, v) for k, v in fields.items() if k not in ("ts", "kind"))
-        line = (json.dumps(event, separators=(",", ":"), default=str) + "\n").encode()
+        line = (_encode(event) + "\n").encode()
         with self._lock:
             self._make_room(len(line))
             if self._fd is not None:

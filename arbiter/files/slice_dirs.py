@@ -85,6 +85,10 @@ class Retired:
 
     slice_id: str
     sched_files: tuple[tuple[str, int], ...]  # (GPU uuid, slice key) of each .req left
+    #: What finish() runs before its own removals, in the same call: the .conf deletes
+    #: and the closes of the files vgpud held (each a system call, and every call into
+    #: the library lets go of the GIL once).
+    first: tuple[fileops.Op, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -475,27 +479,27 @@ class Regions:
         return self.finish(self.retire(slice_id))
 
     def retire(self, slice_id: str) -> Retired:
-        """The first half of remove, quick, for under the arbiter's lock: the slice's files
-        are let go, its .conf deleted (the broker stops serving it) and exists() is False
-        from now on. finish() does the rest (unmounts: the kernel's mount locks and an RCU
-        grace period each, which nothing else should wait behind)."""
+        """The first half of remove, quick, for under the arbiter's lock, with no system
+        call: the slice's files are let go and exists() is False from now on. finish()
+        does the rest: the .conf deleted (the broker stops serving it), the files closed,
+        the unmounts (the kernel's mount locks and an RCU grace period each, which nothing
+        else should wait behind)."""
         fds = self.pins.take(slice_id)
         self._pending.discard(slice_id)
         known = self._sched_files.pop(slice_id, None)
         ops = [fileops.unlink(f"{self._sched_root_str}/{slice_file_name(uuid, key, 'conf')}")
                for uuid, key in known or () if usable_name(uuid)]
-        # In one call with the .conf files: each close is a system call too.
-        self._run_removal(slice_id, ops + [fileops.close(fd) for fd in fds])
         if known is None:  # made before this vgpud started and not yet rewritten: any GPU, any vGPU
             remove_slice_files(self.sched_root,
                                (slice_key_of(slice_id, i) for i in range(_MAX_VGPUS)))
         self._retiring.add(slice_id)
-        return Retired(slice_id, known or ())
+        return Retired(slice_id, known or (), (*ops, *(fileops.close(fd) for fd in fds)))
 
     def finish(self, r: Retired) -> bool:
         """The second half of remove (any thread, no lock needed: it touches only that
-        slice's paths): its .req unmounted and deleted, its directory unmounted and
-        removed; False when there was no directory."""
+        slice's paths), in one call: what retire() left (its .conf deleted, its files
+        closed), its .req unmounted and deleted, its directory unmounted and removed;
+        False when there was no directory."""
         try:
             final = self.slice_dir(r.slice_id)
             # Without CAP_SYS_ADMIN (not bounded) nothing was mounted, and umount2 is refused.
@@ -512,6 +516,7 @@ class Regions:
             if unmount:
                 ops.append(fileops.detach(str(final)))
             ops.append(fileops.rmdir(str(final)))
+            ops = [*r.first, *ops]
             errors = self._run_removal(r.slice_id, ops, last_is_mine=True)
             if not errors or errors[-1].index != len(ops) - 1:
                 return True

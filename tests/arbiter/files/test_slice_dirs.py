@@ -264,21 +264,38 @@ def sched_files(regions: Regions, s: Slice) -> set[str]:
             if p.name.count(".") >= 2 and p.name.rsplit(".", 2)[1] in keys}
 
 
+def held_fds(path: Path) -> set[int]:
+    """This process's open fds on files below path."""
+    fds = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(f"{path}/"):
+                fds.add(int(fd))
+    return fds
+
+
 def test_retire_lets_go_at_once_and_finish_removes_the_rest(regions):
-    """retire() (the part under the arbiter's lock) deletes the .conf and makes the slice gone
-    for exists() and reconcile; finish() (after the lock) unmounts and deletes its .req and
-    its directory; another slice's files stay."""
+    """retire() (the part under the arbiter's lock) only makes the slice gone for exists()
+    and reconcile, with no system call; finish() (after the lock) deletes the .conf, closes
+    the files vgpud held, unmounts and deletes its .req and its directory, all in one call;
+    another slice's files stay."""
     s, other = make_slice("aaaaaaaaaaaa"), make_slice("bbbbbbbbbbbb")
     regions.create(s)
     regions.create(other)
     theirs = sched_files(regions, other)
     assert {n.rsplit(".", 1)[1] for n in sched_files(regions, s)} == {"req", "conf"}
+    held = held_fds(regions.slice_dir(s.id))
+    assert len(held) == 3 * len(s.grants)  # per vGPU: region, usage, .req
     r = regions.retire(s.id)
-    assert {n.rsplit(".", 1)[1] for n in sched_files(regions, s)} == {"req"}
+    assert {n.rsplit(".", 1)[1] for n in sched_files(regions, s)} == {"req", "conf"}
+    assert held_fds(regions.slice_dir(s.id)) == held
     assert not regions.exists(s.id) and regions.slice_dir(s.id).is_dir()
     assert regions.reconcile_dirs([other]).removed == ()  # its release is removing it
     assert regions.finish(r)
     assert not regions.slice_dir(s.id).exists() and sched_files(regions, s) == set()
+    for fd in held:  # closed (nothing opened a file since, to take the number again)
+        with pytest.raises(OSError):
+            os.fstat(fd)
     assert sched_files(regions, other) == theirs and regions.exists(other.id)
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(regions.slice_dir(s.id)) not in mounts
