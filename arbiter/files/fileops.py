@@ -26,14 +26,15 @@ from typing import NamedTuple
 from arbiter.errors import LibraryMismatchError
 from arbiter.native import fileops_path
 
-__all__ = ["FileOpError", "Kept", "Op", "close", "detach", "link", "load", "mkdir", "mknod_bind",
-           "mount_tmpfs", "rmdir", "run", "run_all", "unlink", "write_at", "write_beside"]
+__all__ = ["FileOpError", "Kept", "Op", "close", "detach", "is_file", "link", "load", "mkdir",
+           "mknod_bind", "mount_tmpfs", "rmdir", "run", "run_all", "unlink", "write_at",
+           "write_beside"]
 
 #: The operations, numbered as fileops.c's enum vg_fileop_kind.
-MKDIR, MOUNT_TMPFS, WRITE_AT, WRITE_BESIDE, MKNOD_BIND, LINK, DETACH, UNLINK, RMDIR, CLOSE = (
-    range(1, 11))
+(MKDIR, MOUNT_TMPFS, WRITE_AT, WRITE_BESIDE, MKNOD_BIND, LINK, DETACH, UNLINK, RMDIR, CLOSE,
+ IS_FILE) = range(1, 12)
 #: fileops.c's VG_FILEOPS_VERSION and VG_FILEOP_KEEP.
-_VERSION = 1
+_VERSION = 2
 _KEEP = 0x1
 
 
@@ -142,6 +143,12 @@ def rmdir(path: str) -> Op:
 def close(fd: int) -> Op:
     """Close fd (a file held open)."""
     return Op(CLOSE, "", fd=fd)
+
+
+def is_file(path: str) -> Op:
+    """Check that path is a regular file (it fails with ENOENT when there is none, EINVAL
+    when something else is there): a list that needs a file made elsewhere stops there."""
+    return Op(IS_FILE, path)
 
 
 _lib: ctypes.CDLL | None = None

@@ -99,6 +99,9 @@ class _Creation:
     final: str
     ops: tuple[fileops.Op, ...]
     held: tuple[Path | None, ...]  # per op: the path its kept file is held under
+    #: The GPUs whose scheduling files the first ops check (one each), in that order;
+    #: the slice's mkdir comes right after them.
+    gpus: tuple[str, ...]
     mount: int  # index of the tmpfs mount; -1: none
     sched: int  # index of the first scheduling-file op: what fails from there is SchedError
     sched_files: tuple[tuple[str, int], ...]  # (GPU uuid, slice key) per vGPU
@@ -231,26 +234,31 @@ class Regions:
         ValueError for limits a region cannot hold; RegionError (its directory or files)
         or SchedError (its scheduling files) for what failed, with nothing left behind."""
         final = self.slice_dir(s.id)
-        self._ensure_sched(s)
         made = self._creation(s, final, own_fs=self.bounded)
         before = self._sched_files.get(s.id)  # a live slice's, when this one is a second create
         self._sched_files[s.id] = made.sched_files
-        try:
-            kept = fileops.run(made.ops)
-        except fileops.FileOpError as e:
-            if e.index == 0 and e.errno == errno.ENOENT:  # <run_dir>/slices deleted under vgpud
-                self._ensure_root()
-            elif e.index == made.mount and e.errno in (errno.EPERM, errno.EACCES):
-                with contextlib.suppress(OSError):
-                    os.rmdir(final)
-                self._unbounded(final, e)
-                made = self._creation(s, final, own_fs=False)
-            else:
-                raise self._undo(made, e, before) from e
+        mkdir = len(made.gpus)
+        mended: set[str] = set()  # each cause is mended once, then the list runs again
+        while True:
             try:
                 kept = fileops.run(made.ops)
-            except fileops.FileOpError as again:
-                raise self._undo(made, again, before) from again
+                break
+            except fileops.FileOpError as e:
+                if e.index < mkdir and "sched" not in mended:
+                    mended.add("sched")  # a GPU's scheduling file deleted under us
+                    self._prepare_sched(list(made.gpus))
+                elif e.index == mkdir and e.errno == errno.ENOENT and "root" not in mended:
+                    mended.add("root")  # <run_dir>/slices deleted under vgpud
+                    self._ensure_root()
+                elif (e.index == made.mount and e.errno in (errno.EPERM, errno.EACCES)
+                      and "mount" not in mended):
+                    mended.add("mount")
+                    with contextlib.suppress(OSError):
+                        os.rmdir(final)
+                    self._unbounded(final, e)
+                    made = self._creation(s, final, own_fs=False)
+                else:
+                    raise self._undo(made, e, before) from e
         for held, k in zip(made.held, kept, strict=True):
             if k is not None and held is not None:
                 self.pins.adopt(s.id, held, k.fd, k.ino)
@@ -259,12 +267,14 @@ class Regions:
     def _undo(self, made: _Creation, e: fileops.FileOpError,
               before: tuple[tuple[str, int], ...] | None) -> RegionError:
         """Remove what a failed creation made; the error that says what failed. `before`:
-        what _sched_files held for the slice before (a failed mkdir made nothing)."""
-        if e.index == 0:
+        what _sched_files held for the slice before (a failed check or mkdir made nothing)."""
+        if e.index <= len(made.gpus):
             if before is None:
                 self._sched_files.pop(made.slice_id, None)
             else:
                 self._sched_files[made.slice_id] = before
+            if e.index < len(made.gpus):
+                return SchedError(Path(e.op.path), "find", e.strerror)
             return RegionError(Path(made.final), "create", e.strerror)
         if e.index < made.sched:
             self._sched_files.pop(made.slice_id, None)
@@ -275,10 +285,14 @@ class Regions:
 
     def _creation(self, s: Slice, final: Path, own_fs: bool) -> _Creation:
         """The operations that make slice s's files at final (a directory not there yet),
-        on a tmpfs of its own when own_fs. Pure: no system call, no state changed."""
+        on a tmpfs of its own when own_fs, after a check of each GPU's scheduling file (a
+        container is refused rather than started on a GPU nobody schedules). Pure: no
+        system call, no state changed."""
         d = str(final)
-        ops = [fileops.mkdir(d, _DIR_MODE)]
-        held: list[Path | None] = [None]
+        gpus = tuple(dict.fromkeys(g.gpu_uuid for g in s.grants))
+        ops = [fileops.is_file(f"{self._sched_root_str}/{uuid}") for uuid in gpus]
+        ops.append(fileops.mkdir(d, _DIR_MODE))
+        held: list[Path | None] = [None] * len(ops)
         if own_fs:
             size = slice_fs_bytes(len(s.grants), (REGION_SIZE, USAGE_SIZE, REQ_SIZE))
             ops.append(fileops.mount_tmpfs(
@@ -309,7 +323,7 @@ class Regions:
             # The .req is held at its name in the scheduling directory (_tenant_files).
             held += [req_path(self.sched_root, g.gpu_uuid, keys[i]) if op.keep else None
                      for op in more]
-        return _Creation(s.id, d, tuple(ops), tuple(held), mount, sched, sched_files)
+        return _Creation(s.id, d, tuple(ops), tuple(held), gpus, mount, sched, sched_files)
 
     def _unbounded(self, path: Path, e: OSError) -> None:
         self.bounded = False

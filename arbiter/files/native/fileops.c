@@ -169,6 +169,15 @@ static int run_one(struct vg_fileop *o)
         return rmdir(o->path);
     case VG_OP_CLOSE:
         return close(o->fd);
+    case VG_OP_IS_FILE: {
+        struct stat st;
+        if (stat(o->path, &st) != 0)
+            return -1;
+        if (S_ISREG(st.st_mode))
+            return 0;
+        errno = EINVAL;
+        return -1;
+    }
     }
     errno = EINVAL;
     return -1;

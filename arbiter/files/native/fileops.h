@@ -21,12 +21,13 @@ enum vg_fileop_kind {
     VG_OP_UNLINK,         /* unlink path; already gone is no failure */
     VG_OP_RMDIR,          /* rmdir path */
     VG_OP_CLOSE,          /* close fd */
+    VG_OP_IS_FILE,        /* path is a regular file: else stat's errno, EINVAL: another type */
 };
 /* (*) Whatever is at path already (a stale file of the same name, or one mounted there)
  * is unmounted and deleted first: the name is the slice's own, derived from its id. */
 
 #define VG_FILEOP_KEEP 0x1   /* a WRITE's file stays open: fd and ino are set */
-#define VG_FILEOPS_VERSION 1u
+#define VG_FILEOPS_VERSION 2u
 #define VG_TEMP_TRIES 1000   /* as arbiter.files.atomic's: a stale name is skipped */
 
 struct vg_fileop {

@@ -37,7 +37,7 @@ def test_every_constant_has_its_twin(c_layout: dict[str, Any]) -> None:
     twins = {"VG_FILEOP_KEEP": fo._KEEP, "VG_FILEOPS_VERSION": fo._VERSION,
              "VG_TEMP_TRIES": _TRIES}
     for name in ("MKDIR", "MOUNT_TMPFS", "WRITE_AT", "WRITE_BESIDE", "MKNOD_BIND", "LINK",
-                 "DETACH", "UNLINK", "RMDIR", "CLOSE"):
+                 "DETACH", "UNLINK", "RMDIR", "CLOSE", "IS_FILE"):
         twins[f"VG_OP_{name}"] = getattr(fo, name)
     assert c_layout["constants"] == twins
 
@@ -179,6 +179,21 @@ def test_run_all_goes_on_past_failures_and_says_each(tmp_path: Path) -> None:
         os.fstat(r)  # closed by the op after the failure
 
 
+def test_is_file_passes_a_regular_file_and_stops_the_list_at_anything_else(
+        tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"")
+    (tmp_path / "d").mkdir()
+    after = tmp_path / "after"
+    fo.run([fo.is_file(str(tmp_path / "f")), fo.mkdir(str(after), 0o700)])
+    assert after.is_dir()
+    for name, err in (("missing", errno.ENOENT), ("d", errno.EINVAL)):
+        with pytest.raises(fo.FileOpError) as e:
+            fo.run([fo.mkdir(str(tmp_path / f"x{name}"), 0o700),
+                    fo.is_file(str(tmp_path / name)), fo.mkdir(str(after / name), 0o700)])
+        assert (e.value.index, e.value.errno) == (1, err)
+        assert not (after / name).exists()  # the list stopped there
+
+
 def test_a_library_of_another_layout_is_refused(tmp_path: Path, monkeypatch) -> None:
     src = tmp_path / "old.c"
     src.write_text("#include <stdint.h>\nuint32_t vg_fileops_abi(void) { return 96u << 16 | 0; }\n"
@@ -187,6 +202,7 @@ def test_a_library_of_another_layout_is_refused(tmp_path: Path, monkeypatch) -> 
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
     monkeypatch.setattr(fo, "_lib", None)
     monkeypatch.setattr(fo, "fileops_path", lambda: lib)
-    with pytest.raises(LibraryMismatchError, match="not this vgpu's: struct size 96, version "
-                                                    r"0; expected \d+, 1 \(run `make`"):
+    with pytest.raises(LibraryMismatchError,
+                       match=rf"not this vgpu's: struct size 96, version 0; expected \d+, "
+                             rf"{fo._VERSION} \(run `make`"):
         fo.load()

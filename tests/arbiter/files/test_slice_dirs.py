@@ -206,6 +206,30 @@ def test_reconcile_fixes_the_floor_in_place_and_keeps_keys(regions):
     assert regions.reconcile_dirs([s]).fixed == ()
 
 
+def test_a_gpus_deleted_scheduling_file_is_made_again_by_the_next_create(regions):
+    """Create checks each GPU's scheduling file in its one call (no stat of its own): one
+    deleted under vgpud is made again (said once), the slice made whole, and a GPU whose
+    file is there keeps its inode."""
+    remade = []
+    regions.on_remade = lambda what, path: remade.append((what, path))
+    first = make_slice("a" * 12, n=2)
+    regions.create(first)  # (the fixture's run dir has no scheduling directory yet)
+    remade.clear()
+    gpu0, gpu1 = (regions.sched_root / g.gpu_uuid for g in first.grants)
+    kept = gpu1.stat().st_ino
+    gpu0.unlink()
+    s = make_slice("b" * 12, n=2)
+    regions.create(s)
+    assert gpu0.is_file() and gpu1.stat().st_ino == kept
+    assert remade == [("file", gpu0)]
+    assert regions.exists(s.id) and regions.reconcile_dirs([first, s]).fixed == ()
+    gpu0.unlink()
+    gpu0.mkdir()  # not a file, and not ours to remove: the slice is refused, nothing made
+    with pytest.raises(SchedError, match="Is a directory"):
+        regions.create(make_slice("c" * 12, n=1))
+    assert not regions.exists("c" * 12) and not regions.slice_dir("c" * 12).exists()
+
+
 def test_a_deleted_slices_dir_is_made_again_on_demand(regions):
     remade = []
     regions.on_remade = lambda what, path: remade.append((what, path))
