@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,6 +152,8 @@ def is_file(path: str) -> Op:
     return Op(IS_FILE, path)
 
 
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+
 _lib: ctypes.CDLL | None = None
 _load_lock = threading.Lock()
 
@@ -192,8 +195,8 @@ def run(ops: Sequence[Op]) -> list[Kept | None]:
     for c, op in zip(arr, ops, strict=True):
         c.op = op.kind
         c.fd = op.fd
-        c.path = os.fsencode(op.path)
-        c.aux = os.fsencode(op.aux) if op.aux else None
+        c.path = op.path.encode(_FS_ENCODING, _FS_ERRORS)  # os.fsencode, less its checks
+        c.aux = op.aux.encode(_FS_ENCODING, _FS_ERRORS) if op.aux else None
         if op.data:
             c.data = op.data
             c.len = len(op.data)

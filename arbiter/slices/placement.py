@@ -298,7 +298,8 @@ def _assign(asks: Sequence[VGpuAsk], options: Sequence[Sequence[Gpu]],
     among those that still leave every later ask a GPU of its own."""
     order = sorted(range(len(asks)), key=lambda n: (len(options[n]) != 1, -asks[n].memory,
                                                     -asks[n].compute, n))
-    if not _matchable(order, asks, options, free, set()):
+    # One ask (most slices) needs no matching: the loop below takes its best fitting GPU.
+    if len(asks) > 1 and not _matchable(order, asks, options, free, set()):
         return None
     taken: set[int] = set()
     out: dict[int, Gpu] = {}
@@ -319,7 +320,7 @@ def _assign(asks: Sequence[VGpuAsk], options: Sequence[Sequence[Gpu]],
                 out[n] = g
                 taken.add(g.index)
                 break
-        else:  # pragma: no cover - the matching above says some GPU works
+        else:  # no GPU fits a lone ask (for more, the matching above ruled it out)
             return None
     return [out[n] for n in range(len(asks))]
 
