@@ -341,9 +341,7 @@ class Store:
                 except Exception as e:
                     db.execute("ROLLBACK TO w")
                     db.execute("RELEASE w")
-                    if isinstance(e, sqlite3.Error):
-                        e = StateError("store", "slice", str(e), path=self.path)
-                    outcomes.append((fut, None, e))
+                    outcomes.append((fut, None, self._write_error(e)))
         return outcomes
 
     def _write_alone(self, write: _OneStatement, fut: Future[Any],
@@ -356,10 +354,14 @@ class Store:
                                              path=self.path)
             try:
                 return fut, write(self._db), None
-            except sqlite3.Error as e:
-                return fut, None, StateError("store", "slice", str(e), path=self.path)
             except Exception as e:
-                return fut, None, e
+                return fut, None, self._write_error(e)
+
+    def _write_error(self, e: Exception) -> Exception:
+        """What a write's future fails with: SQLite's errors as StateError, others as raised."""
+        if isinstance(e, sqlite3.Error):
+            return StateError("store", "slice", str(e), path=self.path)
+        return e
 
     def _write_allocation(self, db: sqlite3.Connection, new: Slice,
                           evicted: Sequence[str]) -> None:
