@@ -40,8 +40,8 @@ def _interruptible() -> None:
 def bench(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     (tmp_path / "run").mkdir()
     return subprocess.Popen(
-        [sys.executable, str(BENCH), "--duration", "0.3", "--clients", "1", "--dir",
-         str(tmp_path), "--run-dir-parent", str(tmp_path / "run"), *args], cwd=ROOT,
+        [sys.executable, str(BENCH), "--duration", "0.3", "--clients", "1", "--rounds", "1",
+         "--dir", str(tmp_path), "--run-dir-parent", str(tmp_path / "run"), *args], cwd=ROOT,
         env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         preexec_fn=_interruptible)
 
@@ -71,7 +71,7 @@ def processes_naming(path: Path) -> list[str]:
 
 
 def test_against_measures_both_builds_and_removes_the_worktree(tmp_path):
-    p = bench(tmp_path, "--against", "HEAD", "--json")
+    p = bench(tmp_path, "--against", "HEAD", "--json", "--rounds", "2")
     out, err = p.communicate(timeout=180)
     assert p.returncode == 0, err
     rows = json.loads(out[out.index("\n[") + 1:])
@@ -80,6 +80,7 @@ def test_against_measures_both_builds_and_removes_the_worktree(tmp_path):
                     for s in ("2x Health", "empty", "50 on GPU 0")}
     assert all(r["pairs"] > 0 and r["errors"] == 0 for r in rows), rows
     assert "tree / HEAD, empty, 1 clients: pairs/s x" in out
+    assert "(rounds x" in out  # two rounds each: the paired rounds' range is shown
     assert "bench: building HEAD" in err
     assert_nothing_left(tmp_path)
 
