@@ -70,8 +70,8 @@ SPLITS = ((10, 90), (30, 70), (50, 50), (20, 30, 50))
 TARGET_ERROR_PP = 1.0
 TARGET_PRIORITY_RATIO = 0.95
 TARGET_PAUSE_MS = 5.0
-TARGET_HANDOVER_MS = 1.0
-TARGET_LAUNCH_NS = 200.0
+TARGET_HANDOVER_MS = 0.5  # issue 21: GPU idle at a hand-over, p99
+TARGET_LAUNCH_NS = 150.0  # issue 21: added to a throttled launch
 
 
 @dataclass(frozen=True)
