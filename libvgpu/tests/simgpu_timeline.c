@@ -5,7 +5,9 @@
  * state file. bench/compute.py reads the GPU's idle time at hand-overs in it.
  * On the timed engine (docs/simgpu.md) a line is a run of a kernel: one that was
  * preempted has several, and the one in progress ends where the engine was last
- * worked out (this program reads the file without working it out).
+ * worked out (this program reads the file without working it out). The ring keeps the
+ * last SIMGPU_RING runs: when older ones were overwritten, stderr says how many, so a
+ * reader knows the timeline starts later than the device's first kernel.
  *
  *   simgpu_timeline STATE_FILE [DEVICE]
  */
@@ -39,6 +41,8 @@ int main(int argc, char **argv)
     const struct simgpu_device *d = &st->dev[dev];
     uint64_t head = atomic_load(&d->ring_head);
     uint64_t n = head < SIMGPU_RING ? head : SIMGPU_RING;
+    if (head > n)
+        fprintf(stderr, "simgpu_timeline: %llu older runs overwritten\n", (unsigned long long)(head - n));
     for (uint64_t k = head - n; k < head; k++) {
         const struct simgpu_interval *iv = &d->ring[k % SIMGPU_RING];
         printf("%llu %llu %u\n", (unsigned long long)atomic_load(&iv->start_ns),

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support.gpu_loads import Load, engine_timeline, run_loads, timeline_shares
 from support.paths import SIMGPU_DIR, TEST_BIN
 from support.process import clean_env, run
 
@@ -556,3 +557,25 @@ def test_a_state_file_of_an_older_layout_is_named(simgpu_env: dict[str, str],
     assert p.stderr.splitlines()[0] == (
         f"simgpu: SIMGPU_STATE={old}: made by another simgpu build (layout 1, this one 2): "
         "remove it once no process uses it, or name another file")
+
+
+def test_a_timeline_whose_ring_overwrote_the_window_refuses_to_read_it(tmp_path: Path) -> None:
+    """The engine keeps its last SIMGPU_RING (32768) runs of kernels: 10 us kernels
+    back to back overwrite the start of a 1.5 s run, and a share read from there would
+    be short. simgpu_timeline says so; timeline_shares refuses that window and reads a
+    late one; a run that fits is whole."""
+    (tmp_path / "long").mkdir()
+    (tmp_path / "short").mkdir()
+    busy = Load(kernel="busy_10us", args=["--queue", "400"], vgpu=False)
+    r = run_loads(tmp_path / "long", [busy], 1.5)
+    tl = engine_timeline(tmp_path / "long")
+    assert tl.partial and len(tl) == 32768
+    with pytest.raises(ValueError, match="overwrote the window's start"):
+        timeline_shares(tmp_path / "long", r, r.at(0.1), r.at(1.0), tl)
+    late = timeline_shares(tmp_path / "long", r, tl[0][0], tl[-1][1], tl)
+    assert late[0] > 90  # back to back: the GPU busy all the time the timeline covers
+    short = Load(kernel="busy_1000us", vgpu=False)
+    r = run_loads(tmp_path / "short", [short], 0.3)
+    tl = engine_timeline(tmp_path / "short")
+    assert not tl.partial and 100 < len(tl) < 32768
+    assert timeline_shares(tmp_path / "short", r, r.at(0.15), r.at(0.25), tl)[0] > 80

@@ -159,22 +159,43 @@ def run_loads(tmp: Path, loads: Sequence[Load], seconds: float, devices: str = "
     return run
 
 
-def engine_timeline(tmp: Path) -> list[tuple[int, int, int]]:
+class Timeline(list):
+    """simgpu's engine timeline: (start ns, end ns, pid) each, oldest first; `partial` when
+    the device's ring (its last SIMGPU_RING runs) had overwritten older ones, so it covers
+    nothing before its first start."""
+
+    partial: bool = False
+
+    def covers(self, a: int) -> bool:
+        return not self.partial or (bool(self) and self[0][0] <= a)
+
+
+def engine_timeline(tmp: Path) -> Timeline:
     """simgpu's engine timeline of the run in tmp (build/tests/simgpu_timeline: its last
     32768 pieces of kernels, one per time slice in the time-sliced engine): (start ns,
     end ns, pid) each, CLOCK_MONOTONIC."""
-    out = subprocess.run([str(TEST_BIN / "simgpu_timeline"), str(tmp / "simgpu.state")],
-                         check=True, capture_output=True, text=True).stdout
-    return [(int(a), int(b), int(c)) for a, b, c in (line.split() for line in out.splitlines())]
+    done = subprocess.run([str(TEST_BIN / "simgpu_timeline"), str(tmp / "simgpu.state")],
+                          check=True, capture_output=True, text=True)
+    timeline = Timeline((int(a), int(b), int(c))
+                        for a, b, c in (line.split() for line in done.stdout.splitlines()))
+    timeline.partial = "overwritten" in done.stderr
+    return timeline
 
 
 def timeline_shares(tmp: Path, run: Run, a: int, b: int,
-                    timeline: list[tuple[int, int, int]] | None = None) -> list[float]:
+                    timeline: Timeline | None = None) -> list[float]:
     """Percent of [a, b) each load's kernels ran on simgpu's engine, from the engine's own
     timeline (read from tmp unless given), not from launch times: a 1 s kernel launched
-    before the window runs in it."""
+    before the window runs in it. ValueError when the timeline no longer reaches back to a
+    (its ring overwrote the window's start): a share read from it would be short."""
+    timeline = engine_timeline(tmp) if timeline is None else timeline
+    if not timeline.covers(a):
+        raise ValueError(f"simgpu's engine timeline starts {(timeline[0][0] - a) / 1e6:.1f} ms "
+                         f"after the window: its ring overwrote the window's start (read a "
+                         f"shorter or later window)" if timeline else
+                         "simgpu's engine timeline is empty and partial")
     busy: dict[int, int] = {}
-    for start, end, pid in engine_timeline(tmp) if timeline is None else timeline:
+    for start, end, pid in timeline:
         busy[pid] = busy.get(pid, 0) + max(0, min(end, b) - max(start, a))
     return [busy.get(int(t.summary.get("pid", -1)), 0) / (b - a) * 100 for t in run.traces]
 
