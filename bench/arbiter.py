@@ -18,7 +18,7 @@ commit or tag in a temporary git worktree (bench/against.py: the newest v* tag
 before HEAD; while there is none, bfd1b41, main on 2026-12-02) and starts its
 own vgpud from it with the same Python; each row is measured on both, in
 alternating order, --rounds times (medians reported). --against none: the tree
-alone. This machine's speed moves by 10-15 % within seconds (another tenant's load), so
+alone. This machine's speed moves by 10-30 % within seconds (another tenant's load), so
 rounds are short and many, and the verdict pairs them: the tree is below the other build
 when the medians say so and every pair of back-to-back rounds agrees; a median below with
 rounds on both sides is said to be within this run's noise.
@@ -230,8 +230,9 @@ def verdict(tree: Row, ref: Row) -> str:
     return "MISSED" if slower or later else "within this run's noise"
 
 
-def _span(xs: list[float]) -> str:
-    return f"x{min(xs):.2f}-{max(xs):.2f}" if len(xs) > 1 else ""
+def _rounds(xs: list[float]) -> str:
+    """The paired rounds' range, as the comparison line shows it ("" for one round)."""
+    return f" (rounds x{min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else ""
 
 
 def comparison(rows: list[Row], builds: list[str]) -> list[str]:
@@ -249,10 +250,8 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
             continue
         rate, p99 = r.rate / other.rate, r.pct(0.99) / other.pct(0.99)
         rates, p99s = paired(r, other)
-        rounds = f" (rounds {_span(rates)})" if len(rates) > 1 else ""
-        p99_rounds = f" (rounds {_span(p99s)})" if len(p99s) > 1 else ""
         out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{rate:.2f}"
-                   f"{rounds}, p99 x{p99:.2f}{p99_rounds} "
+                   f"{_rounds(rates)}, p99 x{p99:.2f}{_rounds(p99s)} "
                    f"(never below {ref}: {verdict(r, other)})")
     return out
 

@@ -164,10 +164,10 @@ class Timeline(list):
     the device's ring (its last SIMGPU_RING runs) had overwritten older ones, so it covers
     nothing before its first start."""
 
-    partial: bool = False
+    partial: bool = False  # only ever with a full ring: never empty then
 
     def covers(self, a: int) -> bool:
-        return not self.partial or (bool(self) and self[0][0] <= a)
+        return not self.partial or self[0][0] <= a
 
 
 def engine_timeline(tmp: Path) -> Timeline:
@@ -192,8 +192,7 @@ def timeline_shares(tmp: Path, run: Run, a: int, b: int,
     if not timeline.covers(a):
         raise ValueError(f"simgpu's engine timeline starts {(timeline[0][0] - a) / 1e6:.1f} ms "
                          f"after the window: its ring overwrote the window's start (read a "
-                         f"shorter or later window)" if timeline else
-                         "simgpu's engine timeline is empty and partial")
+                         f"shorter or later window)")
     busy: dict[int, int] = {}
     for start, end, pid in timeline:
         busy[pid] = busy.get(pid, 0) + max(0, min(end, b) - max(start, a))
