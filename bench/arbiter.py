@@ -19,18 +19,21 @@ before HEAD; while there is none, bfd1b41, main on 2026-12-02) and starts its
 own vgpud from it with the same Python; each row is measured on both, in
 alternating order, --rounds times (medians reported). --against none: the tree
 alone. This machine's speed moves by 10-30 % within seconds (another tenant's load), so
-rounds are short and many, and the verdict pairs them: the tree is below the other build
-when the medians say so and every pair of back-to-back rounds agrees; a median below with
-rounds on both sides is said to be within this run's noise.
+rounds are short and many, and the verdict pairs them (round i of each build ran back to
+back): the tree is below the other build when the geometric mean of the paired ratios says
+so and more rounds went against it than chance makes (a sign test); a mean below with
+rounds on both sides is said to be within this run's noise. A last line pools every
+Allocate+Release row's rounds: a gap of a few % that no row shows alone.
 
-    python3 bench/arbiter.py [--duration 1] [--clients 1,8,64] [--dir /var/tmp]
-                             [--against REF|none] [--rounds 5]
+    python3 bench/arbiter.py [--duration 0.5] [--clients 1,8,64] [--dir /var/tmp]
+                             [--against REF|none] [--rounds 10]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
+import math
 import os
 import shlex
 import statistics
@@ -39,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +71,9 @@ MiB = 1 << 20
 TARGET_RATE = 500.0   # pairs/s at 8 clients
 TARGET_P99_MS = 20.0  # at 8 clients
 PRESET = 50
+#: A row is below the other build when its paired rounds go against the tree more often
+#: than this likely by chance (chance_of).
+ALPHA = 0.05
 
 
 @dataclass
@@ -216,29 +223,46 @@ def paired(tree: Row, ref: Row) -> tuple[list[float], list[float]]:
             [t.pct(0.99) / r.pct(0.99) for t, r in pairs if r.pct(0.99)])
 
 
+def gmean(ratios: list[float]) -> float:
+    """The geometric mean of paired ratios: x0.5 and x2 cancel, as they should."""
+    return math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else float("nan")
+
+
+def chance_of(worse: int, n: int) -> float:
+    """How likely `worse` or more of n paired rounds go against the tree when the builds are
+    the same and each round is a coin toss (one-sided exact sign test)."""
+    return sum(math.comb(n, k) for k in range(worse, n + 1)) / 2 ** n
+
+
 def verdict(tree: Row, ref: Row) -> str:
-    """Never below the other build: met when the medians say so; MISSED when they do not
-    and the tree came out below in every paired round on the same measure (fewer pairs/s,
-    or a higher p99); otherwise the rounds fall on both sides of it, and a median below is
-    this run's noise, not a finding (a machine whose load moves between rounds moves one
-    build's round, not the other's)."""
-    if tree.rate >= ref.rate and tree.pct(0.99) <= ref.pct(0.99):
-        return "met"
+    """Never below the other build, from the paired rounds' ratios (their geometric mean:
+    pairs/s at least x1.00, p99 at most x1.00).
+
+    met: the means say so. MISSED: they do not, and the rounds that went against the tree
+    are more than this machine's noise makes by chance (a sign test: under ALPHA, so with
+    5 rounds all 5, with 10 rounds 9). Otherwise "within this run's noise": a machine whose
+    load moves between rounds moves one build's round, not the other's, and a same-build
+    run (bench --against HEAD) lands on either side by a few %."""
     rates, p99s = paired(tree, ref)
-    slower = tree.rate < ref.rate and all(x < 1.0 for x in rates)
-    later = tree.pct(0.99) > ref.pct(0.99) and all(x > 1.0 for x in p99s)
+    if gmean(rates) >= 1.0 and gmean(p99s) <= 1.0:
+        return "met"
+    slower = gmean(rates) < 1.0 and chance_of(sum(x < 1.0 for x in rates), len(rates)) < ALPHA
+    later = gmean(p99s) > 1.0 and chance_of(sum(x > 1.0 for x in p99s), len(p99s)) < ALPHA
     return "MISSED" if slower or later else "within this run's noise"
 
 
-def _rounds(xs: list[float]) -> str:
-    """The paired rounds' range, as the comparison line shows it ("" for one round)."""
-    return f" (rounds x{min(xs):.2f}-{max(xs):.2f})" if len(xs) > 1 else ""
+def _against(xs: list[float], worse: Callable[[float], bool]) -> str:
+    """The paired rounds' range and how many went against the tree ("" for one round)."""
+    if len(xs) < 2:
+        return ""
+    return (f" (rounds x{min(xs):.2f}-{max(xs):.2f}, "
+            f"{sum(map(worse, xs))} of {len(xs)} worse)")
 
 
 def comparison(rows: list[Row], builds: list[str]) -> list[str]:
-    """Per Allocate+Release row, the tree against the other build: ratios of the medians,
-    the paired rounds' range, and the verdict (never below it: at least its pairs/s, at
-    most its p99; see verdict())."""
+    """Per Allocate+Release row, the tree against the other build: the geometric mean of
+    the paired rounds' ratios, their range, how many went against the tree, and the
+    verdict (never below it: at least its pairs/s, at most its p99; see verdict())."""
     if len(builds) < 2:
         return []
     ref = builds[1]
@@ -248,12 +272,33 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
         other = by.get((r.scenario, r.clients, ref))
         if r.build != "tree" or other is None or r.scenario == "2x Health":
             continue
-        rate, p99 = r.rate / other.rate, r.pct(0.99) / other.pct(0.99)
         rates, p99s = paired(r, other)
-        out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{rate:.2f}"
-                   f"{_rounds(rates)}, p99 x{p99:.2f}{_rounds(p99s)} "
+        out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{gmean(rates):.2f}"
+                   f"{_against(rates, lambda x: x < 1.0)}, p99 x{gmean(p99s):.2f}"
+                   f"{_against(p99s, lambda x: x > 1.0)} "
                    f"(never below {ref}: {verdict(r, other)})")
+    out += pooled(rows, ref)
     return out
+
+
+def pooled(rows: list[Row], ref: str) -> list[str]:
+    """Every Allocate+Release row's paired rounds together: a gap of a few % that no row
+    shows past its noise still goes the same way in most rounds, and this says whether
+    more went against the tree than chance makes."""
+    by = {(r.scenario, r.clients, r.build): r for r in rows}
+    rates: list[float] = []
+    for r in rows:
+        other = by.get((r.scenario, r.clients, ref))
+        if r.build == "tree" and other is not None and r.scenario != "2x Health":
+            rates += paired(r, other)[0]
+    if len(rates) < 2:
+        return []
+    worse = sum(x < 1.0 for x in rates)
+    below = gmean(rates) < 1.0 and chance_of(worse, len(rates)) < ALPHA
+    return [f"tree / {ref}, all Allocate+Release rows: pairs/s x{gmean(rates):.2f}, "
+            f"{worse} of {len(rates)} paired rounds worse "
+            f"(chance {chance_of(worse, len(rates)):.2g}: "
+            f"{'below' if below else 'not below'} {ref} past this run's noise)"]
 
 
 def main() -> int:
@@ -261,7 +306,7 @@ def main() -> int:
         description=__doc__.split("\n")[0],
         epilog=f"The previous release is the newest v* tag before HEAD; with none tagged, "
                f"{PREVIOUS_FALLBACK} (main on 2026-12-02). Now: {previous_release()}.")
-    ap.add_argument("--duration", type=float, default=1.0, help="seconds per measurement")
+    ap.add_argument("--duration", type=float, default=0.5, help="seconds per measurement")
     ap.add_argument("--clients", default="1,8,64", help="concurrency levels, comma separated")
     ap.add_argument("--dir", default="/var/tmp",
                     help="where the temporary state dir goes (a disk, not tmpfs, for fsync)")
@@ -270,7 +315,7 @@ def main() -> int:
     ap.add_argument("--against", default=None, metavar="REF",
                     help="a commit or tag to build in a temporary worktree and measure beside "
                          "the tree (default: the previous release); 'none': the tree alone")
-    ap.add_argument("--rounds", type=int, default=5,
+    ap.add_argument("--rounds", type=int, default=10,
                     help="measurements of each row on each build, alternating (medians shown; "
                          "round i of each build ran back to back, and the verdict pairs them)")
     ap.add_argument("--json", action="store_true", help="also print the results as JSON")

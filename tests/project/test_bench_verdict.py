@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """bench/arbiter.py's verdict on "never below the previous release": its rounds are paired
-(each round of the tree ran back to back with one of the other build), and a median below
-counts as a miss only when every paired round says so. Made-up rounds, no vgpud."""
+(each round of the tree ran back to back with one of the other build), the ratios' geometric
+mean says which side the tree is on, and a mean below counts as a miss only when more paired
+rounds went against the tree than chance makes (a sign test). Made-up rounds, no vgpud."""
 from __future__ import annotations
 
 import importlib.util
@@ -31,33 +32,83 @@ def test_a_tree_at_least_as_fast_with_no_later_p99_is_met():
                          row("ref", [500, 505, 490], [15, 16, 16])) == "met"
 
 
-def test_a_tree_slower_in_every_paired_round_missed():
-    assert bench.verdict(row("tree", [480, 470, 490], [15, 15, 15]),
-                         row("ref", [500, 490, 495], [15, 15, 15])) == "MISSED"
+def test_met_reads_the_paired_ratios_not_the_medians():
+    # Medians: tree 500 < ref 510. Paired: x1.25, x0.98, x0.98, mean above x1.00.
+    tree, ref = (row("tree", [500, 500, 500], [15] * 3),
+                 row("ref", [400, 510, 510], [15] * 3))
+    assert tree.rate < ref.rate
+    assert bench.verdict(tree, ref) == "met"
+
+
+def test_a_tree_slower_in_every_one_of_five_paired_rounds_missed():
+    assert bench.verdict(row("tree", [480, 470, 490, 485, 470], [15] * 5),
+                         row("ref", [500, 490, 495, 500, 480], [15] * 5)) == "MISSED"
+
+
+def test_nine_of_ten_rounds_against_the_tree_is_a_miss_and_eight_is_noise():
+    ref = row("ref", [500] * 10, [15] * 10)
+    nine = row("tree", [480] * 9 + [510], [15] * 10)
+    eight = row("tree", [480] * 8 + [510, 510], [15] * 10)
+    assert bench.verdict(nine, ref) == "MISSED"  # 11 in 1024 by chance
+    assert bench.verdict(eight, ref) == "within this run's noise"  # 56 in 1024
 
 
 def test_a_p99_later_in_every_paired_round_missed_even_when_faster():
-    assert bench.verdict(row("tree", [510, 520, 530], [17, 18, 19]),
-                         row("ref", [500, 500, 500], [15, 16, 17])) == "MISSED"
+    assert bench.verdict(row("tree", [510, 520, 530, 510, 520], [17, 18, 19, 17, 18]),
+                         row("ref", [500] * 5, [15, 16, 17, 16, 16])) == "MISSED"
 
 
-def test_a_median_below_with_rounds_on_both_sides_is_noise():
-    # Round 2 on the tree's side: the machine, not the build, moved the median.
+def test_a_mean_below_with_rounds_on_both_sides_is_noise():
+    # Round 2 on the tree's side: the machine, not the build, moved the mean.
     tree, ref = row("tree", [480, 530, 490], [15, 15, 15]), row("ref", [500, 500, 500],
                                                                  [15, 15, 15])
-    assert tree.rate < ref.rate
     assert bench.verdict(tree, ref) == "within this run's noise"
 
 
-def test_one_round_below_is_a_miss():
-    assert bench.verdict(row("tree", [499], [15]), row("ref", [500], [15])) == "MISSED"
+@pytest.mark.parametrize("rounds", [1, 4])
+def test_too_few_rounds_cannot_make_a_miss(rounds):
+    # Even all of them below: 1 in 2, 1 in 16 by chance, more than ALPHA.
+    assert bench.verdict(row("tree", [480] * rounds, [15] * rounds),
+                         row("ref", [500] * rounds, [15] * rounds)) == "within this run's noise"
 
 
-@pytest.mark.parametrize(("tree_rates", "shown"), [([480, 530, 490], "x0.96-1.06"),
+def test_chance_of_is_the_binomial_tail():
+    assert bench.chance_of(5, 5) == 1 / 32
+    assert bench.chance_of(9, 10) == 11 / 1024
+    assert bench.chance_of(0, 7) == 1.0
+
+
+def test_gmean_lets_opposite_ratios_cancel():
+    assert bench.gmean([0.5, 2.0]) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(("tree_rates", "shown"), [([480, 530, 490], "x0.96-1.06, 2 of 3 worse"),
                                                     ([500], "")])
 def test_the_comparison_line_shows_the_paired_rounds_range(tree_rates, shown):
     tree = row("tree", tree_rates, [15] * len(tree_rates))
     ref = row("ref", [500] * len(tree_rates), [15] * len(tree_rates))
-    [line] = bench.comparison([tree, ref], ["tree", "ref"])
+    line = bench.comparison([tree, ref], ["tree", "ref"])[0]
     assert line.startswith("tree / ref, empty, 8 clients: pairs/s x")
     assert (f"(rounds {shown})" in line) == bool(shown)
+
+
+def test_the_pooled_line_finds_a_small_gap_no_row_shows_alone():
+    # Each row 7 of 10 rounds a little below: 17 % by chance, noise. Two rows together,
+    # 14 of 20: 6 %, still noise. Three rows, 21 of 30: 2 %, below.
+    rows: list[bench.Row] = []
+    for scenario in ("empty", "50 on GPU 0", "other"):
+        rows += [bench.Row(scenario, 8, "tree", row("tree", [480] * 7 + [510] * 3,
+                                                    [15] * 10).rounds),
+                 bench.Row(scenario, 8, "ref", row("ref", [500] * 10, [15] * 10).rounds)]
+        *each, pooled = bench.comparison(rows, ["tree", "ref"])
+        assert all(line.endswith("within this run's noise)") for line in each), each
+        if len(each) == 2:
+            assert pooled.endswith("(chance 0.058: not below ref past this run's noise)"), pooled
+    assert "21 of 30 paired rounds worse" in pooled
+    assert pooled.endswith("(chance 0.021: below ref past this run's noise)"), pooled
+
+
+def test_the_pooled_line_leaves_out_the_transport_baseline():
+    rows = [bench.Row("2x Health", 8, "tree", row("tree", [400] * 5, [15] * 5).rounds),
+            bench.Row("2x Health", 8, "ref", row("ref", [500] * 5, [15] * 5).rounds)]
+    assert bench.comparison(rows, ["tree", "ref"]) == []
