@@ -259,6 +259,14 @@ def _against(xs: list[float], worse: Callable[[float], bool]) -> str:
             f"{sum(map(worse, xs))} of {len(xs)} worse)")
 
 
+def _beside(rows: list[Row], ref: str) -> list[tuple[Row, Row]]:
+    """Each Allocate+Release row of the tree with the same row of build `ref`."""
+    by = {(r.scenario, r.clients, r.build): r for r in rows}
+    return [(r, by[(r.scenario, r.clients, ref)]) for r in rows
+            if r.build == "tree" and r.scenario != "2x Health"
+            and (r.scenario, r.clients, ref) in by]
+
+
 def comparison(rows: list[Row], builds: list[str]) -> list[str]:
     """Per Allocate+Release row, the tree against the other build: the geometric mean of
     the paired rounds' ratios, their range, how many went against the tree, and the
@@ -266,12 +274,8 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
     if len(builds) < 2:
         return []
     ref = builds[1]
-    by = {(r.scenario, r.clients, r.build): r for r in rows}
     out = []
-    for r in rows:
-        other = by.get((r.scenario, r.clients, ref))
-        if r.build != "tree" or other is None or r.scenario == "2x Health":
-            continue
+    for r, other in _beside(rows, ref):
         rates, p99s = paired(r, other)
         out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{gmean(rates):.2f}"
                    f"{_against(rates, lambda x: x < 1.0)}, p99 x{gmean(p99s):.2f}"
@@ -285,12 +289,7 @@ def pooled(rows: list[Row], ref: str) -> list[str]:
     """Every Allocate+Release row's paired rounds together: a gap of a few % that no row
     shows past its noise still goes the same way in most rounds, and this says whether
     more went against the tree than chance makes."""
-    by = {(r.scenario, r.clients, r.build): r for r in rows}
-    rates: list[float] = []
-    for r in rows:
-        other = by.get((r.scenario, r.clients, ref))
-        if r.build == "tree" and other is not None and r.scenario != "2x Health":
-            rates += paired(r, other)[0]
+    rates = [x for r, other in _beside(rows, ref) for x in paired(r, other)[0]]
     if len(rates) < 2:
         return []
     worse = sum(x < 1.0 for x in rates)
