@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import shlex
 import statistics
@@ -65,15 +64,13 @@ from against import (  # noqa: E402
     start_vgpud,
     this_tree,
 )
+from paired import chance_of, gmean, past_noise  # noqa: E402
 from vgpud_proc import stop_vgpud  # noqa: E402
 
 MiB = 1 << 20
 TARGET_RATE = 500.0   # pairs/s at 8 clients
 TARGET_P99_MS = 20.0  # at 8 clients
 PRESET = 50
-#: A row is below the other build when its paired rounds go against the tree more often
-#: than this likely by chance (chance_of).
-ALPHA = 0.05
 
 
 @dataclass
@@ -223,31 +220,20 @@ def paired(tree: Row, ref: Row) -> tuple[list[float], list[float]]:
             [t.pct(0.99) / r.pct(0.99) for t, r in pairs if r.pct(0.99)])
 
 
-def gmean(ratios: list[float]) -> float:
-    """The geometric mean of paired ratios: x0.5 and x2 cancel, as they should."""
-    return math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else float("nan")
-
-
-def chance_of(worse: int, n: int) -> float:
-    """How likely `worse` or more of n paired rounds go against the tree when the builds are
-    the same and each round is a coin toss (one-sided exact sign test)."""
-    return sum(math.comb(n, k) for k in range(worse, n + 1)) / 2 ** n
-
-
 def verdict(tree: Row, ref: Row) -> str:
     """Never below the other build, from the paired rounds' ratios (their geometric mean:
     pairs/s at least x1.00, p99 at most x1.00).
 
     met: the means say so. MISSED: they do not, and the rounds that went against the tree
-    are more than this machine's noise makes by chance (a sign test: under ALPHA, so with
+    are more than this machine's noise makes by chance (bench/paired.py: a sign test, with
     5 rounds all 5, with 10 rounds 9). Otherwise "within this run's noise": a machine whose
     load moves between rounds moves one build's round, not the other's, and a same-build
     run (bench --against HEAD) lands on either side by a few %."""
     rates, p99s = paired(tree, ref)
     if gmean(rates) >= 1.0 and gmean(p99s) <= 1.0:
         return "met"
-    slower = gmean(rates) < 1.0 and chance_of(sum(x < 1.0 for x in rates), len(rates)) < ALPHA
-    later = gmean(p99s) > 1.0 and chance_of(sum(x > 1.0 for x in p99s), len(p99s)) < ALPHA
+    slower = gmean(rates) < 1.0 and past_noise(sum(x < 1.0 for x in rates), len(rates))
+    later = gmean(p99s) > 1.0 and past_noise(sum(x > 1.0 for x in p99s), len(p99s))
     return "MISSED" if slower or later else "within this run's noise"
 
 
@@ -293,7 +279,7 @@ def pooled(rows: list[Row], ref: str) -> list[str]:
     if len(rates) < 2:
         return []
     worse = sum(x < 1.0 for x in rates)
-    below = gmean(rates) < 1.0 and chance_of(worse, len(rates)) < ALPHA
+    below = gmean(rates) < 1.0 and past_noise(worse, len(rates))
     return [f"tree / {ref}, all Allocate+Release rows: pairs/s x{gmean(rates):.2f}, "
             f"{worse} of {len(rates)} paired rounds worse "
             f"(chance {chance_of(worse, len(rates)):.2g}: "

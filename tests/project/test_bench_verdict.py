@@ -72,16 +72,6 @@ def test_too_few_rounds_cannot_make_a_miss(rounds):
                          row("ref", [500] * rounds, [15] * rounds)) == "within this run's noise"
 
 
-def test_chance_of_is_the_binomial_tail():
-    assert bench.chance_of(5, 5) == 1 / 32
-    assert bench.chance_of(9, 10) == 11 / 1024
-    assert bench.chance_of(0, 7) == 1.0
-
-
-def test_gmean_lets_opposite_ratios_cancel():
-    assert bench.gmean([0.5, 2.0]) == pytest.approx(1.0)
-
-
 @pytest.mark.parametrize(("tree_rates", "shown"), [([480, 530, 490], "x0.96-1.06, 2 of 3 worse"),
                                                     ([500], "")])
 def test_the_comparison_line_shows_the_paired_rounds_range(tree_rates, shown):

@@ -1,0 +1,36 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Two builds measured in back-to-back pairs (bench/arbiter.py's rounds, bench/containers.py's
+starts): how to tell a gap from this machine's noise.
+
+The VM's speed moves by 10-30 % within seconds, so a pair's two halves see the same machine
+and the pairs do not. A build is below the other past the noise when more of the pairs went
+against it than chance makes with no difference at all: an exact one-sided sign test, each
+pair a coin toss under that null. Its size is the geometric mean of the pairs' ratios (a
+x0.5 and a x2 cancel).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+__all__ = ["ALPHA", "chance_of", "gmean", "past_noise"]
+
+#: Below past the noise: more pairs against it than this likely by chance (chance_of).
+ALPHA = 0.05
+
+
+def gmean(ratios: list[float]) -> float:
+    """The geometric mean of paired ratios (nan for none)."""
+    return math.exp(statistics.fmean(math.log(x) for x in ratios)) if ratios else float("nan")
+
+
+def chance_of(worse: int, n: int) -> float:
+    """How likely `worse` or more of n pairs go against a build when the two are the same
+    (each pair a coin toss): the binomial tail, 1 for worse <= 0."""
+    return sum(math.comb(n, k) for k in range(max(worse, 0), n + 1)) / 2 ** n
+
+
+def past_noise(worse: int, n: int) -> bool:
+    """Whether `worse` of n pairs against a build is more than chance makes (under ALPHA:
+    5 of 5, 9 of 10, 15 of 20, 20 of 30)."""
+    return n > 0 and chance_of(worse, n) < ALPHA
