@@ -41,7 +41,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +63,7 @@ from against import (  # noqa: E402
     start_vgpud,
     this_tree,
 )
-from paired import chance_of, gmean, past_noise  # noqa: E402
+from paired import against, chance_of, gmean, worse_past_noise  # noqa: E402
 from vgpud_proc import stop_vgpud  # noqa: E402
 
 MiB = 1 << 20
@@ -232,17 +231,18 @@ def verdict(tree: Row, ref: Row) -> str:
     rates, p99s = paired(tree, ref)
     if gmean(rates) >= 1.0 and gmean(p99s) <= 1.0:
         return "met"
-    slower = gmean(rates) < 1.0 and past_noise(sum(x < 1.0 for x in rates), len(rates))
-    later = gmean(p99s) > 1.0 and past_noise(sum(x > 1.0 for x in p99s), len(p99s))
-    return "MISSED" if slower or later else "within this run's noise"
+    if (worse_past_noise(rates, higher_is_worse=False)
+            or worse_past_noise(p99s, higher_is_worse=True)):
+        return "MISSED"
+    return "within this run's noise"
 
 
-def _against(xs: list[float], worse: Callable[[float], bool]) -> str:
+def _rounds(xs: list[float], *, higher_is_worse: bool) -> str:
     """The paired rounds' range and how many went against the tree ("" for one round)."""
     if len(xs) < 2:
         return ""
     return (f" (rounds x{min(xs):.2f}-{max(xs):.2f}, "
-            f"{sum(map(worse, xs))} of {len(xs)} worse)")
+            f"{against(xs, higher_is_worse=higher_is_worse)} of {len(xs)} worse)")
 
 
 def _beside(rows: list[Row], ref: str) -> list[tuple[Row, Row]]:
@@ -264,8 +264,8 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
     for r, other in _beside(rows, ref):
         rates, p99s = paired(r, other)
         out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{gmean(rates):.2f}"
-                   f"{_against(rates, lambda x: x < 1.0)}, p99 x{gmean(p99s):.2f}"
-                   f"{_against(p99s, lambda x: x > 1.0)} "
+                   f"{_rounds(rates, higher_is_worse=False)}, p99 x{gmean(p99s):.2f}"
+                   f"{_rounds(p99s, higher_is_worse=True)} "
                    f"(never below {ref}: {verdict(r, other)})")
     out += pooled(rows, ref)
     return out
@@ -278,8 +278,8 @@ def pooled(rows: list[Row], ref: str) -> list[str]:
     rates = [x for r, other in _beside(rows, ref) for x in paired(r, other)[0]]
     if len(rates) < 2:
         return []
-    worse = sum(x < 1.0 for x in rates)
-    below = gmean(rates) < 1.0 and past_noise(worse, len(rates))
+    worse = against(rates, higher_is_worse=False)
+    below = worse_past_noise(rates, higher_is_worse=False)
     return [f"tree / {ref}, all Allocate+Release rows: pairs/s x{gmean(rates):.2f}, "
             f"{worse} of {len(rates)} paired rounds worse "
             f"(chance {chance_of(worse, len(rates)):.2g}: "

@@ -51,7 +51,7 @@ from against import (  # noqa: E402
     this_tree,
     vgpud_proc,
 )
-from paired import past_noise  # noqa: E402
+from paired import against, past_noise  # noqa: E402
 from vgpud_proc import stop_vgpud  # noqa: E402
 
 TARGET_ADDED_MS = 25.0   # issue 11: start overhead <= +25 ms median over plain runc
@@ -219,7 +219,7 @@ def verdict(tree: list[float], ref: list[float], tree_together: list[float],
     if not later and not slower:
         return "met"
     ratios = paired_starts(tree, ref)
-    if slower and past_noise(sum(x > 1.0 for x in ratios), len(ratios)):
+    if slower and past_noise(against(ratios, higher_is_worse=True), len(ratios)):
         return "MISSED"
     return "MISSED (p99)" if later else "within this run's noise"
 
@@ -255,7 +255,7 @@ def report(args: argparse.Namespace, builds: list[Build], plain: list[float],
     if len(builds) > 1:
         tree, ref = builds[0], builds[1]
         added_t, added_r = med(tree.single) - med(plain), med(ref.single) - med(plain)
-        slower = sum(x > 1.0 for x in paired_starts(tree.single, ref.single))
+        slower = against(paired_starts(tree.single, ref.single), higher_is_worse=True)
         print(f"tree / {ref.tree.label}: added median {added_t:.1f} / {added_r:.1f} ms "
               f"(tree slower in {slower} of {min(len(tree.single), len(ref.single))} "
               f"paired starts), p99 x{pct(tree.single, 0.99) / pct(ref.single, 0.99):.2f}, "

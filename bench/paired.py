@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["ALPHA", "chance_of", "gmean", "past_noise"]
+__all__ = ["ALPHA", "against", "chance_of", "gmean", "past_noise", "worse_past_noise"]
 
 #: Below past the noise: more pairs against it than this likely by chance (chance_of).
 ALPHA = 0.05
@@ -34,3 +34,17 @@ def past_noise(worse: int, n: int) -> bool:
     """Whether `worse` of n pairs against a build is more than chance makes (under ALPHA:
     5 of 5, 9 of 10, 15 of 20, 20 of 30)."""
     return n > 0 and chance_of(worse, n) < ALPHA
+
+
+def against(ratios: list[float], *, higher_is_worse: bool) -> int:
+    """How many pairs (ratio: the build over the other) went against the build: above x1
+    for a figure where higher is worse (a time), below x1 for one where it is better (a rate)."""
+    return sum(x > 1.0 if higher_is_worse else x < 1.0 for x in ratios)
+
+
+def worse_past_noise(ratios: list[float], *, higher_is_worse: bool) -> bool:
+    """Whether the pairs say the build is worse past the noise: their geometric mean on the
+    worse side of x1, and more of them against it than chance makes."""
+    mean = gmean(ratios)
+    return ((mean > 1.0 if higher_is_worse else mean < 1.0)
+            and past_noise(against(ratios, higher_is_worse=higher_is_worse), len(ratios)))

@@ -59,3 +59,17 @@ def test_containers_a_later_p99_counts_as_it_is():
     assert containers.verdict([100] * 5, [100] * 5, [300, 330], [300, 310]) == "MISSED (p99)"
     assert containers.verdict([100, 100, 100, 100, 140], [100] * 5, [300], [300]) \
         == "MISSED (p99)"
+
+
+def test_against_counts_by_which_way_is_worse():
+    ratios = [0.9, 1.1, 1.2, 1.0]
+    assert paired.against(ratios, higher_is_worse=True) == 2  # times: above x1
+    assert paired.against(ratios, higher_is_worse=False) == 1  # rates: below x1
+
+
+def test_worse_past_noise_needs_the_mean_and_the_pairs_on_the_worse_side():
+    assert paired.worse_past_noise([0.9] * 5, higher_is_worse=False)
+    assert not paired.worse_past_noise([0.9] * 5, higher_is_worse=True)
+    # 5 of 5 pairs above x1, but by so little that one deep pair puts the mean below.
+    assert not paired.worse_past_noise([1.01] * 5 + [0.5], higher_is_worse=True)
+    assert not paired.worse_past_noise([0.9] * 4, higher_is_worse=False)  # 1 in 16
