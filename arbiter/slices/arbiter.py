@@ -26,7 +26,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -40,6 +39,7 @@ from arbiter.quantity import COMPUTE_MAX, COMPUTE_MIN
 from arbiter.slices import placement
 from arbiter.slices.attribution import SlicePids
 from arbiter.slices.identity import Holder, Liveness
+from arbiter.slices.pending import Pending
 
 __all__ = ["Allocation", "Arbiter", "Health", "HeldError", "Settings"]
 
@@ -146,7 +146,7 @@ class Arbiter:
         #: which also knows where runtimes keep state.
         self.liveness = Liveness(self._proc)
         # Slices whose insert is queued for the store's next group commit.
-        self._pending: dict[str, Future[None]] = {}
+        self._pending: dict[str, Pending[None]] = {}
         self._started = time.monotonic()
 
     # -- lifecycle -------------------------------------------------------------
@@ -434,7 +434,7 @@ class Arbiter:
                    else self._observe(req.owner_pid, req.owner_kind, req.bundle))
             while True:
                 stale: Slice | None = None
-                bind: Future[bool] | None = None
+                bind: Pending[bool] | None = None
                 with self._lock:
                     self.validate(req)
                     existing = self._by_owner(req.owner)
@@ -562,7 +562,7 @@ class Arbiter:
                    holder_bundle=s.owner_bundle, pid=who.pid, bundle=who.bundle)
         return e
 
-    def _bind(self, s: Slice, who: Holder) -> tuple[Slice, Future[bool]]:
+    def _bind(self, s: Slice, who: Holder) -> tuple[Slice, Pending[bool]]:
         """Record who holds s (under the lock); the write joins the next group commit."""
         bound = dataclasses.replace(s, owner_pid=who.pid, owner_start=who.start,
                                     owner_cgroup=who.cgroup,
@@ -572,7 +572,7 @@ class Arbiter:
         self._slices[s.id] = bound
         return bound, pending
 
-    def _await_bind(self, old: Slice, bound: Slice, pending: Future[bool]) -> Slice:
+    def _await_bind(self, old: Slice, bound: Slice, pending: Pending[bool]) -> Slice:
         try:
             if not pending.result():
                 raise NotFoundError("attach slice", _what(old.id, ""))
@@ -595,7 +595,7 @@ class Arbiter:
         )
 
     def _allocate_queued(self, req: Request, plan: placement.Placement,
-                         who: Holder) -> tuple[Slice, Future[None]]:
+                         who: Holder) -> tuple[Slice, Pending[None]]:
         """The common case (no eviction): hold the room now, commit with the next batch.
 
         The insert is queued first, so that the writer commits it while the files are made
@@ -613,7 +613,7 @@ class Arbiter:
         self._pending[new.id] = pending
         return new, pending
 
-    def _await_durable(self, s: Slice, pending: Future[Any],
+    def _await_durable(self, s: Slice, pending: Pending[Any],
                        undo: Callable[[Slice], None]) -> Any:
         try:
             return pending.result()

@@ -17,10 +17,10 @@ from __future__ import annotations
 import functools
 import json
 import os
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from arbiter.errors import StateError
 from arbiter.model import Grant, Policy, Priority, Slice, User
+from arbiter.slices.pending import Pending
 
 __all__ = ["DB_NAME", "MIGRATIONS", "SCHEMA_VERSION", "Migration", "Store"]
 
@@ -111,12 +112,11 @@ class Store:
         self.path = path
         self._lock = threading.Lock()
         self._closed = False
-        # Group commit: writes queued for the writer thread, and how many were
-        # submitted / completed (flush waits for the count it saw).
-        self._queue_cond = threading.Condition()
-        self._queue: list[tuple[Callable[[sqlite3.Connection], Any], Future[Any]]] = []
-        self._submitted = 0
-        self._completed = 0
+        # Group commit: writes queued for the writer thread, each with the Pending its
+        # caller waits on (a write of None: flush's marker; the item None: close's).
+        self._queue: queue.SimpleQueue[tuple[Callable[[sqlite3.Connection], Any] | None,
+                                             Pending[Any]] | None] = queue.SimpleQueue()
+        self._queue_lock = threading.Lock()
         self._writer: threading.Thread | None = None
         self._stopping = False
         try:
@@ -149,9 +149,10 @@ class Store:
 
     def close(self) -> None:
         """Finish queued writes, then close the database (idempotent); later calls raise."""
-        with self._queue_cond:
-            self._stopping = True
-            self._queue_cond.notify_all()
+        with self._queue_lock:
+            if not self._stopping:
+                self._stopping = True
+                self._queue.put(None)
             writer = self._writer
         if writer is not None and writer is not threading.current_thread():
             writer.join()
@@ -209,28 +210,28 @@ class Store:
 
     # --- group commit ----------------------------------------------------------------------
     # Many threads allocating and releasing at once share transactions: the writer
-    # thread commits everything queued so far with one fsync, and each caller's future
-    # completes only when its write is durable. A write that fails is rolled back to
+    # thread commits everything queued so far with one fsync, and each caller's Pending
+    # is done only when its write is durable. A write that fails is rolled back to
     # its savepoint alone; a commit that fails fails every write in the batch. A batch of
     # one write that is one statement (_OneStatement) is that statement alone, in
     # SQLite's own transaction: no BEGIN and COMMIT, each a call that lets go of the GIL
     # and waits to get it back (most batches, as the writer keeps up).
 
-    def commit_allocation_async(self, new: Slice, evicted: Sequence[str] = ()) -> Future[None]:
-        """commit_allocation, batched with other writers; the future is done once durable."""
+    def commit_allocation_async(self, new: Slice, evicted: Sequence[str] = ()) -> Pending[None]:
+        """commit_allocation, batched with other writers; its Pending is done once durable."""
         write = functools.partial(self._write_allocation, new=new, evicted=evicted)
         return self._submit(write if evicted else _OneStatement(write), f"slice {new.id}")
 
     def bind_async(self, id: str, pid: int, start: int, cgroup: str,
-                   bundle: str) -> Future[bool]:
-        """Record the slice's holder (prestart); the future is done once durable, with
+                   bundle: str) -> Pending[bool]:
+        """Record the slice's holder (prestart); its Pending is done once durable, with
         False when there is no such slice."""
         return self._submit(_OneStatement(lambda db: db.execute(
             "UPDATE slices SET owner_pid = ?, owner_start = ?, owner_cgroup = ?,"
             " owner_bundle = ? WHERE id = ?", (pid, start, cgroup, bundle, id)).rowcount > 0),
             f"slice {id}")
 
-    def set_libvgpu_async(self, id: str, libvgpu_version: str) -> Future[bool]:
+    def set_libvgpu_async(self, id: str, libvgpu_version: str) -> Pending[bool]:
         """Record which installed libvgpu the slice's container mapped; False: no such slice."""
         return self._submit(_OneStatement(lambda db: db.execute(
             "UPDATE slices SET libvgpu_version = ? WHERE id = ?",
@@ -243,8 +244,8 @@ class Store:
                               " ORDER BY slice_id, pid, start").fetchall()
         return [User(*row) for row in rows]
 
-    def add_user_async(self, user: User) -> Future[bool]:
-        """Record a user of a slice; the future is done once durable, with False when there
+    def add_user_async(self, user: User) -> Pending[bool]:
+        """Record a user of a slice; its Pending is done once durable, with False when there
         is no such slice."""
         def write(db: sqlite3.Connection) -> bool:
             if db.execute("SELECT 1 FROM slices WHERE id = ?",
@@ -256,62 +257,73 @@ class Store:
             return True
         return self._submit(write, f"slice {user.slice_id}")
 
-    def delete_user_async(self, user: User) -> Future[bool]:
-        """Forget a user of a slice; the future is done once durable (False: none)."""
+    def delete_user_async(self, user: User) -> Pending[bool]:
+        """Forget a user of a slice; its Pending is done once durable (False: none)."""
         return self._submit(_OneStatement(lambda db: db.execute(
             "DELETE FROM users WHERE slice_id = ? AND pid = ? AND start = ?",
             (user.slice_id, user.pid, user.start)).rowcount > 0), f"slice {user.slice_id}")
 
-    def delete_async(self, id: str) -> Future[bool]:
-        """delete, batched with other writers; the future is done once durable."""
+    def delete_async(self, id: str) -> Pending[bool]:
+        """delete, batched with other writers; its Pending is done once durable."""
         return self._submit(_OneStatement(lambda db: self._write_delete(db, id)),
                             f"slice {id}")
 
     def flush(self) -> None:
         """Wait until every write submitted so far is committed (or has failed)."""
-        with self._queue_cond:
-            target = self._submitted
-            while self._completed < target:
-                self._queue_cond.wait()
+        try:
+            marker: Pending[None] = self._submit(None, "flush")
+        except StateError:  # closing: the writer ends once what was queued is done
+            writer = self._writer
+            if writer is not None and writer is not threading.current_thread():
+                writer.join()
+            return
+        marker.result()
 
-    def _submit(self, write: Callable[[sqlite3.Connection], _T], what: str) -> Future[_T]:
-        fut: Future[_T] = Future()
-        with self._queue_cond:
+    def _submit(self, write: Callable[[sqlite3.Connection], _T] | None,
+                what: str) -> Pending[_T]:
+        done: Pending[_T] = Pending()
+        with self._queue_lock:
             if self._closed or self._stopping:
                 raise StateError("store", what, "the state database is closed", path=self.path)
-            self._queue.append((write, fut))
-            self._submitted += 1
             if self._writer is None:
                 self._writer = threading.Thread(target=self._write_loop, name="vgpud-store",
                                                 daemon=True)
                 self._writer.start()
-            self._queue_cond.notify_all()
-        return fut
+            self._queue.put((write, done))
+        return done
 
     def _write_loop(self) -> None:
         while True:
-            with self._queue_cond:
-                while not self._queue and not self._stopping:
-                    self._queue_cond.wait()
-                if not self._queue:
-                    return
-                batch, self._queue = self._queue, []
-            try:
-                outcomes = self._write_batch(batch)
-            except BaseException as e:
-                outcomes = [(fut, None, e) for _, fut in batch]
-            for fut, result, error in outcomes:
-                if error is None:
-                    fut.set_result(result)
-                else:
-                    fut.set_exception(error)
-            with self._queue_cond:
-                self._completed += len(batch)
-                self._queue_cond.notify_all()
+            # Everything queued by now is one batch (the first get waits, in C, GIL let go).
+            items = [self._queue.get()]
+            items.extend(self._queue.get() for _ in range(self._queue.qsize()))
+            batch: list[tuple[Callable[[sqlite3.Connection], Any], Pending[Any]]] = []
+            markers: list[Pending[Any]] = []
+            for item in items:
+                if item is not None:
+                    write, done = item
+                    if write is None:
+                        markers.append(done)
+                    else:
+                        batch.append((write, done))
+            if batch:
+                try:
+                    outcomes = self._write_batch(batch)
+                except BaseException as e:
+                    outcomes = [(done, None, e) for _, done in batch]
+                for done, result, error in outcomes:
+                    if error is None:
+                        done.set_result(result)
+                    else:
+                        done.set_exception(error)
+            for done in markers:  # flush's: everything queued before them is done now
+                done.set_result(None)
+            if None in items:  # close's, always the last
+                return
 
-    def _write_batch(self, batch: list[tuple[Callable[[sqlite3.Connection], Any], Future[Any]]],
-                     ) -> list[tuple[Future[Any], Any, BaseException | None]]:
-        """Commit a batch in one transaction; each write's (future, result, error).
+    def _write_batch(self, batch: list[tuple[Callable[[sqlite3.Connection], Any], Pending[Any]]],
+                     ) -> list[tuple[Pending[Any], Any, BaseException | None]]:
+        """Commit a batch in one transaction; each write's (Pending, result, error).
 
         The writes go straight in first: every statement is a call that lets go of the GIL
         and waits to get it back, and a savepoint around each write would double them. Only
@@ -331,7 +343,7 @@ class Store:
             return [(fut, r, None) for (_, fut), r in zip(batch, results, strict=True)]
         except _WriteFailedError:
             pass  # rolled back whole (_tx): once more, one savepoint per write
-        outcomes: list[tuple[Future[Any], Any, BaseException | None]] = []
+        outcomes: list[tuple[Pending[Any], Any, BaseException | None]] = []
         with self._tx("store", what) as db:
             for write, fut in batch:
                 db.execute("SAVEPOINT w")
@@ -344,10 +356,10 @@ class Store:
                     outcomes.append((fut, None, self._write_error(e)))
         return outcomes
 
-    def _write_alone(self, write: _OneStatement, fut: Future[Any],
-                     ) -> tuple[Future[Any], Any, BaseException | None]:
+    def _write_alone(self, write: _OneStatement, fut: Pending[Any],
+                     ) -> tuple[Pending[Any], Any, BaseException | None]:
         """One write of one statement, committed by SQLite as it ends (autocommit: the
-        connection has no isolation level); its (future, result, error)."""
+        connection has no isolation level); its (Pending, result, error)."""
         with self._lock:
             if self._closed:
                 return fut, None, StateError("store", "slice", "the state database is closed",
@@ -358,7 +370,7 @@ class Store:
                 return fut, None, self._write_error(e)
 
     def _write_error(self, e: Exception) -> Exception:
-        """What a write's future fails with: SQLite's errors as StateError, others as raised."""
+        """What a write's Pending fails with: SQLite's errors as StateError, others as raised."""
         if isinstance(e, sqlite3.Error):
             return StateError("store", "slice", str(e), path=self.path)
         return e

@@ -430,7 +430,7 @@ def test_a_write_that_fails_in_a_batch_fails_alone_and_leaves_nothing(tmp_path: 
     with s._lock:  # the writer waits on the connection with its first batch taken
         lead = s.delete_async("nothing")
         deadline = time.monotonic() + 10
-        while s._queue and time.monotonic() < deadline:
+        while not s._queue.empty() and time.monotonic() < deadline:
             time.sleep(0.001)
         ok = s.commit_allocation_async(make("a"))
         broken = s._submit(half, "a half write")
@@ -500,6 +500,40 @@ def test_the_one_statement_insert_leaves_the_files_schema_as_it_was(tmp_path: Pa
                    " ORDER BY name") == before
     assert raw(tmp_path / DB_NAME, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
     assert not [row for row in before if "new_slice" in (row[1] or "")]
+
+
+def test_flush_waits_for_the_writes_queued_before_it(tmp_path: Path):
+    """flush() returns once every write queued before it is durable, and not before."""
+    s = Store(tmp_path)
+    with s._lock:  # the writer waits on the connection with the first write taken
+        first = s.commit_allocation_async(make("a"))
+        second = s.delete_async("nothing")
+        flushed = threading.Event()
+        t = threading.Thread(target=lambda: (s.flush(), flushed.set()))
+        t.start()
+        assert not flushed.wait(0.2)
+        assert not first.done() and not second.done()
+    t.join(10)
+    assert flushed.is_set() and first.done() and second.done()
+    assert [x.id for x in s.slices()] == ["a"]
+    s.close()
+    s.flush()  # closed: nothing queued, returns at once
+
+
+def test_close_commits_what_was_queued_before_it(tmp_path: Path):
+    s = Store(tmp_path)
+    with s._lock:
+        queued = [s.commit_allocation_async(make(f"q{i}")) for i in range(5)]
+        closer = threading.Thread(target=s.close)
+        closer.start()
+        time.sleep(0.05)
+        with pytest.raises(StateError, match="closed"):
+            s.commit_allocation_async(make("late"))
+    closer.join(10)
+    for p in queued:
+        p.result(timeout=10)
+    assert sorted(r[0] for r in raw(tmp_path / DB_NAME, "SELECT id FROM slices")) == [
+        f"q{i}" for i in range(5)]
 
 
 def test_group_commit_failure_is_confined_to_its_write(tmp_path: Path):
