@@ -138,7 +138,9 @@ class EventLog:
     def emit(self, kind: str, /, **fields: Any) -> dict[str, Any]:
         """Record one event of `kind` with `fields` (JSON-able; others via str()); return it."""
         event: dict[str, Any] = {"ts": _now(), "kind": kind}
-        event.update((k, v) for k, v in fields.items() if k not in ("ts", "kind"))
+        if "ts" in fields or "kind" in fields:  # the event's own keys are not a field's
+            fields = {k: v for k, v in fields.items() if k not in ("ts", "kind")}
+        event.update(fields)
         line = (_encode(event) + "\n").encode()
         with self._lock:
             self._make_room(len(line))

@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 from typing import NoReturn, Protocol
@@ -55,6 +54,7 @@ from arbiter.daemon.events import EventLog
 from arbiter.daemon.metrics import Metrics, Snapshot
 from arbiter.daemon.reconcile import Reconciler
 from arbiter.daemon.relay import Relay
+from arbiter.daemon.rpc_pool import RpcPool
 from arbiter.daemon.service import ArbiterService
 from arbiter.defaults import DEFAULT_RUN_DIR
 from arbiter.errors import ConfigError, VgpuError
@@ -160,6 +160,7 @@ class Daemon:
         self._lock_fd: int | None = None
         self._state_lock: StateLock | None = None
         self.server: grpc.Server | None = None
+        self.rpc_pool: RpcPool | None = None
         self.metrics: Metrics | None = None
         self.store: Store | None = None
         self.events: EventLog | None = None
@@ -329,8 +330,10 @@ class Daemon:
         self.guard = self._make_guard()
         self.guard.start()
 
-        self.server = grpc.server(ThreadPoolExecutor(max_workers=_WORKERS,
-                                                     thread_name_prefix="vgpud-rpc"),
+        self.rpc_pool = RpcPool(_WORKERS, "vgpud-rpc")
+        # Typed as a ThreadPoolExecutor; gRPC's server only calls submit() and
+        # add_done_callback() on what it returns (arbiter.daemon.rpc_pool).
+        self.server = grpc.server(self.rpc_pool,  # type: ignore[arg-type]
                                   options=[("grpc.so_reuseport", 0)])
         paths = {"config": str(c.source or ""), "socket": str(c.socket),
                  "state_dir": str(c.state_dir), "run_dir": str(c.run_dir),
@@ -542,6 +545,8 @@ class Daemon:
                 self._relay.close()
             if self.server is not None:
                 self.server.stop(_DRAIN_S).wait()
+            if self.rpc_pool is not None:  # the calls drained: its threads end now
+                self.rpc_pool.shutdown()
             if self.reconciler is not None:
                 self.reconciler.stop()
             if self.guard is not None:  # thaws every cgroup it throttles

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 from pathlib import Path
@@ -39,6 +40,7 @@ def _pages(n: int, page: int) -> int:
     return -(-n // page)
 
 
+@functools.cache  # the same few (vgpus, sizes) for every slice: once each
 def slice_fs_bytes(vgpus: int, file_sizes: tuple[int, ...], page: int | None = None) -> int:
     """The size of a slice's tmpfs: per vGPU each of its files (region, usage, .req) twice
     (one deleted from the run dir but still mounted in its container, or held by vgpud,
