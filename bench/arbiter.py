@@ -23,7 +23,10 @@ rounds are short and many, and the verdict pairs them (round i of each build ran
 back): the tree is below the other build when the geometric mean of the paired ratios says
 so and more rounds went against it than chance makes (a sign test); a mean below with
 rounds on both sides is said to be within this run's noise. A last line pools every
-Allocate+Release row's rounds: a gap of a few % that no row shows alone.
+Allocate+Release row's rounds: a gap of a few % that no row shows alone. Each round also
+reads vgpud's CPU (user + system, its broker included, from /proc) and reports it a pair:
+a slower machine costs a build time, not CPU a pair, so this pairs more steadily; it is
+shown beside the verdict, which stays the rates' and p99s'.
 
     python3 bench/arbiter.py [--duration 0.5] [--clients 1,8,64] [--dir /var/tmp]
                              [--against REF|none] [--rounds 10]
@@ -83,10 +86,16 @@ class Result:
     seconds: float
     latencies: list[float]
     build: str = "tree"
+    cpu_s: float = 0.0  # vgpud's CPU (and its broker's) while it ran, from /proc
 
     @property
     def rate(self) -> float:
         return self.pairs / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_us(self) -> float:
+        """vgpud's CPU a pair in microseconds (nan with no pairs or no CPU measured)."""
+        return 1e6 * self.cpu_s / self.pairs if self.pairs and self.cpu_s else float("nan")
 
     def pct(self, q: float) -> float:
         """Latency percentile in ms (nearest rank)."""
@@ -120,6 +129,38 @@ class Row:
     def pct(self, q: float) -> float:
         return statistics.median(r.pct(q) for r in self.rounds)
 
+    @property
+    def cpu_us(self) -> float:
+        return statistics.median(r.cpu_us for r in self.rounds)
+
+
+def tree_cpu(pid: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) that pid and every process below it (vgpud's broker)
+    have used, from /proc; 0 when pid is gone."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = (proc / entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # comm may hold spaces: fields after it
+        parent[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+
+    def below(p: int) -> bool:
+        seen = set()
+        while p > 1 and p not in seen:
+            if p == pid:
+                return True
+            seen.add(p)
+            p = parent.get(p, 0)
+        return False
+
+    return sum(t for p, t in ticks.items() if below(p)) / os.sysconf("SC_CLK_TCK")
+
 
 def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
     return pb.AllocateRequest(owner=owner, memory_bytes=64 * MiB, compute_percent=2, count=1,
@@ -128,9 +169,10 @@ def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
 
 
 def measure(sock: Path, scenario: str, clients: int, duration: float,
-            baseline: bool = False, build: str = "tree") -> Result:
-    """clients threads, each with its own channel, loop Allocate+Release for duration."""
-    start = threading.Barrier(clients + 1)
+            baseline: bool = False, build: str = "tree", pid: int = 0) -> Result:
+    """clients threads, each with its own channel, loop Allocate+Release for duration;
+    with pid, vgpud's CPU (tree_cpu) from the start to the last pair's end."""
+    connected, start = threading.Barrier(clients + 1), threading.Barrier(clients + 1)
     stop = threading.Event()
     lat: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
@@ -140,6 +182,7 @@ def measure(sock: Path, scenario: str, clients: int, duration: float,
         with grpc.insecure_channel(f"unix:{sock}") as ch:
             stub = vgpu_pb2_grpc.ArbiterStub(ch)
             stub.Health(pb.HealthRequest(), timeout=10)  # connect before the clock starts
+            connected.wait()
             start.wait()
             i = 0
             while not stop.is_set():
@@ -166,6 +209,8 @@ def measure(sock: Path, scenario: str, clients: int, duration: float,
     threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
     for t in threads:
         t.start()
+    connected.wait()
+    cpu0 = tree_cpu(pid) if pid else 0.0
     start.wait()
     t0 = time.perf_counter()
     time.sleep(duration)
@@ -173,8 +218,9 @@ def measure(sock: Path, scenario: str, clients: int, duration: float,
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
+    cpu = tree_cpu(pid) - cpu0 if pid else 0.0
     flat = [x for xs in lat for x in xs]
-    return Result(scenario, clients, len(flat), sum(errors), elapsed, flat, build)
+    return Result(scenario, clients, len(flat), sum(errors), elapsed, flat, build, cpu)
 
 
 def with_owner_release(stub: vgpu_pb2_grpc.ArbiterStub, owner: str) -> None:
@@ -194,8 +240,8 @@ def preset(sock: Path, n: int) -> None:
 
 
 def table(results: list[Row]) -> str:
-    head = ("scenario", "clients", "build", "pairs", "pairs/s", "p50 ms", "p99 ms", "errors",
-            "target")
+    head = ("scenario", "clients", "build", "pairs", "pairs/s", "p50 ms", "p99 ms", "cpu us",
+            "errors", "target")
     rows = []
     for r in results:
         target = ""
@@ -204,9 +250,10 @@ def table(results: list[Row]) -> str:
             target = (f">= {TARGET_RATE:.0f}/s, p99 < {TARGET_P99_MS:.0f} ms: "
                       f"{'met' if ok else 'MISSED'}")
         rows.append((r.scenario, str(r.clients), r.build, str(r.pairs), f"{r.rate:.0f}",
-                     f"{r.pct(0.50):.2f}", f"{r.pct(0.99):.2f}", str(r.errors), target))
+                     f"{r.pct(0.50):.2f}", f"{r.pct(0.99):.2f}", f"{r.cpu_us:.0f}",
+                     str(r.errors), target))
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
-    return "\n".join("  ".join(c.rjust(w) if 0 < i < 8 and i != 2 else c.ljust(w)
+    return "\n".join("  ".join(c.rjust(w) if 0 < i < 9 and i != 2 else c.ljust(w)
                                for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
                      for row in (head, *rows))
 
@@ -217,6 +264,13 @@ def paired(tree: Row, ref: Row) -> tuple[list[float], list[float]]:
     pairs = list(zip(tree.rounds, ref.rounds, strict=False))
     return ([t.rate / r.rate for t, r in pairs if r.rate],
             [t.pct(0.99) / r.pct(0.99) for t, r in pairs if r.pct(0.99)])
+
+
+def paired_cpu(tree: Row, ref: Row) -> list[float]:
+    """Round by round, the tree's vgpud CPU a pair over the other build's (rounds with
+    CPU measured on both)."""
+    return [t.cpu_us / r.cpu_us for t, r in zip(tree.rounds, ref.rounds, strict=False)
+            if t.cpu_us > 0 and r.cpu_us > 0]
 
 
 def verdict(tree: Row, ref: Row) -> str:
@@ -263,9 +317,12 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
     out = []
     for r, other in _beside(rows, ref):
         rates, p99s = paired(r, other)
+        cpus = paired_cpu(r, other)
+        cpu = f", CPU a pair x{gmean(cpus):.2f}{_rounds(cpus, higher_is_worse=True)}" \
+            if cpus else ""
         out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{gmean(rates):.2f}"
                    f"{_rounds(rates, higher_is_worse=False)}, p99 x{gmean(p99s):.2f}"
-                   f"{_rounds(p99s, higher_is_worse=True)} "
+                   f"{_rounds(p99s, higher_is_worse=True)}{cpu} "
                    f"(never below {ref}: {verdict(r, other)})")
     out += pooled(rows, ref)
     return out
@@ -274,16 +331,28 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
 def pooled(rows: list[Row], ref: str) -> list[str]:
     """Every Allocate+Release row's paired rounds together: a gap of a few % that no row
     shows past its noise still goes the same way in most rounds, and this says whether
-    more went against the tree than chance makes."""
-    rates = [x for r, other in _beside(rows, ref) for x in paired(r, other)[0]]
+    more went against the tree than chance makes. The same for vgpud's CPU a pair, the
+    steadier figure where the machine's speed moves (a slower round costs both builds
+    time, not CPU a pair)."""
+    beside = _beside(rows, ref)
+    rates = [x for r, other in beside for x in paired(r, other)[0]]
     if len(rates) < 2:
         return []
     worse = against(rates, higher_is_worse=False)
     below = worse_past_noise(rates, higher_is_worse=False)
-    return [f"tree / {ref}, all Allocate+Release rows: pairs/s x{gmean(rates):.2f}, "
-            f"{worse} of {len(rates)} paired rounds worse "
-            f"(chance {chance_of(worse, len(rates)):.2g}: "
-            f"{'below' if below else 'not below'} {ref} past this run's noise)"]
+    out = [f"tree / {ref}, all Allocate+Release rows: pairs/s x{gmean(rates):.2f}, "
+           f"{worse} of {len(rates)} paired rounds worse "
+           f"(chance {chance_of(worse, len(rates)):.2g}: "
+           f"{'below' if below else 'not below'} {ref} past this run's noise)"]
+    cpus = [x for r, other in beside for x in paired_cpu(r, other)]
+    if len(cpus) >= 2:
+        more = against(cpus, higher_is_worse=True)
+        costlier = worse_past_noise(cpus, higher_is_worse=True)
+        out.append(f"tree / {ref}, all Allocate+Release rows: vgpud CPU a pair "
+                   f"x{gmean(cpus):.2f}, {more} of {len(cpus)} paired rounds more "
+                   f"(chance {chance_of(more, len(cpus)):.2g}: "
+                   f"{'more' if costlier else 'not more'} than {ref} past this run's noise)")
+    return out
 
 
 def main() -> int:
@@ -329,12 +398,15 @@ def main() -> int:
         print(line)
     print("2x Health: two round trips without arbiter work, the ceiling the transport and "
           "this Python client allow (the baseline)")
+    print("cpu us: vgpud's CPU a pair (user + system, its broker included, from /proc), "
+          "the median of the rounds")
     print(f"command: {cmd}")
     if args.json:
         print(json.dumps([{"build": r.build, "scenario": r.scenario, "clients": r.clients,
                            "pairs": r.pairs, "pairs_per_s": round(r.rate, 1),
                            "p50_ms": round(r.pct(0.5), 3), "p99_ms": round(r.pct(0.99), 3),
-                           "errors": r.errors} for r in rows], indent=2))
+                           "cpu_us_per_pair": round(r.cpu_us, 1), "errors": r.errors}
+                          for r in rows], indent=2))
     return 0
 
 
@@ -343,6 +415,7 @@ def run(trees: list[Tree], levels: list[int], args: argparse.Namespace,
     """Start each build's vgpud, measure every row on each (alternating which goes first),
     stop them; (the rows, the state dir's filesystem)."""
     socks: dict[str, Path] = {}
+    pids: dict[str, int] = {}
     fs = ""
     for tree in trees:
         tmp = Path(stack.enter_context(
@@ -352,6 +425,7 @@ def run(trees: list[Tree], levels: list[int], args: argparse.Namespace,
         proc, sock = start_vgpud(tree, tmp, run_dir)
         stack.callback(stop_vgpud, proc, run_dir)  # before the directories go (LIFO)
         socks[tree.label] = sock
+        pids[tree.label] = proc.pid
         fs = fs or subprocess.run(["stat", "-f", "-c", "%T", str(tmp)], capture_output=True,
                                   text=True).stdout.strip()
     rows: list[Row] = []
@@ -366,7 +440,8 @@ def run(trees: list[Tree], levels: list[int], args: argparse.Namespace,
                 turn += 1
                 for t in order:
                     got[t.label].append(measure(socks[t.label], name, n, args.duration,
-                                                baseline=baseline, build=t.label))
+                                                baseline=baseline, build=t.label,
+                                                pid=pids[t.label]))
             rows.extend(Row(name, n, t.label, got[t.label]) for t in trees)
 
     scenario("2x Health", baseline=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 from support.paths import ROOT
@@ -102,3 +103,56 @@ def test_the_pooled_line_leaves_out_the_transport_baseline():
     rows = [bench.Row("2x Health", 8, "tree", row("tree", [400] * 5, [15] * 5).rounds),
             bench.Row("2x Health", 8, "ref", row("ref", [500] * 5, [15] * 5).rounds)]
     assert bench.comparison(rows, ["tree", "ref"]) == []
+
+
+def cpu_row(build: str, cpu_us: list[float]) -> bench.Row:
+    """Rounds of 500 pairs in 1 s at the same p99, with vgpud's CPU a pair as given."""
+    return bench.Row("empty", 8, build, [
+        bench.Result("empty", 8, 500, 0, 1.0, [0.015] * 500, build, cpu_s=us * 500 / 1e6)
+        for us in cpu_us])
+
+
+def test_cpu_a_pair_is_paired_and_pooled_beside_the_rates():
+    tree = cpu_row("tree", [3300] * 9 + [2900])
+    ref = cpu_row("ref", [3000] * 10)
+    assert tree.cpu_us == pytest.approx(3300)
+    line, rates, cpus = bench.comparison([tree, ref], ["tree", "ref"])
+    assert "CPU a pair x1.09 (rounds x0.97-1.10, 9 of 10 worse)" in line, line
+    assert line.endswith("(never below ref: met)"), line  # the verdict is the rates' and p99s'
+    assert rates.endswith("(chance 1: not below ref past this run's noise)"), rates
+    assert cpus == ("tree / ref, all Allocate+Release rows: vgpud CPU a pair x1.09, 9 of 10 "
+                    "paired rounds more (chance 0.011: more than ref past this run's noise)")
+
+
+def test_rounds_without_cpu_measured_leave_it_out():
+    tree, ref = row("tree", [500] * 3, [15] * 3), row("ref", [500] * 3, [15] * 3)
+    assert tree.cpu_us != tree.cpu_us  # nan: no CPU measured
+    assert all("CPU" not in line for line in bench.comparison([tree, ref], ["tree", "ref"]))
+
+
+def test_tree_cpu_counts_the_processes_below_vgpud(tmp_path):
+    """A parent that only waits, its child that burns CPU: the child's time is the
+    parent's tree's (vgpud's broker is its child), and no one else's."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n" \
+           "open(r'%s', 'w').close()\ntime.sleep(30)\n" % (tmp_path / "burnt")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                               f"{burn!r}])"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "burnt").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stat = Path(f"/proc/{parent.pid}/stat").read_text()
+        own = sum(int(x) for x in stat.rsplit(")", 1)[1].split()[11:13]) / os.sysconf(
+            "SC_CLK_TCK")
+        assert own < 0.2
+        assert bench.tree_cpu(parent.pid) >= own + 0.25
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)
+        parent.wait()
+    assert bench.tree_cpu(parent.pid) == 0.0  # gone: nothing below it
