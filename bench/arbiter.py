@@ -24,9 +24,9 @@ back): the tree is below the other build when the geometric mean of the paired r
 so and more rounds went against it than chance makes (a sign test); a mean below with
 rounds on both sides is said to be within this run's noise. A last line pools every
 Allocate+Release row's rounds: a gap of a few % that no row shows alone. Each round also
-reads vgpud's CPU (user + system, its broker included, from /proc) and reports it a pair:
-a slower machine costs a build time, not CPU a pair, so this pairs more steadily; it is
-shown beside the verdict, which stays the rates' and p99s'.
+reads vgpud's CPU (user + system, its broker included, from /proc) and reports it a pair,
+which says whether a gap in the rates is time spent computing or waiting; it is shown
+beside the verdict, which stays the rates' and p99s'.
 
     python3 bench/arbiter.py [--duration 0.5] [--clients 1,8,64] [--dir /var/tmp]
                              [--against REF|none] [--rounds 10]
@@ -331,9 +331,8 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
 def pooled(rows: list[Row], ref: str) -> list[str]:
     """Every Allocate+Release row's paired rounds together: a gap of a few % that no row
     shows past its noise still goes the same way in most rounds, and this says whether
-    more went against the tree than chance makes. The same for vgpud's CPU a pair, the
-    steadier figure where the machine's speed moves (a slower round costs both builds
-    time, not CPU a pair)."""
+    more went against the tree than chance makes. The same for vgpud's CPU a pair: whether
+    the tree computes more for an answer, whatever it waits on."""
     beside = _beside(rows, ref)
     rates = [x for r, other in beside for x in paired(r, other)[0]]
     if len(rates) < 2:
