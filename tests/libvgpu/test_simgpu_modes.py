@@ -574,7 +574,9 @@ def test_a_timeline_whose_ring_overwrote_the_window_refuses_to_read_it(tmp_path:
         timeline_shares(tmp_path / "long", r, r.at(0.1), r.at(1.0), tl)
     late = timeline_shares(tmp_path / "long", r, tl[0][0], tl[-1][1], tl)
     assert late[0] > 90  # back to back: the GPU busy all the time the timeline covers
-    short = Load(kernel="busy_1000us", vgpu=False)
+    # Batches of 100 ms: the GPU idles only while the load wakes between batches, which a
+    # loaded machine stretches (one launch a batch of 1 left it idle a third of the time).
+    short = Load(kernel="busy_1000us", args=["--queue", "100"], vgpu=False)
     r = run_loads(tmp_path / "short", [short], 0.3)
     tl = engine_timeline(tmp_path / "short")
     assert not tl.partial and 100 < len(tl) < 32768
