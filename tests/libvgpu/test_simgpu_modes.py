@@ -559,6 +559,7 @@ def test_a_state_file_of_an_older_layout_is_named(simgpu_env: dict[str, str],
         "remove it once no process uses it, or name another file")
 
 
+@pytest.mark.timing   # the shares it reads need the load to keep the GPU fed: not three at once
 def test_a_timeline_whose_ring_overwrote_the_window_refuses_to_read_it(tmp_path: Path) -> None:
     """The engine keeps its last SIMGPU_RING (32768) runs of kernels: 10 us kernels
     back to back overwrite the start of a 1.5 s run, and a share read from there would
