@@ -23,12 +23,10 @@ import collections
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -40,7 +38,7 @@ from arbiter.proto import vgpu_pb2_grpc  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from against import NONE, Tree, built_tree, previous_release, this_tree, vgpud_proc  # noqa: E402
-from vgpud_proc import unmount_under  # noqa: E402
+from vgpud_proc import stop_vgpud  # noqa: E402
 
 MiB = 1 << 20
 
@@ -135,22 +133,12 @@ def count(tree: Tree, pairs: int, preset: int, hook_dir: Path,
                          "bench/vgpud_proc.py does not set PYTHONPATH")
             counts = json.loads(out.read_text())
         finally:
-            stop(module, proc, Path(run))
+            stop_vgpud(proc, Path(run))  # the tree's, as bench/arbiter.py stops both
     by: collections.Counter[str] = collections.Counter()
     for filename, n in counts.items():
         by[kind_of(filename)] += n
     return {k: by[k] / pairs for k in ("vgpud", "grpc", "threads", "other")} | {
         "all": sum(by.values()) / pairs}
-
-
-def stop(module: ModuleType, proc: subprocess.Popen[bytes], run: Path) -> None:
-    """That build's stop_vgpud, or (older builds have none) SIGTERM and lazy unmounts."""
-    if hasattr(module, "stop_vgpud"):
-        module.stop_vgpud(proc, run)
-        return
-    proc.terminate()
-    proc.wait()
-    unmount_under(run)
 
 
 def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
