@@ -67,9 +67,8 @@ from against import (  # noqa: E402
     this_tree,
 )
 from paired import against, chance_of, gmean, worse_past_noise  # noqa: E402
-from vgpud_proc import stop_vgpud  # noqa: E402
+from vgpud_proc import request, stop_vgpud  # noqa: E402
 
-MiB = 1 << 20
 TARGET_RATE = 500.0   # pairs/s at 8 clients
 TARGET_P99_MS = 20.0  # at 8 clients
 PRESET = 50
@@ -160,12 +159,6 @@ def tree_cpu(pid: int, proc: Path = Path("/proc")) -> float:
         return False
 
     return sum(t for p, t in ticks.items() if below(p)) / os.sysconf("SC_CLK_TCK")
-
-
-def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
-    return pb.AllocateRequest(owner=owner, memory_bytes=64 * MiB, compute_percent=2, count=1,
-                              owner_kind="process", owner_pid=os.getpid(),
-                              devices=devices or [])
 
 
 def measure(sock: Path, scenario: str, clients: int, duration: float,

@@ -22,7 +22,6 @@ import argparse
 import collections
 import contextlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -38,9 +37,7 @@ from arbiter.proto import vgpu_pb2_grpc  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from against import NONE, Tree, built_tree, previous_release, this_tree, vgpud_proc  # noqa: E402
-from vgpud_proc import stop_vgpud  # noqa: E402
-
-MiB = 1 << 20
+from vgpud_proc import request, stop_vgpud  # noqa: E402
 
 #: The sitecustomize vgpud imports at its start: counts calls while <out>.on exists, and
 #: writes them to <out> (JSON) when <out>.dump appears, then deletes <out>.dump.
@@ -139,12 +136,6 @@ def count(tree: Tree, pairs: int, preset: int, hook_dir: Path,
         by[kind_of(filename)] += n
     return {k: by[k] / pairs for k in ("vgpud", "grpc", "threads", "other")} | {
         "all": sum(by.values()) / pairs}
-
-
-def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
-    return pb.AllocateRequest(owner=owner, memory_bytes=64 * MiB, compute_percent=2, count=1,
-                              owner_kind="process", owner_pid=os.getpid(),
-                              devices=devices or [])
 
 
 def main() -> int:

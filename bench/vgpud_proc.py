@@ -84,3 +84,10 @@ def unmount_under(run_dir: Path) -> None:
     for point in sorted((p for p in points if p == top or p.startswith(top + "/")),
                         key=len, reverse=True):
         subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
+    """The benchmarks' Allocate: 64 MiB and 2 % compute, for a process (this one)."""
+    return pb.AllocateRequest(owner=owner, memory_bytes=64 << 20, compute_percent=2, count=1,
+                              owner_kind="process", owner_pid=os.getpid(),
+                              devices=devices or [])
