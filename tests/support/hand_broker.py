@@ -77,6 +77,7 @@ class Gpu:
 
     def __init__(self, root: Path) -> None:
         self.path = root / UUID
+        self.broker_pid = 0  # the vgpu-broker serving it (serving)
         assert create_sched(self.path, UUID)
         fd = os.open(self.path, os.O_RDWR)
         try:
@@ -124,6 +125,7 @@ def serving(root: Path) -> Iterator[Gpu]:
     gpu = Gpu(root)
     broker = subprocess.Popen([str(BROKER), "--dir", str(root)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gpu.broker_pid = broker.pid
     try:
         yield gpu
     finally:
