@@ -67,7 +67,7 @@ from against import (  # noqa: E402
     this_tree,
 )
 from paired import against, chance_of, gmean, worse_past_noise  # noqa: E402
-from vgpud_proc import request, stop_vgpud  # noqa: E402
+from vgpud_proc import preset, request, stop_vgpud, tree_cpu  # noqa: E402
 
 TARGET_RATE = 500.0   # pairs/s at 8 clients
 TARGET_P99_MS = 20.0  # at 8 clients
@@ -133,34 +133,6 @@ class Row:
         return statistics.median(r.cpu_us for r in self.rounds)
 
 
-def tree_cpu(pid: int, proc: Path = Path("/proc")) -> float:
-    """CPU seconds (user + system) that pid and every process below it (vgpud's broker)
-    have used, from /proc; 0 when pid is gone."""
-    parent: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.listdir(proc):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = (proc / entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # comm may hold spaces: fields after it
-        parent[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
-
-    def below(p: int) -> bool:
-        seen = set()
-        while p > 1 and p not in seen:
-            if p == pid:
-                return True
-            seen.add(p)
-            p = parent.get(p, 0)
-        return False
-
-    return sum(t for p, t in ticks.items() if below(p)) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(sock: Path, scenario: str, clients: int, duration: float,
             baseline: bool = False, build: str = "tree", pid: int = 0) -> Result:
     """clients threads, each with its own channel, loop Allocate+Release for duration;
@@ -219,17 +191,6 @@ def measure(sock: Path, scenario: str, clients: int, duration: float,
 def with_owner_release(stub: vgpu_pb2_grpc.ArbiterStub, owner: str) -> None:
     with contextlib.suppress(grpc.RpcError):
         stub.Release(pb.ReleaseRequest(owner=owner), timeout=10)
-
-
-def preset(sock: Path, n: int) -> None:
-    """Place n slices on GPU 0."""
-    with grpc.insecure_channel(f"unix:{sock}") as ch:
-        stub = vgpu_pb2_grpc.ArbiterStub(ch)
-        for i in range(n):
-            stub.Allocate(request(f"bench-preset-{i}", ["0"]), timeout=10)
-        on0 = [s for s in stub.List(pb.ListRequest(), timeout=10).slices
-               if s.vgpus and s.vgpus[0].gpu_index == 0]
-        assert len(on0) == n, f"expected {n} slices on GPU 0, found {len(on0)}"
 
 
 def table(results: list[Row]) -> str:

@@ -91,3 +91,42 @@ def request(owner: str, devices: list[str] | None = None) -> pb.AllocateRequest:
     return pb.AllocateRequest(owner=owner, memory_bytes=64 << 20, compute_percent=2, count=1,
                               owner_kind="process", owner_pid=os.getpid(),
                               devices=devices or [])
+
+
+def preset(sock: Path, n: int) -> None:
+    """Place n slices on GPU 0 (each the benchmarks' Allocate)."""
+    with grpc.insecure_channel(f"unix:{sock}") as ch:
+        stub = vgpu_pb2_grpc.ArbiterStub(ch)
+        for i in range(n):
+            stub.Allocate(request(f"bench-preset-{i}", ["0"]), timeout=10)
+        on0 = [s for s in stub.List(pb.ListRequest(), timeout=10).slices
+               if s.vgpus and s.vgpus[0].gpu_index == 0]
+        assert len(on0) == n, f"expected {n} slices on GPU 0, found {len(on0)}"
+
+
+def tree_cpu(pid: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) that pid and every process below it (vgpud's broker)
+    have used, from /proc; 0 when pid is gone."""
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = (proc / entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # comm may hold spaces: fields after it
+        parent[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+
+    def below(p: int) -> bool:
+        seen = set()
+        while p > 1 and p not in seen:
+            if p == pid:
+                return True
+            seen.add(p)
+            p = parent.get(p, 0)
+        return False
+
+    return sum(t for p, t in ticks.items() if below(p)) / os.sysconf("SC_CLK_TCK")
