@@ -56,7 +56,7 @@ def _all_listed(gpu: Gpu, keys: list[int]) -> bool:
     return all(k in listed for k in keys)
 
 
-def test_an_idle_broker_lists_nothing_and_reads_each_req_once_a_look(tmp_path: Path) -> None:
+def test_an_idle_broker_lists_nothing_and_reads_each_req_twice_a_wait(tmp_path: Path) -> None:
     root = tmp_path / "gpu"
     with serving(root) as gpu:
         slices = [HandSlice(root, 0x100 + n, 5) for n in range(SLICES)]
