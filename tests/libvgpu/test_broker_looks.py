@@ -74,10 +74,11 @@ def test_an_idle_broker_lists_nothing_and_reads_each_req_twice_a_wait(tmp_path: 
         # Polling every 20 ms listed it ~75 times in this window, and stat'ed 20 .conf each.
         assert len(scans) <= WINDOW_S / FULL_RESCAN_S + 1, scans
         assert len(conf_stats) <= SLICES * len(scans), conf_stats[:5]
-        # Two reads of each .req a wait, one more for a step not after a wait (the first);
-        # the step read them all once more before: 3 a wait.
+        # Two reads of each .req a wait (as the bell is set, as the wait ends), and at the
+        # window's edges the reads of a wait whose call falls outside it: 2 a wait, one wait
+        # more. The step read them all once more before: 3 a wait.
         assert waits, calls[:20]
-        assert len(preads) <= SLICES * (2 * len(waits) + 1), (len(preads), len(waits))
+        assert len(preads) <= SLICES * 2 * (len(waits) + 1), (len(preads), len(waits))
         assert _all_listed(gpu, keys)  # still served: nothing was dropped for want of a look
         for s in slices:
             s.close()
@@ -127,7 +128,7 @@ def test_a_broker_whose_directory_was_moved_polls_it_and_still_takes_slices_on(
         calls = _gpu_thread(_strace(gpu.broker_pid, 1.0, tmp_path / "strace.log"),
                             gpu.broker_pid)
         scans = [c for c in calls if c.startswith("openat(") and "O_DIRECTORY" in c]
-        assert len(scans) >= 10, scans  # ~50 a second; watched, it would be 1 or 2
+        assert len(scans) >= 5, scans  # ~50 a second; watched, it would be 1 or 2
         assert gpu.entry_of(0x300) >= 0
         first.close()
         second.close()
