@@ -37,13 +37,7 @@ from against import (  # noqa: E402
     start_vgpud,
     this_tree,
 )
-from vgpud_proc import preset, stop_vgpud, tree_cpu  # noqa: E402
-
-
-def own_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of pid alone."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from vgpud_proc import own_cpu, preset, stop_vgpud, tree_cpu  # noqa: E402
 
 
 def measure(tree: Tree, slices: int, window: float, state_parent: str,

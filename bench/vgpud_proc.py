@@ -104,6 +104,17 @@ def preset(sock: Path, n: int) -> None:
         assert len(on0) == n, f"expected {n} slices on GPU 0, found {len(on0)}"
 
 
+def _stat(stat: str) -> tuple[int, int]:
+    """(parent pid, CPU ticks: user + system) from the text of a /proc/<pid>/stat."""
+    fields = stat.rsplit(")", 1)[1].split()  # comm may hold spaces: fields after it
+    return int(fields[1]), int(fields[11]) + int(fields[12])
+
+
+def own_cpu(pid: int, proc: Path = Path("/proc")) -> float:
+    """CPU seconds (user + system) that pid alone has used, from /proc."""
+    return _stat((proc / str(pid) / "stat").read_text())[1] / os.sysconf("SC_CLK_TCK")
+
+
 def tree_cpu(pid: int, proc: Path = Path("/proc")) -> float:
     """CPU seconds (user + system) that pid and every process below it (vgpud's broker)
     have used, from /proc; 0 when pid is gone."""
@@ -116,9 +127,7 @@ def tree_cpu(pid: int, proc: Path = Path("/proc")) -> float:
             stat = (proc / entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()  # comm may hold spaces: fields after it
-        parent[int(entry)] = int(fields[1])
-        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+        parent[int(entry)], ticks[int(entry)] = _stat(stat)
 
     def below(p: int) -> bool:
         seen = set()

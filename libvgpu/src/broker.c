@@ -361,6 +361,14 @@ static int slot_of(const struct vg_bgpu *g, uint64_t key)
     return -1;
 }
 
+/* Whether a name in the directory is one of this GPU's slice files (<uuid>.<key>.req or
+ * .conf; vgpud's temporary files start with a dot). */
+static int names_ours(const struct vg_bgpu *g, const char *n)
+{
+    size_t ulen = strlen(g->uuid);
+    return strncmp(n, g->uuid, ulen) == 0 && n[ulen] == '.';
+}
+
 /* Find .req files beside the GPU file (and their .conf when vgpud runs us); returns how
  * many slices it took on. */
 static int rescan(struct vg_bgpu *g, uint64_t now)
@@ -379,8 +387,7 @@ static int rescan(struct vg_bgpu *g, uint64_t now)
         const char *n = de->d_name;
         size_t len = strlen(n);
         /* <uuid>.<16 hex>.req */
-        if (len != ulen + 1 + 16 + 4 || strncmp(n, g->uuid, ulen) != 0 || n[ulen] != '.' ||
-            strcmp(n + len - 4, ".req") != 0)
+        if (len != ulen + 1 + 16 + 4 || !names_ours(g, n) || strcmp(n + len - 4, ".req") != 0)
             continue;
         char hex[17];
         memcpy(hex, n + ulen + 1, 16);
@@ -451,12 +458,12 @@ static int rescan(struct vg_bgpu *g, uint64_t now)
     return taken;
 }
 
-/* Whether a name in the directory is one of this GPU's slice files (<uuid>.<key>.req or
- * .conf; vgpud's temporary files start with a dot). */
-static int names_ours(const struct vg_bgpu *g, const char *n)
+/* Stop watching the directory: the broker polls it from then on. */
+static void unwatch(struct vg_bgpu *g)
 {
-    size_t ulen = strlen(g->uuid);
-    return strncmp(n, g->uuid, ulen) == 0 && n[ulen] == '.';
+    if (g->watch >= 0)
+        close(g->watch);
+    g->watch = -1;
 }
 
 /* Empty the watch's queue: 1 when a slice file of this GPU was made, renamed or deleted,
@@ -474,16 +481,14 @@ static int dir_changed(struct vg_bgpu *g)
         if (n < 0 && errno == EAGAIN)
             return ours;
         if (n <= 0) {
-            close(g->watch);
-            g->watch = -1;
+            unwatch(g);
             return 1;
         }
         for (char *p = buf; p < buf + n;) {
             const struct inotify_event *e = (const struct inotify_event *)p;
             p += sizeof(*e) + e->len;
             if (e->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) {
-                close(g->watch);
-                g->watch = -1;
+                unwatch(g);
                 return 1;
             }
             if ((e->mask & IN_Q_OVERFLOW) || (e->len && names_ours(g, e->name)))
@@ -636,9 +641,7 @@ void vg_bgpu_run(struct vg_bgpu *g, volatile int *stop)
         uint64_t sleep = step(g);
         await_cause(g, vg_broker_now() + sleep);
     }
-    if (g->watch >= 0)
-        close(g->watch);
-    g->watch = -1;
+    unwatch(g);
 }
 
 /* ---- setting up ---- */
@@ -696,10 +699,8 @@ struct vg_bgpu *vg_bgpu_open(const char *path, int confs, const char **why)
         /* Watched before the first scan: nothing made in between goes unseen. Without a
          * watch (inotify's per-user limits reached) the directory is polled. */
         g->watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-        if (g->watch >= 0 && inotify_add_watch(g->watch, g->dir, WATCH_MASK) < 0) {
-            close(g->watch);
-            g->watch = -1;
-        }
+        if (g->watch >= 0 && inotify_add_watch(g->watch, g->dir, WATCH_MASK) < 0)
+            unwatch(g);
     }
     rescan(g, vg_broker_now());
     return g;
