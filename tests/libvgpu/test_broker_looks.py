@@ -14,9 +14,11 @@ machine however fast; the timed test allows 10x the look period (20 ms) against 
 rescan's 1 s, five times over."""
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -82,6 +84,42 @@ def test_an_idle_broker_lists_nothing_and_reads_each_req_twice_a_wait(tmp_path: 
         assert _all_listed(gpu, keys)  # still served: nothing was dropped for want of a look
         for s in slices:
             s.close()
+
+
+def test_a_tenant_rewriting_its_req_through_file_calls_makes_no_scan(tmp_path: Path) -> None:
+    """A tenant's writes to its own .req (open, pwrite, close, chmod: the events a
+    directory watch could be told of) are not a slice coming or going: the watch's mask
+    leaves them out, so they cost the broker no listing of the directory."""
+    root = tmp_path / "gpu"
+    with serving(root) as gpu:
+        s = HandSlice(root, 0x400, 10)
+        poll("the slice to be listed", lambda: gpu.entry_of(0x400) >= 0, timeout=5)
+        req = root / f"{UUID}.{0x400:016x}.req"
+        head = req.read_bytes()[:8]
+        stop = threading.Event()
+
+        def scribble() -> None:
+            while not stop.is_set():
+                fd = os.open(req, os.O_RDWR)
+                try:
+                    os.pwrite(fd, head, 0)  # its own bytes again: no request changes
+                finally:
+                    os.close(fd)
+                os.chmod(req, 0o600)
+
+        writer = threading.Thread(target=scribble)
+        writer.start()
+        try:
+            calls = _gpu_thread(_strace(gpu.broker_pid, WINDOW_S, tmp_path / "strace.log"),
+                                gpu.broker_pid)
+        finally:
+            stop.set()
+            writer.join()
+        scans = [c for c in calls if c.startswith("openat(") and "O_DIRECTORY" in c]
+        assert calls, "strace saw no call of the broker's GPU thread"
+        assert len(scans) <= WINDOW_S / FULL_RESCAN_S + 1, scans
+        assert gpu.entry_of(0x400) >= 0
+        s.close()
 
 
 @timing
