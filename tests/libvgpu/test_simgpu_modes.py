@@ -444,15 +444,21 @@ def test_a_queued_tail_waits_or_interleaves(simgpu_env: dict[str, str], mode: st
     """A process with 30 ms queued, another that comes 5 ms later: FIFO runs the first's
     tail first; time slices give the newcomer the engine within a slice and a switch."""
     simgpu_env.update(MODES[mode])
-    # The case needs the first's 30 ms queued before the second launches: a busy machine
-    # can start the first late, so the setup (not the check) is tried again until it was.
-    for _ in range(3):
+    # The case needs the first's 30 ms queued before the second launches, and all of the
+    # second's 5 ms queued while the first still had at least 15 ms to run (then, sliced,
+    # the second's work ends within five turns of each, before the first's does). A busy
+    # machine can start either late or slow its launches, so the setup (not the check) is
+    # tried again until it held; the launch times and the timeline share CLOCK_MONOTONIC.
+    for _ in range(5):
         a, b = launch_together(simgpu_env, (10, 3000, 0), (5, 1000, 0.005))
-        if a["start_ns"] + a["launch_s"] * 1e9 < b["start_ns"]:
+        runs = [r for r in timeline(simgpu_env) if r[2] in (a["pid"], b["pid"])]
+        a_start = min(s for s, _, p in runs if p == a["pid"])
+        a_queued = a["start_ns"] + a["launch_s"] * 1e9
+        b_queued = b["start_ns"] + b["launch_s"] * 1e9
+        if a_queued < b["start_ns"] and b_queued < a_start + 15 * NS_PER_MS:
             break
     else:
-        pytest.fail(f"the first process never had its work queued before the second came: {a} {b}")
-    runs = [r for r in timeline(simgpu_env) if r[2] in (a["pid"], b["pid"])]
+        pytest.fail(f"the two never had their work queued in time: {a} {b}")
     a_end = max(e for _, e, p in runs if p == a["pid"])
     first = next(i for i, r in enumerate(runs) if r[2] == b["pid"])
     if mode == "fifo":
