@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -670,6 +671,11 @@ def main(argv: list[str] | None = None,
         return 1
     if config.run_dir == accepted.run_dir:  # prepared by start(): vgpud's own, 0711
         accepted.save()
+    # Everything start() left (modules, gRPC's and protobuf's objects, the slices loaded:
+    # tens of thousands) lives as long as vgpud; frozen, the garbage collector's full
+    # passes no longer walk them. Unfrozen, each full pass under load held the GIL for
+    # ~18 ms, a stall every in-flight answer waited out (docs/performance.md).
+    gc.freeze()
     try:
         daemon.run()
     finally:
