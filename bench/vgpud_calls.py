@@ -37,7 +37,7 @@ from arbiter.proto import vgpu_pb2_grpc  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from against import NONE, Tree, built_tree, previous_release, this_tree, vgpud_proc  # noqa: E402
-from vgpud_proc import request, stop_vgpud  # noqa: E402
+from vgpud_proc import preset, request, stop_vgpud  # noqa: E402
 
 #: The sitecustomize vgpud imports at its start: counts calls while <out>.on exists, and
 #: writes them to <out> (JSON) when <out>.dump appears, then deletes <out>.dump.
@@ -84,7 +84,7 @@ def kind_of(filename: str) -> str:
     return "other"
 
 
-def count(tree: Tree, pairs: int, preset: int, hook_dir: Path,
+def count(tree: Tree, pairs: int, slices: int, hook_dir: Path,
           dirs: tuple[str, str] = ("/var/tmp", "/dev/shm")) -> dict[str, float]:
     """Start that build's vgpud with the hook, run warm-up pairs, count `pairs` pairs; calls
     a pair by kind_of."""
@@ -106,10 +106,9 @@ def count(tree: Tree, pairs: int, preset: int, hook_dir: Path,
         finally:
             module.simgpu_env = plain_env
         try:
+            preset(sock, slices)  # the tree's: any build's vgpud takes its Allocates
             with grpc.insecure_channel(f"unix:{sock}") as ch:
                 stub = vgpu_pb2_grpc.ArbiterStub(ch)
-                for i in range(preset):
-                    stub.Allocate(request(f"preset-{i}", ["0"]), timeout=30)
 
                 def pair(i: int) -> None:
                     r = stub.Allocate(request(f"calls-{i}"), timeout=30)
