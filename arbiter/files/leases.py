@@ -52,18 +52,21 @@ class Pins:
     lease, and the tenant, which polls, would win."""
 
     def __init__(self) -> None:
-        self._held: dict[str, dict[Path, tuple[int, int]]] = {}
-        self._waiting: set[tuple[str, Path]] = set()
+        # Keyed by the path's str: every Allocate adopts its files under paths made as str
+        # (a Path made and hashed costs some twenty Python calls a file).
+        self._held: dict[str, dict[str, tuple[int, int]]] = {}
+        self._waiting: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
     def hold(self, owner: str, path: Path) -> None:
         """Keep path open for owner (again, when it is another inode now); RegionError
         (busy when a lease holds it: then it is opened in the background) otherwise."""
+        key = str(path)
         with self._lock:
-            old = self._held.get(owner, {}).get(path)
+            old = self._held.get(owner, {}).get(key)
             if old is not None and _same_inode(path, old[1]):
                 return  # a stat breaks no lease
-            if (owner, path) in self._waiting:
+            if (owner, key) in self._waiting:
                 raise RegionError(path, "open", LEASED, busy=True)
         try:
             fd = open_tenant_file(path, os.O_RDWR | os.O_NOFOLLOW)
@@ -75,9 +78,9 @@ class Pins:
 
     def _wait_for(self, owner: str, path: Path) -> None:
         with self._lock:
-            if (owner, path) in self._waiting:
+            if (owner, str(path)) in self._waiting:
                 return
-            self._waiting.add((owner, path))
+            self._waiting.add((owner, str(path)))
         threading.Thread(target=self._open_waiting, args=(owner, path), daemon=True,
                          name=f"pin {path.name}").start()
 
@@ -88,15 +91,15 @@ class Pins:
         except OSError:
             fd = -1  # gone meanwhile: the next hold() says why
         with self._lock:
-            wanted = (owner, path) in self._waiting
-            self._waiting.discard((owner, path))
+            wanted = (owner, str(path)) in self._waiting
+            self._waiting.discard((owner, str(path)))
         if fd >= 0 and wanted:
             with contextlib.suppress(RegionError):
                 self._keep(owner, path, fd)
         elif fd >= 0:
             os.close(fd)  # dropped while it waited
 
-    def adopt(self, owner: str, path: Path, fd: int, ino: int) -> None:
+    def adopt(self, owner: str, path: str, fd: int, ino: int) -> None:
         """Hold fd, the regular file (inode ino) vgpud made at path just now (no tenant
         could lease it yet), for owner as hold() would: closed when dropped or taken."""
         self._put(owner, path, fd, ino)
@@ -112,19 +115,19 @@ class Pins:
         except RegionError:
             os.close(fd)
             raise
-        self._put(owner, path, fd, st.st_ino)
+        self._put(owner, str(path), fd, st.st_ino)
 
-    def _put(self, owner: str, path: Path, fd: int, ino: int) -> None:
+    def _put(self, owner: str, key: str, fd: int, ino: int) -> None:
         with self._lock:
-            old = self._held.setdefault(owner, {}).get(path)
-            self._held[owner][path] = (fd, ino)
+            old = self._held.setdefault(owner, {}).get(key)
+            self._held[owner][key] = (fd, ino)
         if old is not None:
             os.close(old[0])
 
     def held(self, owner: str) -> set[Path]:
         """The paths held for owner."""
         with self._lock:
-            return set(self._held.get(owner, {}))
+            return {Path(key) for key in self._held.get(owner, {})}
 
     def drop(self, owner: str) -> None:
         """Close owner's files (and stop wanting those still being opened)."""

@@ -598,19 +598,19 @@ def req_bytes(key: int, *, share: int, priority: int, policy: int, floor: int) -
     return bytes(raw)
 
 
-def new_slice_file_ops(root: str | Path, home: str | Path, uuid: str, key: int, *,
+def new_slice_file_ops(root: str, home: str, uuid: str, key: int, *,
                        share: int, priority: int, policy: int, floor: int,
                        bind: bool) -> list[fileops.Op]:
     """The operations that make a new slice's .req in `home` (its directory, made just now
     and empty: written at its name, kept open), name it in root (a bind mount where home
     is a filesystem of its own, `bind`, else a hard link) and write its .conf beside
     (renamed into place: the broker may read it at once). SchedError for an unusable
-    GPU UUID."""
+    GPU UUID. The paths are str, joined as such: this runs on every Allocate."""
     if not usable_name(uuid):
         raise SchedError(Path(root) / uuid, "write the slice files of", "not a usable GPU UUID")
     name = slice_file_name(uuid, key, "req")
-    own, at = os.path.join(home, name), os.path.join(root, name)
-    conf = os.path.join(root, slice_file_name(uuid, key, "conf"))
+    own, at = f"{home}/{name}", f"{root}/{name}"
+    conf = f"{root}/{slice_file_name(uuid, key, 'conf')}"
     return [
         fileops.write_at(own, req_bytes(key, share=share, priority=priority, policy=policy,
                                         floor=floor), REQ_FILE_MODE, keep=True),

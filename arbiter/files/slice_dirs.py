@@ -98,7 +98,7 @@ class _Creation:
     slice_id: str
     final: str
     ops: tuple[fileops.Op, ...]
-    held: tuple[Path | None, ...]  # per op: the path its kept file is held under
+    held: tuple[str | None, ...]  # per op: the path its kept file is held under
     #: The GPUs whose scheduling files the first ops check (one each), in that order;
     #: the slice's mkdir comes right after them.
     gpus: tuple[str, ...]
@@ -128,6 +128,7 @@ class Regions:
                  proc: Path = Path("/proc")) -> None:
         self.run_dir = Path(run_dir)
         self.root = self.run_dir / "slices"
+        self._root_str = str(self.root)
         self.context_reserve = context_reserve
         #: % of the GPU a lower-priority slice keeps while a higher one runs (every slice).
         self.priority_floor = priority_floor
@@ -218,8 +219,13 @@ class Regions:
 
     def slice_dir(self, slice_id: str) -> Path:
         """Directory of a slice's region files."""
+        return Path(self.slice_path(slice_id))
+
+    def slice_path(self, slice_id: str) -> str:
+        """slice_dir as a str: what every Allocate and Release use, with no pathlib (a Path
+        made, joined and hashed is some twenty Python calls)."""
         _check_id(slice_id)
-        return self.root / slice_id
+        return f"{self._root_str}/{slice_id}"
 
     def region_path(self, slice_id: str, ordinal: int) -> Path:
         """Region file of a slice's vGPU `ordinal`."""
@@ -233,7 +239,7 @@ class Regions:
 
         ValueError for limits a region cannot hold; RegionError (its directory or files)
         or SchedError (its scheduling files) for what failed, with nothing left behind."""
-        final = self.slice_dir(s.id)
+        final = self.slice_path(s.id)
         made = self._creation(s, final, own_fs=self.bounded)
         before = self._sched_files.get(s.id)  # a live slice's, when this one is a second create
         self._sched_files[s.id] = made.sched_files
@@ -255,14 +261,14 @@ class Regions:
                     mended.add("mount")
                     with contextlib.suppress(OSError):
                         os.rmdir(final)
-                    self._unbounded(final, e)
+                    self._unbounded(Path(final), e)
                     made = self._creation(s, final, own_fs=False)
                 else:
                     raise self._undo(made, e, before) from e
         for held, k in zip(made.held, kept, strict=True):
             if k is not None and held is not None:
                 self.pins.adopt(s.id, held, k.fd, k.ino)
-        return final
+        return Path(final)
 
     def _undo(self, made: _Creation, e: fileops.FileOpError,
               before: tuple[tuple[str, int], ...] | None) -> RegionError:
@@ -283,16 +289,16 @@ class Regions:
         self.remove(made.slice_id)
         return SchedError(Path(e.op.path), "write", e.strerror)
 
-    def _creation(self, s: Slice, final: Path, own_fs: bool) -> _Creation:
+    def _creation(self, s: Slice, final: str, own_fs: bool) -> _Creation:
         """The operations that make slice s's files at final (a directory not there yet),
         on a tmpfs of its own when own_fs, after a check of each GPU's scheduling file (a
         container is refused rather than started on a GPU nobody schedules). Pure: no
         system call, no state changed."""
-        d = str(final)
+        d = final
         gpus = tuple(dict.fromkeys(g.gpu_uuid for g in s.grants))
         ops = [fileops.is_file(f"{self._sched_root_str}/{uuid}") for uuid in gpus]
         ops.append(fileops.mkdir(d, _DIR_MODE))
-        held: list[Path | None] = [None] * len(ops)
+        held: list[str | None] = [None] * len(ops)
         if own_fs:
             size = slice_fs_bytes(len(s.grants), (REGION_SIZE, USAGE_SIZE, REQ_SIZE))
             ops.append(fileops.mount_tmpfs(
@@ -312,7 +318,7 @@ class Regions:
             ops += [fileops.write_at(region, data, REGION_FILE_MODE, last=magic, keep=True),
                     fileops.write_at(region + USAGE_SUFFIX, usage, USAGE_FILE_MODE,
                                      last=usage_magic, keep=True)]
-            held += [Path(region), Path(region + USAGE_SUFFIX)]
+            held += [region, region + USAGE_SUFFIX]
         sched = len(ops)
         for i, g in enumerate(s.grants):
             more = new_slice_file_ops(self._sched_root_str, d, g.gpu_uuid, keys[i],
@@ -321,8 +327,8 @@ class Regions:
                                       bind=own_fs)
             ops += more
             # The .req is held at its name in the scheduling directory (_tenant_files).
-            held += [req_path(self.sched_root, g.gpu_uuid, keys[i]) if op.keep else None
-                     for op in more]
+            req = f"{self._sched_root_str}/{slice_file_name(g.gpu_uuid, keys[i], 'req')}"
+            held += [req if op.keep else None for op in more]
         return _Creation(s.id, d, tuple(ops), tuple(held), gpus, mount, sched, sched_files)
 
     def _unbounded(self, path: Path, e: OSError) -> None:
@@ -515,7 +521,7 @@ class Regions:
         closed), its .req unmounted and deleted, its directory unmounted and removed;
         False when there was no directory."""
         try:
-            final = self.slice_dir(r.slice_id)
+            final = self.slice_path(r.slice_id)
             # Without CAP_SYS_ADMIN (not bounded) nothing was mounted, and umount2 is refused.
             unmount = self.bounded
             ops = []
@@ -528,8 +534,8 @@ class Regions:
             # Its tmpfs lives on in the containers that mount its files; what stays is the
             # empty directory it was mounted on, removed in one step.
             if unmount:
-                ops.append(fileops.detach(str(final)))
-            ops.append(fileops.rmdir(str(final)))
+                ops.append(fileops.detach(final))
+            ops.append(fileops.rmdir(final))
             ops = [*r.first, *ops]
             errors = self._run_removal(r.slice_id, ops, last_is_mine=True)
             if not errors or errors[-1].index != len(ops) - 1:
@@ -538,8 +544,8 @@ class Regions:
             if e.errno == errno.ENOENT:
                 return False
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise RegionError(final, "remove", e.strerror)
-            return self._remove_files_dir(final)
+                raise RegionError(Path(final), "remove", e.strerror)
+            return self._remove_files_dir(Path(final))
         finally:
             self._retiring.discard(r.slice_id)
 

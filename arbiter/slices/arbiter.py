@@ -297,7 +297,7 @@ class Arbiter:
 
     def region_dir(self, s: Slice) -> str:
         """Host directory of the slice's region files."""
-        return str(self.regions.slice_dir(s.id))
+        return self.regions.slice_path(s.id)
 
     def device_nodes(self) -> dict[int, tuple[str, ...]]:
         """Device node paths of each GPU, by index."""
