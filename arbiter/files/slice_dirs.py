@@ -419,17 +419,30 @@ class Regions:
 
     def repair_sched(self, slices: Iterable[Slice]) -> None:
         """Remake deleted or damaged scheduling files (GPUs' and slices'); drop strays."""
+        slices = list(slices)
+        self.repair_gpus_sched()
+        for s in slices:
+            self.repair_slice_sched(s)
+        self.drop_stray_sched(slices)
+
+    def repair_gpus_sched(self) -> None:
+        """The GPUs' scheduling files (and their directory), made again where deleted."""
         if self.sched_gpus:
             self._prepare_sched(self.sched_gpus)
-        wanted: set[int] = set()
-        for s in slices:
-            wanted.update(slice_key_of(s.id, i) for i in range(len(s.grants)))
-            try:
-                self._write_sched(s)
-            except SchedError as e:
-                self._defer(s.id, e)
-            except ValueError as e:
-                log.warning("%s", e)
+
+    def repair_slice_sched(self, s: Slice) -> None:
+        """One slice's .req and .conf, made again where deleted or damaged (one that a
+        tenant's lease keeps from vgpud is retried later)."""
+        try:
+            self._write_sched(s)
+        except SchedError as e:
+            self._defer(s.id, e)
+        except ValueError as e:
+            log.warning("%s", e)
+
+    def drop_stray_sched(self, slices: Iterable[Slice]) -> None:
+        """Delete the slice files in the scheduling directory that none of `slices` has."""
+        wanted = {slice_key_of(s.id, i) for s in slices for i in range(len(s.grants))}
         stray = slice_file_keys(self.sched_root) - wanted
         if stray:
             remove_slice_files(self.sched_root, stray)
