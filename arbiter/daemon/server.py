@@ -674,7 +674,7 @@ def main(argv: list[str] | None = None,
     # Everything start() left (modules, gRPC's and protobuf's objects, the slices loaded:
     # tens of thousands) lives as long as vgpud; frozen, the garbage collector's full
     # passes no longer walk them. Unfrozen, each full pass under load held the GIL for
-    # ~18 ms, a stall every in-flight answer waited out (docs/performance.md).
+    # 18-31 ms, a stall every in-flight answer waited out (docs/performance.md).
     gc.freeze()
     try:
         daemon.run()
