@@ -122,6 +122,25 @@ def test_a_tenant_rewriting_its_req_through_file_calls_makes_no_scan(tmp_path: P
         s.close()
 
 
+def test_the_broker_reads_each_req_without_touching_its_access_time(tmp_path: Path) -> None:
+    """A hundred reads a second of each .req asked the filesystem each time whether its
+    access time was due (relatime: when older than its change or than a day). Opened
+    O_NOATIME, a read asks nothing: an access time set a day back stays there."""
+    root = tmp_path / "gpu"
+    with serving(root) as gpu:
+        s = HandSlice(root, 0x500, 10)
+        poll("the slice to be listed", lambda: gpu.entry_of(0x500) >= 0, timeout=5)
+        req = root / f"{UUID}.{0x500:016x}.req"
+        old = time.time_ns() - 2 * 86400 * 10**9
+        os.utime(req, ns=(old, req.stat().st_mtime_ns))
+        calls = _gpu_thread(_strace(gpu.broker_pid, 0.5, tmp_path / "strace.log"),
+                            gpu.broker_pid)
+        assert any(c.startswith("pread64(") for c in calls), "the broker read no .req"
+        assert req.stat().st_atime_ns == old
+        assert gpu.entry_of(0x500) >= 0
+        s.close()
+
+
 @timing
 def test_a_slice_made_changed_or_removed_is_seen_at_the_next_look(tmp_path: Path) -> None:
     """Without the events only the full rescan (1 s) would see them: five rounds at random
