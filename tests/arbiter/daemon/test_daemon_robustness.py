@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -263,6 +264,25 @@ def test_sigterm_leaves_no_socket(daemons):
     assert sorted(sockets_under(v.tmp)) == sorted([v.socket, lifecycle_socket(v.socket)])
     v.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
     assert v.stop() == 0
+    assert sockets_under(v.tmp) == []
+
+
+def test_a_storm_of_signals_never_wedges_vgpud(daemons):
+    """Python runs a signal's handler in the main thread between any two bytecodes, even
+    inside a `with lock:` of that thread's own. vgpud's handlers set threading.Events that
+    its main loop waited on and cleared: a signal that came while the loop held one's lock
+    waited for it forever, and vgpud no longer stopped (seen once in CI: SIGTERM right
+    after the start, no exit in 30 s). Now they take no lock. Thousands of SIGHUPs, each a
+    chance to land in such a window, then SIGTERM: vgpud reloads, answers, and exits 0."""
+    v = daemons().start()
+    assert v.proc is not None
+    deadline = time.monotonic() + 3
+    sent = 0
+    while time.monotonic() < deadline:
+        v.proc.send_signal(signal.SIGHUP)
+        sent += 1
+    assert v.stub.Health(pb.HealthRequest(), timeout=10).status == "ok"
+    assert v.stop(timeout=20) == 0, f"vgpud did not stop after {sent} SIGHUPs and a SIGTERM"
     assert sockets_under(v.tmp) == []
 
 
