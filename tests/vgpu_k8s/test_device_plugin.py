@@ -198,6 +198,24 @@ def test_sigterm_removes_the_sockets_and_a_new_plugin_registers(node: Node):
     registered(node, count=2)
 
 
+def test_a_storm_of_sigterms_still_stops_it_cleanly(node: Node):
+    """Its handler set the Event the main loop waits on: a SIGTERM that came while the
+    loop, or the handler of the one before, held that Event's lock waited for it forever.
+    Now the handlers do nothing and a thread sets the Event (vgpu_k8s.signals)."""
+    import os
+    registered(node)
+    sockets = [node.kubelet.dir / "vgpu-memory.sock", node.kubelet.dir / "vgpu-compute.sock"]
+    proc = node.plugin.proc
+    assert proc is not None
+    for _ in range(500):
+        os.kill(proc.pid, signal.SIGTERM)
+    # It stops cleanly; one of the burst that comes during the interpreter's teardown (which
+    # gives SIGTERM back its default action) may end it with that signal after its stop.
+    assert proc.wait(timeout=20) in (0, -signal.SIGTERM), node.plugin.log()
+    assert "stopped" in node.plugin.log()
+    assert not any(s.exists() for s in sockets)
+
+
 def test_vgpud_restart_turns_devices_unhealthy_after_the_grace_then_back(node: Node):
     mem, _ = registered(node)
     before = dict(mem.devices)

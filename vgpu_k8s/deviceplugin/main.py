@@ -5,12 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
@@ -19,6 +16,7 @@ from arbiter.quantity import parse_memory
 from vgpu_k8s.deviceplugin.agent import Agent, Settings
 from vgpu_k8s.deviceplugin.plugin import ENDPOINTS
 from vgpu_k8s.errors import UsageError
+from vgpu_k8s.signals import stop_on_signals
 from vgpu_k8s.unixserver import too_long
 
 __all__ = ["DEFAULT_CDI_DIR", "DEFAULT_KUBELET_DIR", "DEFAULT_MEMORY_UNIT", "main", "parse_args"]
@@ -98,13 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"vgpu-device-plugin: {e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()  # SIGTERM, SIGINT
     Agent(settings).run(stop)
     logging.getLogger("vgpu-device-plugin").info("stopped")
     return 0

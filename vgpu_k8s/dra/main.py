@@ -6,12 +6,9 @@ import argparse
 import logging
 import os
 import re
-import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
@@ -20,6 +17,7 @@ from vgpu_k8s.dra.apiserver import Cluster, api_client
 from vgpu_k8s.dra.errors import ApiError
 from vgpu_k8s.dra.registration import registration_socket
 from vgpu_k8s.errors import UsageError
+from vgpu_k8s.signals import stop_on_signals
 from vgpu_k8s.unixserver import too_long
 
 __all__ = ["DEFAULT_CDI_DIR", "DEFAULT_KUBELET_DIR", "ENV_NODE_NAME", "main", "parse_args"]
@@ -104,13 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"vgpu-dra-plugin: {e}", file=sys.stderr)
         return 2
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals()  # SIGTERM, SIGINT
     try:
         agent = Agent(settings, Cluster(api_client(settings.kubeconfig)))
     except (ApiError, ValueError) as e:
