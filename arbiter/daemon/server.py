@@ -29,7 +29,6 @@ import fcntl
 import gc
 import logging
 import os
-import select
 import signal
 import socket
 import stat
@@ -37,7 +36,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import NoReturn, Protocol
 
 import grpc
@@ -72,6 +70,7 @@ from arbiter.files.slice_dirs import Regions
 from arbiter.model import Gpu
 from arbiter.native import program_path
 from arbiter.proto import vgpu_pb2_grpc
+from arbiter.signals import SignalWaiter
 from arbiter.slices import inventory
 from arbiter.slices.arbiter import Arbiter, Settings
 from arbiter.slices.attribution import SlicePids
@@ -155,10 +154,7 @@ class Daemon:
         self.config_file = config_file
         self.overrides = overrides
         self.proc = proc
-        # Set by the signal handlers, read by run(): plain flags, no lock (install_signals).
-        self._stop_asked = False
-        self._reload_asked = False
-        self._signal_fds: tuple[int, int] | None = None  # the wake-up pipe (read, write)
+        self._signals: SignalWaiter | None = None  # install_signals: what run() waits on
         self._lock_fd: int | None = None
         self._state_lock: StateLock | None = None
         self.server: grpc.Server | None = None
@@ -485,43 +481,19 @@ class Daemon:
     # -- run -------------------------------------------------------------------
 
     def install_signals(self) -> None:
-        """SIGHUP: reload; SIGTERM/SIGINT: stop (from the main thread, before start).
-
-        Python runs a handler in the main thread between any two bytecodes, even inside a
-        `with lock:` of that thread's own, and again inside a handler still running when
-        the next signal comes. So the handlers only set a flag: no lock (setting a
-        threading.Event that run() waited on and cleared wedged vgpud for good when a
-        signal came while run() held the Event's lock), and next to nothing to nest (a
-        storm of SIGHUPs nested the old ones until a RecursionError ended vgpud). run()
-        sleeps on the wake-up fd, where the interpreter writes a byte for each signal."""
-        read, write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._signal_fds = (read, write)
-        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-
-        def stop(signum: int, frame: FrameType | None) -> None:
-            self._stop_asked = True
-
-        def hup(signum: int, frame: FrameType | None) -> None:
-            self._reload_asked = True
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGHUP, hup)
+        """SIGHUP: reload; SIGTERM/SIGINT: stop (from the main thread, before start). No
+        handler acts (arbiter.signals): run() does, between two waits."""
+        self._signals = SignalWaiter((signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
 
     def run(self) -> None:
-        """Serve until SIGTERM/SIGINT, reloading on SIGHUP (install_signals first)."""
-        assert self._signal_fds is not None, "install_signals() before run()"
-        read = self._signal_fds[0]
-        while not self._stop_asked:
-            # Woken by any signal's byte (a full pipe reads at once: a flag set while it
-            # was full is seen all the same).
-            select.select([read], [], [])
-            with contextlib.suppress(BlockingIOError):
-                while os.read(read, 4096):
-                    pass
-            if self._reload_asked and not self._stop_asked:
-                self._reload_asked = False
-                self.reload()
+        """Serve until SIGTERM/SIGINT, reloading on SIGHUP (install_signals first). A stop
+        that came with a SIGHUP wins; the SIGHUPs that came during a reload make one more."""
+        assert self._signals is not None, "install_signals() before run()"
+        while True:
+            came = self._signals.wait()
+            if came & {signal.SIGTERM, signal.SIGINT}:
+                return
+            self.reload()  # SIGHUP: the only other one
 
     def reload(self) -> None:
         """Re-read the config file; apply the reloadable keys, warn about the rest."""
@@ -593,12 +565,9 @@ class Daemon:
 
     def _release(self) -> None:
         """Remove the socket this vgpud bound (never an inherited one) and let its locks go."""
-        if self._signal_fds is not None:
-            with contextlib.suppress(ValueError):  # only the main thread may
-                signal.set_wakeup_fd(-1)
-            for fd in self._signal_fds:
-                os.close(fd)
-            self._signal_fds = None
+        if self._signals is not None:
+            self._signals.close()
+            self._signals = None
         if self._grpc_bound is not None:
             with contextlib.suppress(FileNotFoundError):
                 self._grpc_bound.unlink()

@@ -201,7 +201,7 @@ def test_sigterm_removes_the_sockets_and_a_new_plugin_registers(node: Node):
 def test_a_storm_of_sigterms_still_stops_it_cleanly(node: Node):
     """Its handler set the Event the main loop waits on: a SIGTERM that came while the
     loop, or the handler of the one before, held that Event's lock waited for it forever.
-    Now the handlers do nothing and a thread sets the Event (vgpu_k8s.signals)."""
+    Now the handlers take no lock and a thread sets the Event (arbiter.signals)."""
     import os
     registered(node)
     sockets = [node.kubelet.dir / "vgpu-memory.sock", node.kubelet.dir / "vgpu-compute.sock"]

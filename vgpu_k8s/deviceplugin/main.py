@@ -13,10 +13,10 @@ from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
 from arbiter.errors import QuantityError
 from arbiter.quantity import parse_memory
+from arbiter.signals import stop_on_signals
 from vgpu_k8s.deviceplugin.agent import Agent, Settings
 from vgpu_k8s.deviceplugin.plugin import ENDPOINTS
 from vgpu_k8s.errors import UsageError
-from vgpu_k8s.signals import stop_on_signals
 from vgpu_k8s.unixserver import too_long
 
 __all__ = ["DEFAULT_CDI_DIR", "DEFAULT_KUBELET_DIR", "DEFAULT_MEMORY_UNIT", "main", "parse_args"]
