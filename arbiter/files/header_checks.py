@@ -14,6 +14,7 @@ scheduling region is for and which slice a .req is are each reader's own check.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import sys
 from collections.abc import Callable
 
@@ -23,7 +24,7 @@ __all__ = ["Checks", "field_reader", "fill", "first_problem"]
 Checks = tuple[tuple[str, int], ...]
 
 
-def field_reader(cls: type[ctypes.Structure], data: bytes | bytearray | memoryview,
+def field_reader(cls: type[ctypes.Structure], data: bytes | bytearray | memoryview | mmap.mmap,
                  ) -> Callable[[str], int]:
     """read(field) for first_problem: the integer field of a header laid out as cls, read
     from the bytes data (a copy or a mapping; native byte order, as the C side writes)."""

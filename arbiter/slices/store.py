@@ -330,8 +330,9 @@ class Store:
         when one fails is the batch rolled back and written again, each write within its
         own savepoint, so that the failing one fails alone."""
         what = f"{len(batch)} slice changes"
-        if len(batch) == 1 and isinstance(batch[0][0], _OneStatement):
-            return [self._write_alone(*batch[0])]
+        first, first_done = batch[0]
+        if len(batch) == 1 and isinstance(first, _OneStatement):
+            return [self._write_alone(first, first_done)]
         try:
             with self._tx("store", what) as db:
                 results = []

@@ -108,8 +108,10 @@ class Cluster:
     def post_event(self, namespace: str, body: dict[str, Any]) -> bool:
         """Create a core/v1 Event; False when one of that name exists (told already)."""
         try:
+            # The client sends a dict body as it is (the other calls here all do); its
+            # stubs name only the model.
             client.CoreV1Api(self._client).create_namespaced_event(
-                namespace, body, _request_timeout=_TIMEOUT_S)
+                namespace, body, _request_timeout=_TIMEOUT_S)  # type: ignore[arg-type]
         except ApiException as e:
             if e.status == 409:
                 return False

@@ -13,10 +13,11 @@ from pathlib import Path
 from arbiter.config import DEFAULT_CDI_SPEC_DIRS
 from arbiter.defaults import DEFAULT_SOCKET, ENV_SOCKET
 from arbiter.signals import stop_on_signals
-from vgpu_k8s.dra.agent import DRIVER, Agent, Settings
+from vgpu_k8s.dra.agent import Agent, Settings
 from vgpu_k8s.dra.apiserver import Cluster, api_client
 from vgpu_k8s.dra.errors import ApiError
 from vgpu_k8s.dra.registration import registration_socket
+from vgpu_k8s.dra.resourceslice import DRIVER
 from vgpu_k8s.errors import UsageError
 from vgpu_k8s.unixserver import too_long
 
