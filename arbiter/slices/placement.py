@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from arbiter.errors import (
     BadPinError,
@@ -138,12 +139,13 @@ def place(request: Request, gpus: Sequence[Gpu], slices: Sequence[Slice], *,
             raise CountError(request.count, len(eligible), pinned=pinned)
         options = [eligible] * len(asks)
 
-    slices = sorted(slices, key=lambda s: s.id)  # decisions never depend on input order
-    free = free_capacity(inventory, slices)
+    free = free_capacity(inventory, slices)  # sums: the same in any order
     chosen = _assign(asks, options, free, policy)
     if chosen is not None:
         return Placement(_grants(request, asks, options, chosen))
 
+    # Which slices to evict depends on their order: never on the order they came in.
+    slices = sorted(slices, key=attrgetter("id"))
     low = [s for s in slices if s.priority < Priority.NORMAL]
     low_ids = {s.id for s in low}
     would_help = bool(low) and _assign(
