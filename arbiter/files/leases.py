@@ -77,10 +77,11 @@ class Pins:
         self._keep(owner, path, fd)
 
     def _wait_for(self, owner: str, path: Path) -> None:
+        waiting = (owner, str(path))
         with self._lock:
-            if (owner, str(path)) in self._waiting:
+            if waiting in self._waiting:
                 return
-            self._waiting.add((owner, str(path)))
+            self._waiting.add(waiting)
         threading.Thread(target=self._open_waiting, args=(owner, path), daemon=True,
                          name=f"pin {path.name}").start()
 
@@ -90,9 +91,10 @@ class Pins:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             fd = -1  # gone meanwhile: the next hold() says why
+        waiting = (owner, str(path))
         with self._lock:
-            wanted = (owner, str(path)) in self._waiting
-            self._waiting.discard((owner, str(path)))
+            wanted = waiting in self._waiting
+            self._waiting.discard(waiting)
         if fd >= 0 and wanted:
             with contextlib.suppress(RegionError):
                 self._keep(owner, path, fd)

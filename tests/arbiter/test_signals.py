@@ -30,8 +30,8 @@ def test_each_wait_answers_the_signals_that_came_since_the_last():
         w = SignalWaiter((signal.SIGHUP, signal.SIGTERM))
         os.kill(os.getpid(), signal.SIGHUP)
         print(*sorted(w.wait()), sep=',')
-        os.kill(os.getpid(), signal.SIGTERM)  # the SIGHUP's handler ran meanwhile:
-        print(*sorted(w.wait()), sep=',')                # not a second SIGHUP
+        os.kill(os.getpid(), signal.SIGTERM)
+        print(*sorted(w.wait()), sep=',')  # the SIGHUP's handler ran meanwhile: no second one
         os.kill(os.getpid(), signal.SIGHUP)
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGHUP)
