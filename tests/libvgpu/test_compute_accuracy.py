@@ -147,10 +147,19 @@ def test_a_late_drain_report_is_not_a_gap_in_the_apps_work(tmp_path: Path) -> No
 def test_a_slice_is_charged_what_its_kernels_ran(tmp_path: Path) -> None:
     """Charged by the GPU's clock: what the broker charged a fixed 10 % beside a fixed 90 %
     between two of its holds (its entry's used_ns, read while the 90 % held the token) is
-    what its kernels ran on simgpu's engine in between, within 1 %. (When a hold's first
-    gap was claimed from the grant, the part of the previous holder's tail that ran past
-    the grant was deducted from the new holder as well: each hold was charged about its
-    wake-up to the grant less than it ran, 2-3 % of the 10 %: rule *Launch claim*.)"""
+    what its kernels ran on simgpu's engine in between, within 1 %, plus at most the time
+    the engine sat idle next to them. (When a hold's first gap was claimed from the grant,
+    the part of the previous holder's tail that ran past the grant was deducted from the new
+    holder as well: each hold was charged about its wake-up to the grant less than it ran,
+    2-3 % of the 10 %: rule *Launch claim*.)
+
+    The idle allowance is the engine's own record, not a margin: with the CPUs to spare the
+    two loads keep it busy and it is 0. A host that keeps the 10 %'s process off its CPU
+    while it holds the token leaves the GPU idle in that hold, and the rules charge the
+    slice for what it held and did not use (*Idle claims*: at most a quarter of a contended
+    hold's idle is not charged; *Untaken grant*; *Release*): once in the CI (77.0 ms for
+    73.6 ms run), and in every run with three busy loops on this machine's two CPUs
+    (x1.00-1.20, within the allowance in each)."""
     kernel, args = "busy_200us", ["--queue", "20"]
     seconds, lo_s, hi_s = 2.6, 1.7, 2.5
     samples: list[tuple[int, int]] = []
@@ -185,9 +194,14 @@ def test_a_slice_is_charged_what_its_kernels_ran(tmp_path: Path) -> None:
     assert len(marks) >= 10, f"too few holds of the 10 % in the window: {len(marks)}"
     (t1, used1), (t2, used2) = marks[0], marks[-1]
     ran = sum(max(0, min(b, t2) - max(a, t1)) for a, b in mine)
+    pid = r.traces[0].summary["pid"]
+    idle_beside = sum(max(0, min(b1, t2) - max(e0, t1))
+                      for (_, e0, p0), (b1, _, p1) in itertools.pairwise(kernels)
+                      if pid in (p0, p1))
     charged = used2 - used1
-    assert charged == pytest.approx(ran, rel=0.01), \
-        f"charged {charged / 1e6:.3f} ms for {ran / 1e6:.3f} ms run over {len(marks) - 1} holds"
+    assert ran * 0.99 <= charged <= (ran + idle_beside) * 1.01, \
+        (f"charged {charged / 1e6:.3f} ms for {ran / 1e6:.3f} ms run over {len(marks) - 1} "
+         f"holds, the engine idle {idle_beside / 1e6:.3f} ms beside them")
 
 
 # simgpu's time-sliced engine: contexts take 1 ms turns, 20 us lost at each switch.
