@@ -83,6 +83,8 @@ class FileOpError(OSError):
     """The operation at `index` failed (errno, strerror, its path); what it made is undone,
     what the operations before it made stays, and their kept files are closed."""
 
+    strerror: str  # always os.strerror(errno): OSError's own may be None, this one never is
+
     def __init__(self, index: int, op: Op, err: int) -> None:
         super().__init__(err, os.strerror(err), op.path)
         self.index = index

@@ -280,14 +280,14 @@ class Regions:
             else:
                 self._sched_files[made.slice_id] = before
             if e.index < len(made.gpus):
-                return SchedError(Path(e.op.path), "find", e.strerror or str(e))
-            return RegionError(Path(made.final), "create", e.strerror or str(e))
+                return SchedError(Path(e.op.path), "find", e.strerror)
+            return RegionError(Path(made.final), "create", e.strerror)
         if e.index < made.sched:
             self._sched_files.pop(made.slice_id, None)
             _rmtree(Path(made.final))
-            return RegionError(Path(made.final), "create", e.strerror or str(e))
+            return RegionError(Path(made.final), "create", e.strerror)
         self.remove(made.slice_id)
-        return SchedError(Path(e.op.path), "write", e.strerror or str(e))
+        return SchedError(Path(e.op.path), "write", e.strerror)
 
     def _creation(self, s: Slice, final: str, own_fs: bool) -> _Creation:
         """The operations that make slice s's files at final (a directory not there yet),
@@ -557,7 +557,7 @@ class Regions:
             if e.errno == errno.ENOENT:
                 return False
             if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                raise RegionError(Path(final), "remove", e.strerror or str(e))
+                raise RegionError(Path(final), "remove", e.strerror)
             return self._remove_files_dir(Path(final))
         finally:
             self._retiring.discard(r.slice_id)
@@ -570,7 +570,7 @@ class Regions:
         for e in errors:
             if not (last_is_mine and e.index == len(ops) - 1):
                 log.warning("slice %s: failed to remove %s: %s", slice_id, e.op.path or
-                            f"(close fd {e.op.fd})", e.strerror or str(e))
+                            f"(close fd {e.op.fd})", e.strerror)
         return errors
 
     def _remove_files_dir(self, final: Path) -> bool:
