@@ -181,7 +181,8 @@ def test_a_slice_is_charged_what_its_kernels_ran(tmp_path: Path) -> None:
     for i, t in enumerate(r.traces):
         assert t.summary["returncode"] == 0, f"load {i}: {t.stderr}"
     kernels = sorted(engine_timeline(tmp_path))
-    mine = [(a, b) for a, b, pid in kernels if pid == r.traces[0].summary["pid"]]
+    pid = r.traces[0].summary["pid"]
+    mine = [(a, b) for a, b, p in kernels if p == pid]
     # Between two of its holds on the engine (the 90 % ran > 1 ms): read from 0.5 ms after the
     # last kernel of one (its drain reported by then, so it is settled) to just before the
     # next one's first, when nothing of the 10 % runs.
@@ -194,7 +195,6 @@ def test_a_slice_is_charged_what_its_kernels_ran(tmp_path: Path) -> None:
     assert len(marks) >= 10, f"too few holds of the 10 % in the window: {len(marks)}"
     (t1, used1), (t2, used2) = marks[0], marks[-1]
     ran = sum(max(0, min(b, t2) - max(a, t1)) for a, b in mine)
-    pid = r.traces[0].summary["pid"]
     idle_beside = sum(max(0, min(b1, t2) - max(e0, t1))
                       for (_, e0, p0), (b1, _, p1) in itertools.pairwise(kernels)
                       if pid in (p0, p1))
