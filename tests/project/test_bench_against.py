@@ -148,11 +148,24 @@ def test_containers_bench_starts_both_builds_containers(tmp_path):
     same bundles (root and runc, as the bench needs)."""
     require(os.geteuid() == 0 and shutil.which("runc") is not None, "needs root and runc")
     p = subprocess.run([sys.executable, str(ROOT / "bench" / "containers.py"), "--runs", "2",
-                        "--concurrent", "2", "--against", "HEAD"], cwd=ROOT, env=clean_env(),
-                       capture_output=True, text=True, timeout=300)
+                        "--concurrent", "2", "--rounds", "2", "--against", "HEAD"], cwd=ROOT,
+                       env=clean_env(), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     for row in ("vgpu-runtime (tree) + vgpu.io/memory=64Mi",
                 "vgpu-runtime (HEAD) + vgpu.io/memory=64Mi", "2 vGPU containers at once (HEAD)"):
         assert row in p.stdout
     assert "tree / HEAD: added median " in p.stdout
+    # 4 starts a build in 2 rounds: paired start by start and round by round.
+    assert "of 4 paired starts), p99 x" in p.stdout
+    assert "of 2 later), p99 of 2 at once x" in p.stdout
     assert "/vgpu-against-" not in worktrees()
+
+
+@pytest.mark.parametrize("key", ["runs", "concurrent", "rounds"])
+def test_containers_bench_refuses_a_count_below_one(key):
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "containers.py"), f"--{key}", "0",
+                        "--against", "none"], cwd=ROOT, env=clean_env(), capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1].endswith(f"--{key} 0: must be 1 or more")
+    assert p.stdout == ""

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """bench/paired.py, the sign test both side-by-side benchmarks read their pairs with, and
-bench/containers.py's verdict on its back-to-back starts. Made-up figures, no containers."""
+bench/containers.py's verdict on its back-to-back starts and rounds. Made-up figures, no
+containers."""
 from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 from support.paths import ROOT
@@ -37,28 +39,78 @@ def test_gmean_lets_opposite_ratios_cancel():
     assert paired.gmean([0.9] * 3) == pytest.approx(0.9)
 
 
-def test_containers_no_slower_median_and_no_later_p99_is_met():
-    assert containers.verdict([100, 101, 99, 100, 100], [100, 102, 100, 101, 100],
-                              [300, 310], [305, 320]) == "met"
+RUNS = 30
+SAME = [40.0] * 5
 
 
-def test_containers_slower_median_in_every_one_of_five_pairs_is_missed():
-    assert containers.verdict([104, 105, 103, 106, 104], [100, 101, 100, 102, 100],
-                              [300], [300]) == "MISSED"
+def build(single: list[list[float]], together: list[list[float]]):
+    return containers.Build(None, Path("/nonexistent"), {}, Path("/nonexistent"), single,
+                            together)
+
+
+def rounds(ms: float, slowest: list[float], n: int = RUNS) -> list[list[float]]:
+    """One round per figure in `slowest`: n - 1 starts of `ms` and that slowest one (the
+    round's p99 with 30 starts)."""
+    return [[ms] * (n - 1) + [s] for s in slowest]
+
+
+def test_containers_the_same_starts_are_met():
+    tree = build(rounds(30, SAME), rounds(300, SAME, 20))
+    ref = build(rounds(30, SAME), rounds(300, SAME, 20))
+    assert containers.verdict(tree, ref) == "met"
+
+
+def test_containers_starts_slower_pair_by_pair_are_missed_on_the_median():
+    # Every start of the tree but each round's slowest 1 ms later: 145 of 150 paired
+    # starts, the p99s the same.
+    tree = build(rounds(31, SAME), rounds(300, SAME, 20))
+    ref = build(rounds(30, SAME), rounds(300, SAME, 20))
+    assert containers.verdict(tree, ref) == "MISSED (median)"
 
 
 def test_containers_slower_median_with_pairs_on_both_sides_is_noise():
-    # Medians 103 against 101, but pairs 2, 4 and 5 go the tree's way: the machine moved.
-    tree, ref = [103, 99, 104, 98, 103], [101, 101, 101, 101, 104]
+    # The paired starts' mean x1.015 against the tree, but pairs 2 and 4 go its way: the
+    # machine moved.
+    tree, ref = [106, 99, 107, 98, 106], [101, 101, 101, 101, 104]
+    assert paired.gmean(containers.paired_starts(tree, ref)) > 1.0
     assert containers.paired_starts(tree, ref)[1] < 1.0
-    assert containers.verdict(tree, ref, [300], [300]) == "within this run's noise"
+    assert containers.verdict(build([tree], [[300]]), build([ref], [[300]])) \
+        == "within this run's noise"
 
 
-def test_containers_a_later_p99_counts_as_it_is():
-    # One figure a build: no pairs to weigh it.
-    assert containers.verdict([100] * 5, [100] * 5, [300, 330], [300, 310]) == "MISSED (p99)"
-    assert containers.verdict([100, 100, 100, 100, 140], [100] * 5, [300], [300]) \
-        == "MISSED (p99)"
+def test_containers_a_p99_later_in_every_round_is_missed_even_with_the_same_median():
+    tree = build(rounds(30, [48, 50, 45, 52, 47]), rounds(300, SAME, 20))
+    ref = build(rounds(30, [40, 44, 41, 43, 40]), rounds(300, SAME, 20))
+    assert containers.verdict(tree, ref) == "MISSED (p99)"
+
+
+def test_containers_a_p99_at_once_later_in_every_round_is_missed():
+    tree = build(rounds(30, SAME), rounds(300, [330, 340, 320, 335, 345], 20))
+    ref = build(rounds(30, SAME), rounds(300, [310, 320, 315, 318, 322], 20))
+    assert containers.verdict(tree, ref) == "MISSED (p99 at once)"
+
+
+def test_containers_one_slow_start_is_the_noise_it_is():
+    # Round 3 of the tree had one start of 150 ms (the VM): its p99 x3.75, the other
+    # rounds on the tree's side. One p99 a build, compared as it was, said MISSED.
+    tree = build(rounds(30, [39, 39, 150, 38, 39]), rounds(300, SAME, 20))
+    ref = build(rounds(30, SAME), rounds(300, SAME, 20))
+    assert containers.verdict(tree, ref) == "within this run's noise"
+
+
+@pytest.mark.parametrize("later", [4, 3])
+def test_containers_p99s_later_in_fewer_than_all_five_rounds_are_noise(later):
+    tree_p99 = [44.0] * later + [38.0] * (5 - later)
+    tree = build(rounds(30, tree_p99), rounds(300, SAME, 20))
+    ref = build(rounds(30, SAME), rounds(300, SAME, 20))
+    assert containers.verdict(tree, ref) == "within this run's noise"
+
+
+def test_containers_the_line_shows_the_paired_rounds():
+    assert containers._later([1.1, 0.9, 1.2]) == " (rounds x0.90-1.20, 2 of 3 later)"
+    assert containers._later([1.1]) == ""
+    assert containers.paired_p99s(rounds(30, [44.0, 40.0]), rounds(30, [40.0, 40.0])) == [
+        pytest.approx(1.1), pytest.approx(1.0)]
 
 
 def test_against_counts_by_which_way_is_worse():
