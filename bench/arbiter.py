@@ -66,7 +66,7 @@ from against import (  # noqa: E402
     start_vgpud,
     this_tree,
 )
-from paired import against, chance_of, gmean, worse_past_noise  # noqa: E402
+from paired import against, chance_of, gmean, spread, worse_past_noise  # noqa: E402
 from vgpud_proc import preset, request, stop_vgpud, tree_cpu  # noqa: E402
 
 TARGET_RATE = 500.0   # pairs/s at 8 clients
@@ -245,14 +245,6 @@ def verdict(tree: Row, ref: Row) -> str:
     return "within this run's noise"
 
 
-def _rounds(xs: list[float], *, higher_is_worse: bool) -> str:
-    """The paired rounds' range and how many went against the tree ("" for one round)."""
-    if len(xs) < 2:
-        return ""
-    return (f" (rounds x{min(xs):.2f}-{max(xs):.2f}, "
-            f"{against(xs, higher_is_worse=higher_is_worse)} of {len(xs)} worse)")
-
-
 def _beside(rows: list[Row], ref: str) -> list[tuple[Row, Row]]:
     """Each Allocate+Release row of the tree with the same row of build `ref`."""
     by = {(r.scenario, r.clients, r.build): r for r in rows}
@@ -272,11 +264,11 @@ def comparison(rows: list[Row], builds: list[str]) -> list[str]:
     for r, other in _beside(rows, ref):
         rates, p99s = paired(r, other)
         cpus = paired_cpu(r, other)
-        cpu = f", CPU a pair x{gmean(cpus):.2f}{_rounds(cpus, higher_is_worse=True)}" \
+        cpu = f", CPU a pair x{gmean(cpus):.2f}{spread(cpus, higher_is_worse=True)}" \
             if cpus else ""
         out.append(f"tree / {ref}, {r.scenario}, {r.clients} clients: pairs/s x{gmean(rates):.2f}"
-                   f"{_rounds(rates, higher_is_worse=False)}, p99 x{gmean(p99s):.2f}"
-                   f"{_rounds(p99s, higher_is_worse=True)}{cpu} "
+                   f"{spread(rates, higher_is_worse=False)}, p99 x{gmean(p99s):.2f}"
+                   f"{spread(p99s, higher_is_worse=True)}{cpu} "
                    f"(never below {ref}: {verdict(r, other)})")
     out += pooled(rows, ref)
     return out

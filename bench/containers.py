@@ -52,7 +52,7 @@ from against import (  # noqa: E402
     this_tree,
     vgpud_proc,
 )
-from paired import against, gmean, worse_past_noise  # noqa: E402
+from paired import against, gmean, spread, worse_past_noise  # noqa: E402
 from vgpud_proc import stop_vgpud  # noqa: E402
 
 TARGET_ADDED_MS = 25.0   # issue 11: start overhead <= +25 ms median over plain runc
@@ -250,14 +250,6 @@ def verdict(tree: Build, ref: Build) -> str:
     return "within this run's noise"
 
 
-def _later(xs: list[float]) -> str:
-    """The paired rounds' range and how many were later for the tree ("" for one round)."""
-    if len(xs) < 2:
-        return ""
-    return (f" (rounds x{min(xs):.2f}-{max(xs):.2f}, "
-            f"{against(xs, higher_is_worse=True)} of {len(xs)} later)")
-
-
 def report(args: argparse.Namespace, builds: list[Build], plain: list[float],
            plain_together: list[float]) -> None:
     med = statistics.median
@@ -293,11 +285,13 @@ def report(args: argparse.Namespace, builds: list[Build], plain: list[float],
         starts = paired_starts(tree.singles, ref.singles)
         p99s, at_once_p99s = paired_p99s(tree.single, ref.single), paired_p99s(tree.together,
                                                                                ref.together)
+        p99_spread = spread(p99s, higher_is_worse=True, worse="later")
+        at_once_spread = spread(at_once_p99s, higher_is_worse=True, worse="later")
         print(f"tree / {ref.tree.label}: added median {added_t:.1f} / {added_r:.1f} ms "
               f"(starts x{gmean(starts):.2f}, tree slower in "
               f"{against(starts, higher_is_worse=True)} of {len(starts)} paired starts), "
-              f"p99 x{gmean(p99s):.2f}{_later(p99s)}, p99 of {args.concurrent} at once "
-              f"x{gmean(at_once_p99s):.2f}{_later(at_once_p99s)} "
+              f"p99 x{gmean(p99s):.2f}{p99_spread}, p99 of {args.concurrent} at once "
+              f"x{gmean(at_once_p99s):.2f}{at_once_spread} "
               f"(never below {ref.tree.label}: {verdict(tree, ref)})")
     print("command: python3 bench/containers.py" + "".join(f" {a}" for a in sys.argv[1:]))
 

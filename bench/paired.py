@@ -13,7 +13,8 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["ALPHA", "against", "chance_of", "gmean", "past_noise", "worse_past_noise"]
+__all__ = ["ALPHA", "against", "chance_of", "gmean", "past_noise", "spread",
+           "worse_past_noise"]
 
 #: Below past the noise: more pairs against it than this likely by chance (chance_of).
 ALPHA = 0.05
@@ -40,6 +41,15 @@ def against(ratios: list[float], *, higher_is_worse: bool) -> int:
     """How many pairs (ratio: the build over the other) went against the build: above x1
     for a figure where higher is worse (a time), below x1 for one where it is better (a rate)."""
     return sum(x > 1.0 if higher_is_worse else x < 1.0 for x in ratios)
+
+
+def spread(ratios: list[float], *, higher_is_worse: bool, worse: str = "worse") -> str:
+    """The pairs' range and how many went against the build, as the benchmarks print it
+    beside a geometric mean: " (rounds x0.91-1.08, 3 of 10 worse)"; "" for one pair."""
+    if len(ratios) < 2:
+        return ""
+    return (f" (rounds x{min(ratios):.2f}-{max(ratios):.2f}, "
+            f"{against(ratios, higher_is_worse=higher_is_worse)} of {len(ratios)} {worse})")
 
 
 def worse_past_noise(ratios: list[float], *, higher_is_worse: bool) -> bool:

@@ -107,8 +107,9 @@ def test_containers_p99s_later_in_fewer_than_all_five_rounds_are_noise(later):
 
 
 def test_containers_the_line_shows_the_paired_rounds():
-    assert containers._later([1.1, 0.9, 1.2]) == " (rounds x0.90-1.20, 2 of 3 later)"
-    assert containers._later([1.1]) == ""
+    assert paired.spread([1.1, 0.9, 1.2], higher_is_worse=True, worse="later") \
+        == " (rounds x0.90-1.20, 2 of 3 later)"
+    assert paired.spread([1.1], higher_is_worse=True) == ""
     assert containers.paired_p99s(rounds(30, [44.0, 40.0]), rounds(30, [40.0, 40.0])) == [
         pytest.approx(1.1), pytest.approx(1.0)]
 
